@@ -1,0 +1,5 @@
+import sys
+
+from probing.cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""Request dispatch: one function per method; any failure becomes an error reply."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
+
+from .. import __version__, protocol
+from .tables import TABLES, python_version
+
+if TYPE_CHECKING:
+    Reply = Tuple[Dict[str, Any], List[protocol.ByteChunk]]
+
+
+class RequestError(Exception):
+    """A request that cannot be served; becomes `{ok: false, error: {type, message, ...}}`."""
+
+    def __init__(self, error_type: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.details = details
+
+
+def _hello(server: Any, params: Dict[str, Any]) -> Any:
+    client_version = params.get("protocol")
+    if client_version is not None and client_version != protocol.PROTOCOL_VERSION:
+        raise RequestError(
+            "ProtocolMismatch",
+            f"the agent speaks protocol {protocol.PROTOCOL_VERSION}, the client {client_version}",
+            protocol=protocol.PROTOCOL_VERSION,
+        )
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    return {
+        "protocol": protocol.PROTOCOL_VERSION,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "python_version": python_version(),
+        "implementation": sys.implementation.name,
+        "probing_version": __version__,
+        "argv": list(sys.argv),
+        "cwd": cwd,
+        "executable": sys.executable,
+        "socket": server.path,
+        "capabilities": sorted(METHODS),
+        "tables": sorted(TABLES),
+    }
+
+
+def _tables(server: Any, params: Dict[str, Any]) -> Any:
+    return {"tables": [table.describe() for table in TABLES.values()]}
+
+
+def _table(server: Any, params: Dict[str, Any]) -> Reply:
+    name = params.get("name")
+    table = TABLES.get(name) if isinstance(name, str) else None
+    if table is None:
+        raise RequestError("NotFound", f"no table {name!r}; tables: {', '.join(sorted(TABLES))}")
+    descriptor, chunks = table.build(server, params).encode()
+    return {"table": descriptor}, chunks
+
+
+def _backtrace(server: Any, params: Dict[str, Any]) -> Reply:
+    return _table(server, dict(params, name="python.backtrace"))
+
+
+def _eval(server: Any, params: Dict[str, Any]) -> Any:
+    from .evaluate import run_eval
+
+    return run_eval(server.own_threads, params)
+
+
+def _ping(server: Any, params: Dict[str, Any]) -> Any:
+    return {"pong": True}
+
+
+# Methods that return a payload say so by returning a (result, chunks) tuple.
+METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
+    "hello": _hello,
+    "ping": _ping,
+    "tables": _tables,
+    "table": _table,
+    "backtrace": _backtrace,
+    "eval": _eval,
+}
+
+
+class Dispatcher:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def handle(self, frame: protocol.Frame) -> Reply:
+        try:
+            request_id, method, params = protocol.parse_request(frame.header)
+        except protocol.FrameError as error:
+            return protocol.error_reply(error.request_id, "BadRequest", str(error)), []
+        handler = METHODS.get(method)
+        if handler is None:
+            message = f"unknown method {method!r}; methods: {', '.join(sorted(METHODS))}"
+            return protocol.error_reply(request_id, "UnknownMethod", message), []
+        try:
+            result = handler(self.server, params)
+        except RequestError as error:
+            return protocol.error_reply(
+                request_id, error.error_type, error.message, **error.details
+            ), []
+        except Exception as error:  # noqa: BLE001 - a failing handler must not kill the agent
+            return protocol.error_reply(
+                request_id, "InternalError", f"{type(error).__name__}: {error}",
+                traceback=traceback.format_exc(),
+            ), []  # fmt: skip
+        if isinstance(result, tuple):
+            return protocol.ok_reply(request_id, result[0]), result[1]
+        return protocol.ok_reply(request_id, result), []

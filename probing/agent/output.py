@@ -1,0 +1,107 @@
+"""Per-thread capture of sys.stdout and sys.stderr for eval.
+
+The training loop keeps printing to its terminal while an eval runs: sys.stdout is replaced
+(on the first eval, never at start) by a proxy that sends a write to the capture buffer of
+the writing thread if it has one and to the original stream otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+# What one eval may print before its output is cut (the rest is counted, not kept).
+MAX_CAPTURE_CHARS = 4 << 20
+
+_stdout_routes: Dict[int, CaptureBuffer] = {}
+_stderr_routes: Dict[int, CaptureBuffer] = {}
+_install_lock = threading.Lock()
+
+
+class CaptureBuffer:
+    def __init__(self, limit: int = MAX_CAPTURE_CHARS) -> None:
+        self.parts: List[str] = []
+        self.size = 0
+        self.dropped = 0
+        self.limit = limit
+
+    def write(self, text: str) -> int:
+        room = self.limit - self.size
+        if len(text) > room:
+            self.dropped += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        self.parts.append(text)
+        self.size += len(text)
+        return len(text)
+
+    def getvalue(self) -> str:
+        text = "".join(self.parts)
+        if self.dropped:
+            text += f"\n[probing: {self.dropped} more characters of output were dropped]\n"
+        return text
+
+
+class RoutedStream:
+    """Stands in for sys.stdout/sys.stderr; everything but write() goes to the original."""
+
+    def __init__(self, original: Any, routes: Dict[int, CaptureBuffer]) -> None:
+        self._original = original
+        self._routes = routes
+
+    def write(self, text: str) -> int:
+        buffer = self._routes.get(threading.get_ident())
+        if buffer is not None:
+            return buffer.write(text)
+        original = self._original
+        return original.write(text) if original is not None else len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if threading.get_ident() in self._routes:
+            return
+        original = self._original
+        if original is not None:
+            original.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)
+
+
+def _install() -> None:
+    # The job may have replaced sys.stdout since the last eval (a logger, tqdm): wrap
+    # whatever is there now.
+    with _install_lock:
+        if not isinstance(sys.stdout, RoutedStream):
+            sys.stdout = RoutedStream(sys.stdout, _stdout_routes)
+        if not isinstance(sys.stderr, RoutedStream):
+            sys.stderr = RoutedStream(sys.stderr, _stderr_routes)
+
+
+def uninstall() -> None:
+    """Put the original streams back, if nobody replaced our proxies since."""
+    with _install_lock:
+        stdout, stderr = sys.stdout, sys.stderr
+        if isinstance(stdout, RoutedStream) and stdout._routes is _stdout_routes:
+            sys.stdout = stdout._original
+        if isinstance(stderr, RoutedStream) and stderr._routes is _stderr_routes:
+            sys.stderr = stderr._original
+
+
+@contextmanager
+def captured(ident: Optional[int] = None) -> Iterator[Tuple[CaptureBuffer, CaptureBuffer]]:
+    """Capture what the current thread (or thread `ident`) writes to sys.stdout/sys.stderr."""
+    ident = threading.get_ident() if ident is None else ident
+    out, err = CaptureBuffer(), CaptureBuffer()
+    _install()
+    _stdout_routes[ident] = out
+    _stderr_routes[ident] = err
+    try:
+        yield out, err
+    finally:
+        _stdout_routes.pop(ident, None)
+        _stderr_routes.pop(ident, None)

@@ -1,0 +1,281 @@
+"""The agent's socket: bind, accept, check the peer, one thread per client connection.
+
+Idle cost is zero: the accept thread and every connection thread sit in blocking system
+calls; nothing polls. Request handling (and the json/protocol imports it needs) is loaded on
+the first connection, so an agent nobody talks to costs one thread and one file descriptor.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from typing import Any, Optional, Set, Tuple
+
+AGENT_THREAD_NAME = "probing-agent"
+# Threads the agent starts carry this prefix; backtraces leave them out.
+AGENT_THREAD_PREFIX = "probing-"
+# A connection that sends nothing for this long is closed, so a stalled client cannot pin
+# a thread in the target forever.
+IDLE_TIMEOUT_S = 600.0
+MAX_CONNECTIONS = 16
+_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+
+
+def default_socket_dir() -> str:
+    return os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
+
+
+def _prepare_socket_dir(path: str) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(errno.ENOTDIR, f"{path} is not a directory")
+    # Refuse a directory someone else made (or a symlink they planted) in a shared /tmp:
+    # they could otherwise read or replace our socket.
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"{path} belongs to uid {info.st_uid}, not to uid {os.geteuid()}")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def peer_credentials(conn: socket.socket) -> Tuple[int, int, int]:
+    """(pid, uid, gid) of the process on the other end of a Unix socket."""
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid, gid
+
+
+class AgentServer:
+    """One listening socket, its accept thread, and the connections it serves."""
+
+    def __init__(self, listener: socket.socket, path: str) -> None:
+        self.listener = listener
+        self.path = path
+        self.owner_pid = os.getpid()
+        self.started_at = time.time()
+        # Idents of the agent's own threads (accept, connections, eval workers).
+        self.own_threads: Set[int] = set()
+        self._connections: Set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+        self._connection_count = 0
+
+    @classmethod
+    def bind(cls, socket_dir: Optional[str] = None) -> AgentServer:
+        directory = socket_dir or default_socket_dir()
+        _prepare_socket_dir(directory)
+        path = os.path.join(directory, f"{os.getpid()}.sock")
+        if len(os.fsencode(path)) > _SOCKET_PATH_MAX:
+            raise OSError(errno.ENAMETOOLONG, f"socket path {path!r} is too long for AF_UNIX")
+        # A file left here belongs to an earlier process with our PID (killed with SIGKILL):
+        # the directory is ours alone, so it is safe to replace.
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            listener.bind(path)
+            # chmod after bind rather than umask: umask is process-wide and the target's
+            # other threads may be creating files right now. The 0700 directory closes the gap.
+            os.chmod(path, 0o600)
+            listener.listen(MAX_CONNECTIONS)
+        except BaseException:
+            listener.close()
+            raise
+        return cls(listener, path)
+
+    def start(self) -> None:
+        atexit.register(self._remove_socket_file)
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=AGENT_THREAD_NAME, daemon=True
+        )
+        self._thread.start()
+
+    def serving(self) -> bool:
+        return not self._stopping and self._thread is not None and self._thread.is_alive()
+
+    # --- accepting --------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        self.own_threads.add(threading.get_ident())
+        try:
+            while not self._stopping:
+                try:
+                    conn, _ = self.listener.accept()
+                except OSError as error:
+                    if self._stopping or error.errno in (errno.EBADF, errno.EINVAL):
+                        return
+                    # Out of descriptors or memory: back off instead of spinning.
+                    time.sleep(0.1)
+                    continue
+                if self._stopping:
+                    conn.close()
+                    return
+                self._admit(conn)
+        finally:
+            self.own_threads.discard(threading.get_ident())
+
+    def _admit(self, conn: socket.socket) -> None:
+        try:
+            _, uid, _ = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        if uid not in (0, os.geteuid()):
+            self._refuse(conn, "PermissionDenied", f"uid {uid} may not talk to this agent")
+            return
+        with self._connections_lock:
+            if len(self._connections) >= MAX_CONNECTIONS:
+                busy = True
+            else:
+                busy = False
+                self._connections.add(conn)
+                self._connection_count += 1
+                number = self._connection_count
+        if busy:
+            self._refuse(conn, "Busy", f"the agent already serves {MAX_CONNECTIONS} clients")
+            return
+        thread = threading.Thread(
+            target=self._serve_connection, args=(conn,), name=f"probing-conn-{number}", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # can't start new thread
+            self._forget(conn)
+            conn.close()
+
+    def _refuse(self, conn: socket.socket, error_type: str, message: str) -> None:
+        from .. import protocol
+
+        try:
+            conn.settimeout(1.0)
+            protocol.send_frame(conn, protocol.error_reply(None, error_type, message))
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _forget(self, conn: socket.socket) -> None:
+        with self._connections_lock:
+            self._connections.discard(conn)
+
+    # --- serving one client ------------------------------------------------------------------
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        self.own_threads.add(threading.get_ident())
+        try:
+            from .. import protocol
+
+            try:
+                from .handlers import Dispatcher
+            except Exception as error:  # noqa: BLE001 - a broken install: say so, don't vanish
+                message = (
+                    f"the agent cannot load its request handlers: {type(error).__name__}: {error}"
+                )
+                self._send(conn, protocol.error_reply(None, "InternalError", message), ())
+                return
+            dispatcher = Dispatcher(self)
+            conn.settimeout(IDLE_TIMEOUT_S)
+            while not self._stopping:
+                try:
+                    frame = protocol.recv_frame(conn, protocol.MAX_REQUEST_BYTES)
+                except protocol.FrameError as error:
+                    reply = protocol.error_reply(error.request_id, "BadFrame", str(error))
+                    if not self._send(conn, reply, ()) or error.fatal:
+                        return
+                    continue
+                except (protocol.ConnectionClosed, OSError):
+                    return
+                if frame is None:
+                    return
+                reply, payload = dispatcher.handle(frame)
+                # A client that went away must cost us nothing more than this connection.
+                if not self._send(conn, reply, payload):
+                    return
+        except Exception:  # noqa: BLE001 - a broken connection must never take the agent down
+            return
+        finally:
+            self._forget(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+            self.own_threads.discard(threading.get_ident())
+
+    @staticmethod
+    def _send(conn: socket.socket, reply: Any, payload: Any) -> bool:
+        from .. import protocol
+
+        try:
+            protocol.send_frame(conn, reply, payload)
+            return True
+        except OSError:
+            return False
+
+    # --- stopping -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._wake_accept()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        self._remove_socket_file()
+        atexit.unregister(self._remove_socket_file)
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        output = sys.modules.get(__package__ + ".output")
+        if output is not None:
+            output.uninstall()
+        thread = self._thread
+        if thread is not None and thread.ident != threading.get_ident():
+            thread.join(timeout=1.0)
+
+    def _wake_accept(self) -> None:
+        # Closing a socket does not wake a thread blocked in accept() on it; a connection does.
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as waker:
+                waker.settimeout(0.5)
+                waker.connect(self.path)
+        except OSError:
+            pass
+
+    def _remove_socket_file(self) -> None:
+        if os.getpid() != self.owner_pid:
+            return  # a forked child must never remove its parent's socket
+        try:
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def abandon_in_child(self) -> None:
+        """After fork, in the child: close our copies of the parent's sockets, touch nothing else.
+
+        close() on a copied descriptor only drops the child's reference; the parent keeps
+        listening. A client connected to the parent would otherwise not see its connection
+        close until every forked DataLoader worker exited too.
+        """
+        self._stopping = True
+        for sock in [self.listener, *self._connections]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._connections = set()

@@ -1,0 +1,39 @@
+"""`probing` command line entry point.
+
+`main` keeps `probing PID backtrace` off click (and everything else heavy): see cli/spec.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import ExitCode, ProbingError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    from . import render
+
+    try:
+        from .fast import parse_backtrace
+
+        fast = parse_backtrace(args)
+        if fast is not None:
+            from . import actions
+
+            context = actions.Context(fast.pop("target"), fast.pop("verbose"))
+            return actions.backtrace(context, **fast)
+        from .commands import run_click
+
+        return run_click(args)
+    except ProbingError as error:
+        return render.report_error(error)
+    except BrokenPipeError:
+        render.stdout_is_closed()
+        return ExitCode.OK
+    except KeyboardInterrupt:
+        return 130

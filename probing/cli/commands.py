@@ -1,0 +1,201 @@
+"""The click command line. Thin: each command parses, then calls its function in actions.py."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence
+
+import click
+
+from .. import __version__
+from ..errors import ExitCode, ProbingError
+from . import actions, render
+from .spec import BACKTRACE_OPTIONS, ROW_FORMATS, TARGET_OPTIONS, Option
+
+# Commands that do not act on a target process.
+TARGETLESS = ("list", "run")
+
+
+def _exit_code_table() -> str:
+    lines = ["\b", "Exit codes:"]
+    for code, meaning in ExitCode.MEANINGS.items():
+        lines.append(f"  {code:>3}  {meaning}")
+    lines.append("  probing run exits with its command's status (128+N if signal N killed it).")
+    return "\n".join(lines)
+
+
+class ProbingGroup(click.Group):
+    """`probing [OPTIONS] TARGET COMMAND`: a positional TARGET before the command.
+
+    click has no notion of an argument in front of a subcommand, so the first positional word
+    that is not a command is rewritten as `--target WORD`.
+    """
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        rewritten: List[str] = []
+        index = 0
+        while index < len(args):
+            arg = args[index]
+            if arg == "--" or arg in self.commands:
+                break
+            if arg in TARGET_OPTIONS or arg.startswith("--target="):
+                # Given as an option: a positional word after it is a (mistyped) command.
+                return super().parse_args(ctx, args)
+            if not arg.startswith("-"):
+                rewritten += ["--target", arg]
+                index += 1
+                break
+            rewritten.append(arg)
+            index += 1
+        return super().parse_args(ctx, rewritten + args[index:])
+
+    def collect_usage_pieces(self, ctx: click.Context) -> List[str]:
+        return ["[OPTIONS]", "TARGET", "COMMAND", "[ARGS]..."]
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ProbingError as error:
+            ctx.exit(render.report_error(error))
+
+
+def _apply(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Turn spec.Option declarations into click options (shared with the fast path)."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            if option.flag:
+                decorator = click.option(
+                    option.name, is_flag=True, default=option.default, help=option.help
+                )
+            elif option.choices is not None:
+                decorator = click.option(
+                    option.name, type=click.Choice(option.choices), default=option.default,
+                    show_default=True, help=option.help,
+                )  # fmt: skip
+            else:
+                value_type: Any = (
+                    click.FloatRange(min=0, min_open=True) if option.value_type is float else str
+                )
+                decorator = click.option(
+                    option.name, type=value_type, default=option.default, metavar=option.metavar,
+                    show_default=option.default is not None, help=option.help,
+                )  # fmt: skip
+            function = decorator(function)
+        return function
+
+    return decorate
+
+
+def _context(ctx: click.Context) -> actions.Context:
+    obj: actions.Context = ctx.find_object(actions.Context)  # type: ignore[assignment]
+    return obj
+
+
+@click.group(
+    cls=ProbingGroup,
+    epilog=_exit_code_table(),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option(
+    "-t", "--target", metavar="TARGET", help="PID of the process, or the path of its agent socket."
+)
+@click.option("-v", "--verbose", is_flag=True, help="Say each step taken (socket, timings).")
+@click.version_option(__version__, prog_name="probing")
+@click.pass_context
+def cli(ctx: click.Context, target: Optional[str], verbose: bool) -> None:
+    """Debug a live Python process: its stacks, its state, SQL over what it records.
+
+    \b
+      probing PID backtrace        where every thread is, right now
+      probing PID eval "CODE"      run Python inside the process
+      probing PID query "SQL"      DuckDB SQL over python.backtrace, python.threads, ...
+      probing list                 Python processes, and which have an agent
+      probing run -- CMD ...       start CMD with the agent in it
+    """
+    ctx.obj = actions.Context(target, verbose)
+    if ctx.invoked_subcommand not in TARGETLESS and target is None:
+        raise click.UsageError("missing TARGET: probing PID COMMAND (or probing -t PID COMMAND)")
+    if ctx.invoked_subcommand in TARGETLESS and target is not None:
+        raise click.UsageError(f"'{ctx.invoked_subcommand}' takes no TARGET")
+
+
+@cli.command()
+@_apply(BACKTRACE_OPTIONS)
+@click.pass_context
+def backtrace(
+    ctx: click.Context, locals: bool, thread: Optional[str], format: str, timeout: float
+) -> int:
+    """Stack of every Python thread, main thread first, read like a traceback."""
+    return actions.backtrace(_context(ctx), locals, thread, format, timeout)
+
+
+@cli.command(name="eval")
+@click.argument("code")
+@click.option(
+    "--frame", metavar="THREAD:FUNCTION",
+    help="Run with that frame's locals over its globals (e.g. MainThread:train).",
+)  # fmt: skip
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+    metavar="S", help="Seconds the code may run; then it is interrupted.",
+)  # fmt: skip
+@click.pass_context
+def eval_command(ctx: click.Context, code: str, frame: Optional[str], timeout: float) -> int:
+    """Run CODE in the process's __main__ namespace ('-' reads it from stdin).
+
+    What the code prints comes back; a final expression's value is shown as the REPL would.
+    """
+    return actions.evaluate(_context(ctx), code, frame, timeout)
+
+
+@cli.command()
+@click.argument("sql")
+@click.option("--format", type=click.Choice(ROW_FORMATS), default="table", show_default=True)
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+    metavar="S", help="Seconds to wait for each table.",
+)  # fmt: skip
+@click.pass_context
+def query(ctx: click.Context, sql: str, format: str, timeout: float) -> int:
+    """Run DuckDB SQL over the process's tables ('-' reads it from stdin)."""
+    return actions.query(_context(ctx), sql, format, timeout)
+
+
+@cli.command()
+@click.option("--format", type=click.Choice(("text", "json")), default="text", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, metavar="S")
+@click.pass_context
+def tables(ctx: click.Context, format: str, timeout: float) -> int:
+    """Every table with its columns, types and what each column means."""
+    return actions.tables(_context(ctx), format, timeout)
+
+
+@cli.command(name="list")
+@click.option("--format", type=click.Choice(ROW_FORMATS), default="table", show_default=True)
+def list_command(format: str) -> int:
+    """Python processes you can see, and whether each has an agent."""
+    return actions.list_processes(format)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run(ctx: click.Context, command: List[str]) -> int:
+    """Run COMMAND with the agent in every Python process it starts.
+
+    Prints the child's PID on stderr, forwards signals, exits with the child's status.
+    """
+    return actions.run(list(command), _context(ctx).verbose)
+
+
+def run_click(args: List[str]) -> int:
+    try:
+        result = cli.main(args=args, prog_name="probing", standalone_mode=False)
+    except click.exceptions.Exit as exit_:
+        return int(exit_.exit_code)
+    except click.ClickException as error:
+        error.show()
+        return int(error.exit_code)
+    except click.exceptions.Abort:
+        return 130
+    return int(result) if isinstance(result, int) else ExitCode.OK

@@ -1,0 +1,226 @@
+"""Everything `probing` prints is formatted here: tracebacks, tables, eval output, errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import EvalTimedOut, ProbingError, RemoteError
+from ..protocol import json_loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+    Rows = Sequence[Sequence[Any]]
+
+
+class SourceLines:
+    """Lines of the job's source files, read by the CLI so the target does no file I/O."""
+
+    def __init__(self, pid: Optional[int]) -> None:
+        self.pid = pid
+        self._files: Dict[str, List[str]] = {}
+
+    def line(self, filename: str, lineno: Optional[int]) -> str:
+        if not lineno or filename.startswith("<"):
+            return ""
+        lines = self._files.get(filename)
+        if lines is None:
+            lines = self._files[filename] = self._read(filename)
+        return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+
+    def _read(self, filename: str) -> List[str]:
+        # A job in a container sees its files under its own root.
+        for path in (filename, f"/proc/{self.pid}/root{filename}" if self.pid else None):
+            if path is None:
+                continue
+            try:
+                with open(path, "rb") as handle:
+                    return handle.read().decode("utf-8", "replace").splitlines()
+            except OSError:
+                continue
+        return []
+
+
+def write_backtrace_text(rows: List[Dict[str, Any]], info: Dict[str, Any], out: IO[str]) -> None:
+    """Threads grouped, main thread first, each read like a Python traceback."""
+    pid = info.get("pid")
+    argv = " ".join(info.get("argv") or [])
+    out.write(f"Process {pid} (Python {info.get('python_version')}): {argv}\n")
+    sources = SourceLines(pid if isinstance(pid, int) else None)
+    threads: Dict[Tuple[Any, Any], List[Dict[str, Any]]] = {}
+    for row in rows:
+        threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
+    for frames in threads.values():
+        first = frames[0]
+        native = first["native_id"] if first["native_id"] is not None else first["thread_id"]
+        marks = " main" if first["is_main"] else ""
+        out.write(f'\nThread {native} "{first["thread_name"]}"{marks} (most recent call last):\n')
+        for frame in sorted(frames, key=lambda row: -row["depth"]):
+            lineno = frame["lineno"]
+            shown = lineno if lineno is not None else "?"
+            out.write(f'  File "{frame["file"]}", line {shown}, in {frame["func"]}\n')
+            code = sources.line(frame["file"], lineno)
+            if code:
+                out.write(f"    {code}\n")
+            if frame.get("locals"):
+                for name, value in json_loads(frame["locals"]).items():
+                    out.write(f"      {name} = {value}\n")
+    if not threads:
+        out.write("\n(no Python threads)\n")
+
+
+# --- rows: table, csv, json, jsonl ----------------------------------------------------------
+
+
+def _json_value(value: Any) -> Any:
+    import datetime
+    import decimal
+
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    import datetime
+    import json
+
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=_json_value)
+    return str(value).replace("\n", "\\n")
+
+
+def write_rows(
+    columns: Sequence[str],
+    types: Sequence[str],
+    rows: Rows,
+    fmt: str,
+    out: IO[str],
+) -> None:
+    if fmt == "json" or fmt == "jsonl":
+        import json
+
+        decode = [column_type.upper() == "JSON" for column_type in types]
+        objects = (
+            {
+                name: (json.loads(value) if is_json and isinstance(value, str) else value)
+                for name, value, is_json in zip(columns, row, decode)
+            }
+            for row in rows
+        )
+        if fmt == "jsonl":
+            for item in objects:
+                out.write(json.dumps(item, default=_json_value) + "\n")
+        else:
+            json.dump(list(objects), out, default=_json_value, indent=2)
+            out.write("\n")
+        return
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if value is None else _cell(value) for value in row])
+        return
+    _write_table(columns, types, rows, out)
+
+
+_NUMERIC = ("INT", "DOUBLE", "FLOAT", "DECIMAL", "REAL", "NUMERIC")
+
+
+def _write_table(columns: Sequence[str], types: Sequence[str], rows: Rows, out: IO[str]) -> None:
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [len(name) for name in columns]
+    for row in cells:
+        widths = [max(width, len(text)) for width, text in zip(widths, row)]
+    right = [
+        any(kind in column_type.upper() for kind in _NUMERIC) and "[]" not in column_type
+        for column_type in types
+    ]
+
+    def line(values: Iterable[str]) -> str:
+        parts = [
+            text.rjust(width) if align else text.ljust(width)
+            for text, width, align in zip(values, widths, right)
+        ]
+        return "  ".join(parts).rstrip() + "\n"
+
+    out.write(line(columns))
+    out.write(line("-" * width for width in widths))
+    for row in cells:
+        out.write(line(row))
+
+
+# --- other commands -------------------------------------------------------------------------
+
+
+def write_tables(tables: List[Dict[str, Any]], out: IO[str]) -> None:
+    for index, table in enumerate(tables):
+        if index:
+            out.write("\n")
+        out.write(f"{table['name']}: {table['doc']}\n")
+        name_width = max(len(column["name"]) for column in table["columns"])
+        type_width = max(len(column["type"]) for column in table["columns"])
+        for column in table["columns"]:
+            name, kind = column["name"].ljust(name_width), column["type"].ljust(type_width)
+            out.write(f"  {name}  {kind}  {column['doc']}\n")
+
+
+def write_eval_result(result: Dict[str, Any], out: IO[str], err: IO[str]) -> None:
+    if result.get("stdout"):
+        out.write(result["stdout"])
+    if result.get("stderr"):
+        err.write(result["stderr"])
+    if result.get("value") is not None:
+        out.write(result["value"] + "\n")
+
+
+def report_error(error: ProbingError, err: Optional[IO[str]] = None) -> int:
+    """The single place an expected failure becomes a message; returns the exit code."""
+    err = err or sys.stderr
+    if isinstance(error, RemoteError):
+        # What the code printed before it raised, then its traceback, as Python would show it.
+        if error.stdout:
+            sys.stdout.write(error.stdout)
+            sys.stdout.flush()
+        if error.stderr:
+            err.write(error.stderr)
+        err.write(error.traceback or error.message + "\n")
+        return int(error.exit_code)
+    if isinstance(error, EvalTimedOut):
+        if error.stdout:
+            sys.stdout.write(error.stdout)
+            sys.stdout.flush()
+        if error.stderr:
+            err.write(error.stderr)
+    err.write(f"probing: error: {error.message}\n")
+    if error.hint:
+        err.write(f"  hint: {error.hint}\n")
+    return int(error.exit_code)
+
+
+def log_to_stderr(message: str) -> None:
+    sys.stderr.write(f"probing: {message}\n")
+
+
+def stdout_is_closed() -> None:
+    """After a BrokenPipeError (`probing ... | head`): silence the flush at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,67 @@
+"""Options of the commands on the fast path, declared once.
+
+`probing PID backtrace` is timed against py-spy, and importing click alone costs more than a
+whole py-spy dump. So backtrace is parsed without click when its command line is plain
+(cli/fast.py); click builds the same command from these declarations (cli/commands.py), and
+handles everything else, including every error and --help.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional, Tuple
+
+
+class Option:
+    __slots__ = ("name", "help", "flag", "default", "choices", "value_type", "metavar")
+
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        flag: bool = False,
+        default: Any = None,
+        choices: Optional[Tuple[str, ...]] = None,
+        value_type: Any = str,
+        metavar: Optional[str] = None,
+    ) -> None:
+        self.name = name  # the long flag, e.g. "--thread"
+        self.help = help
+        self.flag = flag
+        self.default = default
+        self.choices = choices
+        self.value_type = value_type
+        self.metavar = metavar
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+ROW_FORMATS = ("table", "json", "jsonl", "csv")
+
+BACKTRACE_OPTIONS = (
+    Option(
+        "--locals", "show each frame's local variables (bounded reprs)", flag=True, default=False
+    ),
+    Option(
+        "--thread", "only the thread with this name, Python ident or native id", metavar="NAME|ID"
+    ),
+    Option(
+        "--format",
+        "text reads like a traceback; the others give python.backtrace rows",
+        default="text",
+        choices=("text", *ROW_FORMATS),
+    ),
+    Option(
+        "--timeout",
+        "seconds to wait for the agent's answer",
+        default=3.0,
+        value_type=float,
+        metavar="S",
+    ),
+)
+
+GLOBAL_FLAGS = {"-v": "verbose", "--verbose": "verbose"}
+TARGET_OPTIONS = ("-t", "--target")

@@ -1,0 +1,200 @@
+"""Talking to an agent: find its socket, say hello, make requests, enforce timeouts.
+
+Never prints; failures are ProbingErrors that say what to do. Stays cheap to import, because
+`probing PID backtrace` is timed against py-spy.
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+import time
+
+from . import __version__, protocol
+from .errors import (
+    AgentTimeout,
+    AgentUnreachable,
+    EvalTimedOut,
+    NoAgent,
+    NotPython,
+    PermissionDenied,
+    ProbingError,
+    RemoteError,
+)
+from .processes import python_version_of, require_process, socket_candidates
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    Log = Callable[[str], None]
+
+START_AGENT_HINT = (
+    "start the job with the agent: `probing run -- python train.py` or `PROBING=1 python train.py`"
+)
+
+
+def _no_log(message: str) -> None:
+    pass
+
+
+def locate_socket(pid: int, log: Log = _no_log) -> str:
+    """The socket of the agent in `pid`, or the ProbingError that says why there is none."""
+    require_process(pid)
+    candidates = socket_candidates(pid)
+    denied = None
+    for path in candidates:
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            log(f"no socket at {path}")
+            continue
+        except PermissionError:
+            log(f"not allowed to look at {path}")
+            denied = path
+            continue
+        log(f"agent socket: {path}")
+        return path
+    version = python_version_of(pid)
+    if version is None:
+        raise NotPython(f"PID {pid} is not a Python process")
+    if denied is not None:
+        raise PermissionDenied(
+            f"not allowed to reach the agent of PID {pid} ({denied})",
+            hint="run probing as the user that owns the process, or as root",
+        )
+    raise NoAgent(f"PID {pid} (Python {version}) has no probing agent", hint=START_AGENT_HINT)
+
+
+class Client:
+    """One connection to one agent. Use as a context manager."""
+
+    def __init__(self, path: str, timeout: float, log: Log = _no_log) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.log = log
+        self.info: Dict[str, Any] = {}
+        self._next_id = 0
+        # _socket rather than socket: the socket module imports enum and selectors, a few ms
+        # of start-up that `probing PID backtrace` cannot afford.
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        started = time.perf_counter()
+        try:
+            self._sock.connect(path)
+        except FileNotFoundError:
+            self.close()
+            raise NoAgent(f"no agent socket at {path}", hint=START_AGENT_HINT) from None
+        except ConnectionRefusedError:
+            self.close()
+            raise NoAgent(
+                f"nothing listens on {path} (left behind by a process that was killed?)",
+                hint=START_AGENT_HINT,
+            ) from None
+        except PermissionError:
+            self.close()
+            raise PermissionDenied(
+                f"not allowed to connect to {path}",
+                hint="run probing as the user that owns the process, or as root",
+            ) from None
+        except _socket.timeout:
+            self.close()
+            raise AgentTimeout(
+                f"the agent at {path} did not accept a connection in {timeout:g} s"
+            ) from None
+        except OSError as error:
+            self.close()
+            raise AgentUnreachable(f"cannot connect to {path}: {error.strerror or error}") from None
+        self.info = self.call(
+            "hello", {"protocol": protocol.PROTOCOL_VERSION, "client": __version__}
+        )[0]
+        self.log(
+            f"connected in {(time.perf_counter() - started) * 1000:.1f} ms: "
+            f"pid {self.info.get('pid')}, "
+            f"Python {self.info.get('python_version')}, agent {self.info.get('probing_version')}"
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def call(
+        self, method: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
+    ) -> Tuple[Any, bytearray]:
+        """Send one request; returns (result, payload) or raises the error the agent replied."""
+        self._next_id += 1
+        request_id = self._next_id
+        wait = self.timeout if timeout is None else timeout
+        self._sock.settimeout(wait)
+        try:
+            protocol.send_frame(self._sock, protocol.request(request_id, method, params))
+            frame = protocol.recv_frame(self._sock, protocol.MAX_REPLY_BYTES)
+        except _socket.timeout:
+            raise AgentTimeout(
+                f"the agent did not answer {method!r} within {wait:g} s",
+                hint="the process may be holding the GIL in native code; "
+                "`py-spy dump --pid PID` reads its stacks from outside",
+            ) from None
+        except (protocol.ConnectionClosed, ConnectionResetError, BrokenPipeError):
+            raise AgentUnreachable(
+                f"the agent closed the connection during {method!r} (did the process exit?)"
+            ) from None
+        except protocol.FrameError as error:
+            raise AgentUnreachable(f"unreadable reply from the agent: {error}") from None
+        if frame is None:
+            raise AgentUnreachable(
+                f"the agent closed the connection during {method!r} (did the process exit?)"
+            )
+        _, ok, body = protocol.parse_reply(frame.header)
+        if not ok:
+            raise error_from_reply(body)
+        return body, frame.payload
+
+    def fetch_table(
+        self, name: str, params: Optional[Dict[str, Any]] = None
+    ) -> protocol.DecodedTable:
+        result, payload = self.call("table", dict(params or {}, name=name))
+        return protocol.decode_table(result["table"], payload)
+
+    def backtrace(self, params: Dict[str, Any]) -> protocol.DecodedTable:
+        result, payload = self.call("backtrace", params)
+        return protocol.decode_table(result["table"], payload)
+
+    def describe_tables(self) -> List[Dict[str, Any]]:
+        result, _ = self.call("tables")
+        tables: List[Dict[str, Any]] = result["tables"]
+        return tables
+
+
+def error_from_reply(error: Dict[str, Any]) -> ProbingError:
+    kind, message = error.get("type"), error["message"]
+    if kind == "RemoteError":
+        return RemoteError(
+            message,
+            traceback=error.get("traceback", ""),
+            stdout=error.get("stdout", ""),
+            stderr=error.get("stderr", ""),
+        )
+    if kind == "EvalTimeout":
+        return EvalTimedOut(message, stdout=error.get("stdout", ""), stderr=error.get("stderr", ""))
+    if kind == "PermissionDenied":
+        return PermissionDenied(
+            message, hint="run probing as the user that owns the process, or as root"
+        )
+    if kind == "ProtocolMismatch":
+        return AgentUnreachable(
+            message, hint="use the same probing version for the CLI and the job"
+        )
+    if kind == "InternalError":
+        return ProbingError(
+            f"the agent failed: {message}", hint="this is a bug in probing; please report it"
+        )
+    return ProbingError(message)

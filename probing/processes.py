@@ -1,0 +1,102 @@
+"""Facts about a process from /proc: is it there, whose is it, is it Python, where is its agent.
+
+Stdlib only and cheap: `probing PID backtrace` calls this on every run.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import PermissionDenied, ProcessNotFound
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional
+
+_PYTHON_EXE = r"^python(\d+(\.\d+)?)?[a-z]*$"
+_LIBPYTHON = r"libpython(\d+\.\d+)[a-z]*\.so"
+_PYTHON_VERSION_IN_NAME = r"python(\d+\.\d+)"
+
+
+def require_process(pid: int) -> None:
+    if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+        raise ProcessNotFound(
+            f"no process with PID {pid}", hint="check the PID with `probing list`"
+        )
+
+
+def effective_uid(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def environ_value(pid: int, name: str) -> Optional[str]:
+    """A variable of the process's start-up environment (None if unreadable or unset)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            data = environ.read()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return os.fsdecode(entry[len(prefix) :])
+    return None
+
+
+def python_version_of(pid: int) -> Optional[str]:
+    """'3.11' from the executable's or libpython's name; None when the process is not Python.
+
+    Raises PermissionDenied when /proc does not let us look (another user's process).
+    """
+    import re  # only on the way to an error message or `probing list`: keep re off the fast path
+
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except FileNotFoundError:
+        raise ProcessNotFound(f"no process with PID {pid}") from None
+    except PermissionError:
+        raise PermissionDenied(
+            f"not allowed to inspect PID {pid}",
+            hint="run probing as the user that owns the process, or as root",
+        ) from None
+    except OSError:  # a kernel thread has no executable
+        return None
+    exe = exe.replace(" (deleted)", "")
+    if re.match(_PYTHON_EXE, exe):
+        match = re.search(_PYTHON_VERSION_IN_NAME, exe)
+        if match:
+            return match.group(1)
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            found = re.search(_LIBPYTHON, os.fsdecode(maps.read()))
+    except OSError:
+        found = None
+    if found:
+        return found.group(1)
+    return "3" if re.match(_PYTHON_EXE, exe) else None
+
+
+def socket_candidates(pid: int) -> List[str]:
+    """Where the agent of `pid` would have put its socket, most specific first."""
+    directories = []
+    for directory in (
+        environ_value(pid, "PROBING_SOCKET_DIR"),
+        os.environ.get("PROBING_SOCKET_DIR"),
+    ):
+        if directory:
+            directories.append(directory)
+    uid = effective_uid(pid)
+    directories.append(f"/tmp/probing-{uid if uid is not None else os.geteuid()}")
+    seen: List[str] = []
+    for directory in directories:
+        path = os.path.join(directory, f"{pid}.sock")
+        if path not in seen:
+            seen.append(path)
+    return seen

@@ -1,0 +1,126 @@
+"""DuckDB over tables fetched from an agent, in the CLI's own process (DESIGN.md says why).
+
+Every table the agent documents exists in the session (so information_schema and `DESCRIBE`
+see them all); only the tables a query names are fetched and filled.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, NamedTuple, Tuple
+
+from .errors import BadSQL
+from .protocol import DecodedColumn, DecodedTable
+
+_STAGING = "__probing_incoming"
+
+
+class QueryResult(NamedTuple):
+    columns: List[str]
+    types: List[str]
+    rows: List[Tuple[Any, ...]]
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _qualified(name: str) -> str:
+    return ".".join(_quote(part) for part in name.split("."))
+
+
+def _column_expression(column: DecodedColumn, data: str, valid: str) -> str:
+    """SQL that turns a staged numpy column back into its typed, NULL-aware value."""
+    kind = column.type
+    if kind == "BOOLEAN":
+        return f"CASE WHEN {data} < 0 THEN NULL ELSE {data} <> 0 END"
+    if kind == "JSON":
+        return f"CAST({data} AS JSON)"
+    if kind == "VARCHAR[]":
+        return f"from_json({data}, '[\"VARCHAR\"]')"
+    if kind == "TIMESTAMP":
+        value = f"make_timestamp(CAST(round({data} * 1000000) AS BIGINT))"
+    else:
+        value = data
+    if column.valid is not None:
+        return f"CASE WHEN {valid} = 1 THEN {value} END"
+    return value
+
+
+def _numpy_column(column: DecodedColumn) -> Any:
+    import numpy
+
+    data: Any = column.data
+    if column.encoding == "dict":
+        # Code -1 means NULL: it indexes the None appended after the dictionary.
+        words = numpy.array([*(column.dictionary or []), None], dtype=object)
+        return words[numpy.frombuffer(data, dtype=numpy.int32)]
+    dtype = {"i64": numpy.int64, "f64": numpy.float64, "bool": numpy.int8}[column.encoding]
+    return numpy.frombuffer(data, dtype=dtype)
+
+
+class SqlSession:
+    def __init__(self, tables: List[Dict[str, Any]]) -> None:
+        import duckdb
+
+        self._duckdb = duckdb
+        self.connection = duckdb.connect(":memory:")
+        self.tables = {table["name"]: table for table in tables}
+        schemas = sorted({name.split(".")[0] for name in self.tables})
+        for schema in schemas:
+            self.connection.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
+        for name, table in self.tables.items():
+            columns = ", ".join(f"{_quote(c['name'])} {c['type']}" for c in table["columns"])
+            self.connection.execute(f"CREATE TABLE {_qualified(name)} ({columns})")
+        # Unqualified names work too: SELECT * FROM backtrace.
+        search_path = ",".join([*schemas, "main"])
+        self.connection.execute(f"SET search_path = '{search_path}'")
+
+    def referenced_tables(self, sql: str) -> List[str]:
+        """Tables whose name appears in the query (one too many is cheap, one too few wrong)."""
+        found = []
+        for name in self.tables:
+            short = name.split(".")[-1]
+            if re.search(rf"(?<![\w$]){re.escape(short)}(?![\w$])", sql, re.IGNORECASE):
+                found.append(name)
+        return found
+
+    def load(self, table: DecodedTable) -> None:
+        if table.rows == 0:
+            return
+        staged: Dict[str, Any] = {}
+        names, expressions = [], []
+        for index, column in enumerate(table.columns):
+            data, valid = f"c{index}", f"v{index}"
+            staged[data] = _numpy_column(column)
+            if column.valid is not None:
+                import numpy
+
+                validity: Any = column.valid
+                staged[valid] = numpy.frombuffer(validity, dtype=numpy.int8)
+            names.append(_quote(column.name))
+            expressions.append(_column_expression(column, data, valid))
+        self.connection.register(_STAGING, staged)
+        try:
+            self.connection.execute(
+                f"INSERT INTO {_qualified(table.name)} ({', '.join(names)}) "
+                f"SELECT {', '.join(expressions)} FROM {_STAGING}"
+            )
+        finally:
+            self.connection.unregister(_STAGING)
+
+    def run(self, sql: str) -> QueryResult:
+        try:
+            cursor = self.connection.execute(sql)
+            description = cursor.description or []
+            rows = cursor.fetchall() if description else []
+        except self._duckdb.Error as error:
+            raise sql_error(error) from None
+        return QueryResult([d[0] for d in description], [str(d[1]) for d in description], rows)
+
+
+def sql_error(error: Exception) -> BadSQL:
+    """DuckDB's message in one line; its hint and the pointer into the query below it."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    message = lines[0] if lines else type(error).__name__
+    return BadSQL(f"SQL: {message}", hint="\n        ".join(lines[1:]) or None)
