@@ -31,7 +31,7 @@ class BoundedRepr(reprlib.Repr):
     def __init__(self, limit: int = 200) -> None:
         super().__init__()
         self.limit = max(16, limit)
-        self.maxlevel = 3
+        self.maxlevel = 4
         self.maxstring = min(self.limit, 120)
         self.maxother = self.limit
         self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdeque = 8

@@ -40,12 +40,13 @@ def _start_agent() -> None:
 
 def _hand_over() -> None:
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
+    from importlib.machinery import PathFinder
+
+    if PathFinder.find_spec("sitecustomize", sys.path) is None:
+        return  # nothing shadowed: site's own import keeps this module as sitecustomize
+    # Importing again puts the shadowed module in sys.modules, where site's import looks.
     del sys.modules["sitecustomize"]
-    try:
-        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401 - the one shadowed
-    except ImportError as error:
-        if error.name != "sitecustomize":
-            raise
+    import sitecustomize  # type: ignore[import-not-found]  # noqa: F401
 
 
 _start_agent()

@@ -117,6 +117,8 @@ def cli(ctx: click.Context, target: Optional[str], verbose: bool) -> None:
         raise click.UsageError("missing TARGET: probing PID COMMAND (or probing -t PID COMMAND)")
     if ctx.invoked_subcommand in TARGETLESS and target is not None:
         raise click.UsageError(f"'{ctx.invoked_subcommand}' takes no TARGET")
+    if target is not None:
+        actions.parse_target(target)  # a malformed TARGET is a usage error before any work
 
 
 @cli.command()
@@ -126,7 +128,7 @@ def backtrace(
     ctx: click.Context, locals: bool, thread: Optional[str], format: str, timeout: float
 ) -> int:
     """Stack of every Python thread, main thread first, read like a traceback."""
-    return actions.backtrace(_context(ctx), locals, thread, format, timeout)
+    return actions.backtrace(_context(ctx), locals=locals, thread=thread, format=format, timeout=timeout)
 
 
 @cli.command(name="eval")

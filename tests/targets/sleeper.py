@@ -1,0 +1,35 @@
+"""At rest: the main thread reads stdin inside main_loop(), a thread named "worker" waits
+inside worker_loop(). Exits when its stdin closes."""
+
+import os
+import sys
+import threading
+
+
+class BrokenRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr for you")
+
+
+stop = threading.Event()
+
+
+def worker_loop(number):
+    label = "worker-%d" % number  # noqa: F841 - a local for --locals
+    stop.wait()
+
+
+def main_loop():
+    big = "x" * 100000  # noqa: F841
+    broken = BrokenRepr()  # noqa: F841
+    nested = {"a": [1, 2, {"b": list(range(100))}]}  # noqa: F841
+    number = 42  # noqa: F841
+    print("ready", os.getpid(), threading.get_ident(), flush=True)
+    for _ in sys.stdin:
+        pass
+    stop.set()
+
+
+worker = threading.Thread(target=worker_loop, args=(1,), name="worker", daemon=True)
+worker.start()
+main_loop()

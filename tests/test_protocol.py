@@ -1,0 +1,200 @@
+"""The wire format, and the agent's connection loop fed scripted and malformed frames over a
+socketpair: every bad frame gets an error reply, and the agent keeps serving."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from typing import Any, Dict, Iterator, Tuple
+
+import pytest
+
+from probing import protocol
+from probing.agent.columns import TableBuilder
+from probing.agent.server import AgentServer
+
+
+@pytest.fixture
+def agent_end(tmp_path: Any) -> Iterator[Tuple[socket.socket, threading.Thread, AgentServer]]:
+    """One end of a socketpair served by a real agent connection loop; the other end is ours."""
+    server = AgentServer.bind(str(tmp_path))
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.settimeout(10)
+    thread = threading.Thread(target=server._serve_connection, args=(theirs,), daemon=True)
+    thread.start()
+    yield ours, thread, server
+    ours.close()
+    server.stop()
+    thread.join(5)
+
+
+def call(sock: socket.socket, header: Dict[str, Any]) -> Dict[str, Any]:
+    protocol.send_frame(sock, header)
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None
+    return frame.header
+
+
+def raw_frame(header_bytes: bytes, payload: bytes = b"", magic: bytes = protocol.MAGIC) -> bytes:
+    return protocol.PREFIX.pack(magic, len(header_bytes), len(payload)) + header_bytes + payload
+
+
+def test_json_codec_matches_the_json_module() -> None:
+    value = {"id": 1, "method": "eval", "params": {"code": "print('é\\n\"')", "f": 1.5, "n": None}}
+    assert json.loads(protocol.json_dumps(value)) == value
+    assert protocol.json_loads(json.dumps(value)) == value
+    with pytest.raises(ValueError):
+        protocol.json_loads('{"a": 1} trailing')
+    with pytest.raises(ValueError):
+        protocol.json_loads("{not json")
+
+
+def test_table_round_trip_keeps_types_and_nulls() -> None:
+    builder = TableBuilder(
+        "t.x",
+        [("i", "BIGINT"), ("f", "DOUBLE"), ("b", "BOOLEAN"), ("s", "VARCHAR"), ("j", "JSON"), ("l", "VARCHAR[]")],
+    )
+    builder.append((1, 0.5, True, "a", {"k": 1}, ["x", "y"]))
+    builder.append((None, None, None, None, None, None))
+    builder.append((-(2**62), float("inf"), False, "é\udcff", "[]", []))
+    descriptor, chunks = builder.encode()
+    payload = b"".join(bytes(chunk) for chunk in chunks)
+    table = protocol.decode_table(json.loads(json.dumps(descriptor)), bytearray(payload))
+    assert table.rows == 3
+    assert table.to_rows() == [
+        {"i": 1, "f": 0.5, "b": True, "s": "a", "j": '{"k": 1}', "l": '["x", "y"]'},
+        {"i": None, "f": None, "b": None, "s": None, "j": None, "l": None},
+        {"i": -(2**62), "f": float("inf"), "b": False, "s": "é\\udcff", "j": "[]", "l": "[]"},
+    ]
+
+
+def test_a_table_descriptor_that_does_not_fit_its_payload_is_refused() -> None:
+    builder = TableBuilder("t.x", [("i", "BIGINT")])
+    builder.append((1,))
+    descriptor, chunks = builder.encode()
+    with pytest.raises(protocol.FrameError):
+        protocol.decode_table(dict(descriptor, rows=5), bytearray(b"".join(bytes(c) for c in chunks)))
+
+
+def test_hello_reports_the_process(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    reply = call(sock, protocol.request(1, "hello", {"protocol": protocol.PROTOCOL_VERSION}))
+    assert reply["ok"] and reply["id"] == 1
+    assert reply["result"]["protocol"] == protocol.PROTOCOL_VERSION
+    assert {"backtrace", "eval", "table", "tables"} <= set(reply["result"]["capabilities"])
+
+
+def test_a_client_of_another_protocol_version_is_told_so(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    reply = call(sock, protocol.request(1, "hello", {"protocol": 999}))
+    assert not reply["ok"] and reply["error"]["type"] == "ProtocolMismatch"
+
+
+def test_unknown_method_gets_an_error_and_the_connection_survives(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    reply = call(sock, protocol.request(7, "no_such_method"))
+    assert reply == {
+        "id": 7,
+        "ok": False,
+        "error": {"type": "UnknownMethod", "message": reply["error"]["message"]},
+    }
+    assert "no_such_method" in reply["error"]["message"]
+    assert call(sock, protocol.request(8, "ping"))["ok"]
+
+
+@pytest.mark.parametrize(
+    "header_bytes, expected",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"id": 3}', "no 'method'"),
+        (b'{"id": 3, "method": "ping", "params": [1]}', "'params' must be an object"),
+        (b'{"id": [1], "method": "ping"}', "'id' must be"),
+    ],
+)
+def test_malformed_frames_get_an_error_and_the_connection_survives(
+    agent_end: Any, header_bytes: bytes, expected: str
+) -> None:
+    sock, _, _ = agent_end
+    sock.sendall(raw_frame(header_bytes))
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None and frame.header["ok"] is False
+    assert expected in frame.header["error"]["message"]
+    assert call(sock, protocol.request(9, "ping"))["result"] == {"pong": True}
+
+
+def test_bad_magic_gets_an_error_then_the_connection_closes(agent_end: Any) -> None:
+    sock, thread, _ = agent_end
+    sock.sendall(raw_frame(b"{}", magic=b"HTTP"))
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None and "bad magic" in frame.header["error"]["message"]
+    # Closed with our unread bytes in its buffer, the agent's side may reset rather than FIN.
+    try:
+        assert protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES) is None
+    except ConnectionResetError:
+        pass
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_oversized_frame_gets_an_error_then_the_connection_closes(agent_end: Any) -> None:
+    sock, thread, _ = agent_end
+    sock.sendall(protocol.PREFIX.pack(protocol.MAGIC, 10, protocol.MAX_REQUEST_BYTES))
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None and "exceeds the cap" in frame.header["error"]["message"]
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_oversized_header_is_refused(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    sock.sendall(protocol.PREFIX.pack(protocol.MAGIC, protocol.MAX_HEADER_BYTES + 1, 0))
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None and "header" in frame.header["error"]["message"]
+
+
+def test_truncated_frame_ends_that_connection_only(agent_end: Any) -> None:
+    sock, thread, server = agent_end
+    sock.sendall(raw_frame(b'{"id": 1, "method": "ping"}')[:10])
+    sock.shutdown(socket.SHUT_WR)
+    thread.join(5)
+    assert not thread.is_alive()
+    # The agent itself is unharmed: a fresh connection is served.
+    server.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as fresh:
+        fresh.settimeout(10)
+        fresh.connect(server.path)
+        assert call(fresh, protocol.request(1, "ping"))["ok"]
+
+
+def test_table_request_ships_typed_columns(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    protocol.send_frame(sock, protocol.request(1, "table", {"name": "python.threads"}))
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None and frame.header["ok"]
+    table = protocol.decode_table(frame.header["result"]["table"], frame.payload)
+    assert table.name == "python.threads" and table.rows >= 1
+    assert [column.name for column in table.columns][:4] == ["pid", "thread_id", "native_id", "name"]
+
+
+def test_unknown_table_is_an_error(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    reply = call(sock, protocol.request(1, "table", {"name": "python.nope"}))
+    assert reply["error"]["type"] == "NotFound" and "python.backtrace" in reply["error"]["message"]
+
+
+def test_a_frame_split_into_single_bytes_is_read_whole(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    data = raw_frame(protocol.encode_header(protocol.request(5, "ping")))
+    for byte in data:
+        sock.send(bytes([byte]))
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None and frame.header["id"] == 5 and frame.header["ok"]
+
+
+def test_prefix_layout_is_stable() -> None:
+    assert protocol.PREFIX.size == 12
+    assert struct.unpack(">4sII", protocol.PREFIX.pack(b"PRB1", 1, 2)) == (b"PRB1", 1, 2)
