@@ -4,17 +4,21 @@ then leaves through sys.exit, so the atexit handlers it inherited run in it."""
 import os
 import sys
 
-read_end, write_end = os.pipe()
+release_read, release_write = os.pipe()
+started_read, started_write = os.pipe()
 child = os.fork()
 if child == 0:
-    os.close(write_end)
-    os.read(read_end, 1)
+    # Python code runs in the child only after the at-fork hooks: this byte means they ran.
+    os.write(started_write, b"x")
+    os.close(release_write)
+    os.read(release_read, 1)
     sys.exit(0)
 
-os.close(read_end)
+os.close(release_read)
+os.read(started_read, 1)
 print("ready child=%d" % child, flush=True)
 for line in sys.stdin:
     if line.strip() == "release-child":
-        os.close(write_end)
+        os.close(release_write)
         os.waitpid(child, 0)
         print("child exited", flush=True)
