@@ -236,3 +236,19 @@ def test_hello_names_the_process(sleeper: Target) -> None:
     assert info["pid"] == sleeper.pid and info["argv"][0].endswith("sleeper.py")
     assert json.loads(json.dumps(info)) == info
     assert threading.current_thread()  # the test thread is untouched by any of this
+
+
+def test_sockets_of_dead_processes_are_swept_at_start(tmp_path: object) -> None:
+    """A job killed by SIGTERM or SIGKILL runs no atexit: the next agent cleans up after it."""
+    directory = os.path.join(str(tmp_path), "sockets")
+    os.mkdir(directory, 0o700)
+    dead = subprocess.Popen([VENV_PYTHON, "-c", "pass"])
+    dead.wait()
+    stale = os.path.join(directory, f"{dead.pid}.sock")
+    with socket.socket(socket.AF_UNIX) as left_behind:
+        left_behind.bind(stale)
+    unrelated = os.path.join(directory, "notes.txt")
+    open(unrelated, "w").close()
+    with Target("sleeper.py", env={"PROBING_SOCKET_DIR": directory}) as target:
+        assert wait_until(lambda: not os.path.exists(stale))
+        assert os.path.exists(unrelated) and os.path.exists(os.path.join(directory, f"{target.pid}.sock"))

@@ -51,6 +51,43 @@ def peer_credentials(conn: socket.socket) -> Tuple[int, int, int]:
     return pid, uid, gid
 
 
+def remove_dead_sockets(directory: str) -> None:
+    """Remove sockets left by processes that died without running atexit (SIGTERM, SIGKILL).
+
+    A socket goes only when its PID is gone *and* nothing answers on it, so an agent in
+    another PID namespace that shares this directory is never touched.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        pid_text, _, suffix = name.partition(".")
+        if suffix != "sock" or not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # alive (or not ours to signal): leave it
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        path = os.path.join(directory, name)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(0.2)
+            probe.connect(path)
+        except ConnectionRefusedError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        finally:
+            probe.close()
+
+
 class AgentServer:
     """One listening socket, its accept thread, and the connections it serves."""
 
@@ -107,6 +144,7 @@ class AgentServer:
     def _accept_loop(self) -> None:
         self.own_threads.add(threading.get_ident())
         try:
+            remove_dead_sockets(os.path.dirname(self.path))
             while not self._stopping:
                 try:
                     conn, _ = self.listener.accept()

@@ -1,0 +1,49 @@
+# probing: every target sets itself up; `make test` works on a fresh machine.
+PYTHON ?= python3
+TORCH_VERSION ?= 2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install test check lint format bench demo docs clean
+
+help: ## Show the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check "setuptools>=64" wheel
+	# Pinned first: an unpinned torch would pull the newest CUDA build (gigabytes).
+	$(BIN)/pip install -q --disable-pip-version-check "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q --disable-pip-version-check ".[test,dev,torch]"
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv with probing and its test, dev and torch extras
+	@# Refresh probing itself from the working tree (fast: no dependency resolution).
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation .
+
+lint: install ## ruff (lint and format check) and mypy --strict
+	$(BIN)/ruff check probing tests benchmarks docs/examples setup.py
+	$(BIN)/ruff format --check probing tests benchmarks docs/examples setup.py
+	$(BIN)/mypy
+
+format: install ## Format the code with ruff
+	$(BIN)/ruff format probing tests benchmarks docs/examples setup.py
+	$(BIN)/ruff check --fix probing tests benchmarks docs/examples setup.py
+
+test: lint ## Lint, type-check, then run the whole test suite
+	$(BIN)/pytest
+
+bench: install ## Print the measurements of the closing notes (ratios against baselines)
+	$(BIN)/python benchmarks/bench_core.py
+
+demo: install ## Start a small training job with the agent and run probing against it
+	bash docs/examples/demo.sh
+
+docs: install ## Regenerate docs/tables.md from the agent's own column documentation
+	$(BIN)/python -m probing.docgen > docs/tables.md
+
+clean: ## Remove the virtual environment and build leftovers
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
