@@ -67,7 +67,11 @@ def locate_socket(pid: int, log: Log = _no_log) -> str:
 
 
 class Client:
-    """One connection to one agent. Use as a context manager."""
+    """One connection to one agent. Use as a context manager.
+
+    The hello goes out together with the first request, and both replies come back in one
+    read: a command costs one round trip.
+    """
 
     def __init__(self, path: str, timeout: float, log: Log = _no_log) -> None:
         self.path = path
@@ -75,11 +79,12 @@ class Client:
         self.log = log
         self.info: Dict[str, Any] = {}
         self._next_id = 0
+        self._started = time.perf_counter()
         # _socket rather than socket: the socket module imports enum and selectors, a few ms
         # of start-up that `probing PID backtrace` cannot afford.
         self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self._reader = protocol.FrameReader(self._sock, protocol.MAX_REPLY_BYTES)
         self._sock.settimeout(timeout)
-        started = time.perf_counter()
         try:
             self._sock.connect(path)
         except FileNotFoundError:
@@ -99,20 +104,10 @@ class Client:
             ) from None
         except _socket.timeout:
             self.close()
-            raise AgentTimeout(
-                f"the agent at {path} did not accept a connection in {timeout:g} s"
-            ) from None
+            raise AgentTimeout(f"the agent at {path} did not accept a connection in {timeout:g} s") from None
         except OSError as error:
             self.close()
             raise AgentUnreachable(f"cannot connect to {path}: {error.strerror or error}") from None
-        self.info = self.call(
-            "hello", {"protocol": protocol.PROTOCOL_VERSION, "client": __version__}
-        )[0]
-        self.log(
-            f"connected in {(time.perf_counter() - started) * 1000:.1f} ms: "
-            f"pid {self.info.get('pid')}, "
-            f"Python {self.info.get('python_version')}, agent {self.info.get('probing_version')}"
-        )
 
     def __enter__(self) -> Client:
         return self
@@ -126,27 +121,48 @@ class Client:
         except OSError:
             pass
 
+    def _request(self, method: str, params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        self._next_id += 1
+        return protocol.request(self._next_id, method, params)
+
     def call(
         self, method: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
     ) -> Tuple[Any, bytearray]:
         """Send one request; returns (result, payload) or raises the error the agent replied."""
-        self._next_id += 1
-        request_id = self._next_id
         wait = self.timeout if timeout is None else timeout
         self._sock.settimeout(wait)
+        buffers = []
+        greeting = not self.info
+        if greeting:
+            hello = {"protocol": protocol.PROTOCOL_VERSION, "client": __version__}
+            buffers += protocol.frame_buffers(self._request("hello", hello))
+        buffers += protocol.frame_buffers(self._request(method, params))
         try:
-            protocol.send_frame(self._sock, protocol.request(request_id, method, params))
-            frame = protocol.recv_frame(self._sock, protocol.MAX_REPLY_BYTES)
+            protocol.send_buffers(self._sock, buffers)
+            if greeting:
+                self.info, _ = self._receive("hello", wait)
+                self.log(
+                    f"connected in {(time.perf_counter() - self._started) * 1000:.1f} ms: "
+                    f"pid {self.info.get('pid')}, Python {self.info.get('python_version')}, "
+                    f"agent {self.info.get('probing_version')}"
+                )
+            return self._receive(method, wait)
+        except (ConnectionResetError, BrokenPipeError):
+            raise AgentUnreachable(
+                f"the agent closed the connection during {method!r} (did the process exit?)"
+            ) from None
+
+    def _receive(self, method: str, wait: float) -> Tuple[Any, bytearray]:
+        try:
+            frame = self._reader.read()
         except _socket.timeout:
             raise AgentTimeout(
                 f"the agent did not answer {method!r} within {wait:g} s",
                 hint="the process may be holding the GIL in native code; "
                 "`py-spy dump --pid PID` reads its stacks from outside",
             ) from None
-        except (protocol.ConnectionClosed, ConnectionResetError, BrokenPipeError):
-            raise AgentUnreachable(
-                f"the agent closed the connection during {method!r} (did the process exit?)"
-            ) from None
+        except (protocol.ConnectionClosed, ConnectionResetError):
+            frame = None
         except protocol.FrameError as error:
             raise AgentUnreachable(f"unreadable reply from the agent: {error}") from None
         if frame is None:
@@ -158,9 +174,7 @@ class Client:
             raise error_from_reply(body)
         return body, frame.payload
 
-    def fetch_table(
-        self, name: str, params: Optional[Dict[str, Any]] = None
-    ) -> protocol.DecodedTable:
+    def fetch_table(self, name: str, params: Optional[Dict[str, Any]] = None) -> protocol.DecodedTable:
         result, payload = self.call("table", dict(params or {}, name=name))
         return protocol.decode_table(result["table"], payload)
 
@@ -186,15 +200,9 @@ def error_from_reply(error: Dict[str, Any]) -> ProbingError:
     if kind == "EvalTimeout":
         return EvalTimedOut(message, stdout=error.get("stdout", ""), stderr=error.get("stderr", ""))
     if kind == "PermissionDenied":
-        return PermissionDenied(
-            message, hint="run probing as the user that owns the process, or as root"
-        )
+        return PermissionDenied(message, hint="run probing as the user that owns the process, or as root")
     if kind == "ProtocolMismatch":
-        return AgentUnreachable(
-            message, hint="use the same probing version for the CLI and the job"
-        )
+        return AgentUnreachable(message, hint="use the same probing version for the CLI and the job")
     if kind == "InternalError":
-        return ProbingError(
-            f"the agent failed: {message}", hint="this is a bug in probing; please report it"
-        )
+        return ProbingError(f"the agent failed: {message}", hint="this is a bug in probing; please report it")
     return ProbingError(message)

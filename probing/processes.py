@@ -20,9 +20,7 @@ _PYTHON_VERSION_IN_NAME = r"python(\d+\.\d+)"
 
 def require_process(pid: int) -> None:
     if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
-        raise ProcessNotFound(
-            f"no process with PID {pid}", hint="check the PID with `probing list`"
-        )
+        raise ProcessNotFound(f"no process with PID {pid}", hint="check the PID with `probing list`")
 
 
 def effective_uid(pid: int) -> Optional[int]:

@@ -88,9 +88,7 @@ def _json_codec() -> Tuple[Callable[[Any], str], Callable[[str], Any]]:
                 raise ValueError(f"extra data at character {end}")
             return value
 
-        if loads(dumps({"a": [1, 2.5, None, True, "\u00e9"]})) != {
-            "a": [1, 2.5, None, True, "\u00e9"]
-        }:
+        if loads(dumps({"a": [1, 2.5, None, True, "\u00e9"]})) != {"a": [1, 2.5, None, True, "\u00e9"]}:
             raise ValueError("_json round trip failed")
         return dumps, loads
     except Exception:  # noqa: BLE001 - any surprise: the plain module does the same job
@@ -106,62 +104,127 @@ def encode_header(header: Dict[str, Any]) -> bytes:
     return json_dumps(header).encode("utf-8")
 
 
-def send_frame(sock: Any, header: Dict[str, Any], payload: Sequence[ByteChunk] = ()) -> None:
-    """Send one frame; `payload` is a list of chunks, sent without joining them into one copy."""
+# Frames above this size go out through sendmsg() from their chunks instead of being joined.
+_JOIN_LIMIT = 1 << 20
+_IOV_MAX = 512
+
+
+def frame_buffers(header: Dict[str, Any], payload: Sequence[ByteChunk] = ()) -> List[ByteChunk]:
     header_bytes = encode_header(header)
     payload_length = sum(len(chunk) for chunk in payload)
-    sock.sendall(PREFIX.pack(MAGIC, len(header_bytes), payload_length) + header_bytes)
-    for chunk in payload:
-        if len(chunk):
-            sock.sendall(chunk)
+    return [PREFIX.pack(MAGIC, len(header_bytes), payload_length) + header_bytes, *payload]
 
 
-def _recv_exact(sock: Any, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    received = 0
-    while received < size:
-        count = sock.recv_into(view[received:])
-        if count == 0:
-            raise ConnectionClosed(f"connection closed after {received} of {size} bytes")
-        received += count
-    return buffer
+def send_buffers(sock: Any, buffers: Sequence[ByteChunk]) -> None:
+    """Send buffers in as few system calls as the kernel allows: one, for a typical frame.
+
+    Each socket call releases the GIL, and getting it back from a thread busy in Python can
+    take a whole switch interval (5 ms); a reply sent chunk by chunk cost the agent tens of
+    milliseconds in a busy process.
+    """
+    total = sum(len(buffer) for buffer in buffers)
+    if total <= _JOIN_LIMIT or not hasattr(sock, "sendmsg"):
+        sock.sendall(b"".join(buffers))
+        return
+    views = [memoryview(buffer).cast("B") for buffer in buffers if len(buffer)]
+    while views:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+        while sent and views:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def send_frame(sock: Any, header: Dict[str, Any], payload: Sequence[ByteChunk] = ()) -> None:
+    send_buffers(sock, frame_buffers(header, payload))
+
+
+class FrameReader:
+    """Reads frames from a stream socket.
+
+    With read-ahead it asks for up to 64 KiB at a time, so a request (or a hello and a
+    request sent together) costs one recv(): fewer GIL round trips, as in send_buffers.
+    Large payloads are read straight into a buffer of their own size.
+    """
+
+    CHUNK = 1 << 16
+
+    def __init__(self, sock: Any, max_bytes: int, readahead: bool = True) -> None:
+        self.sock = sock
+        self.max_bytes = max_bytes
+        self.readahead = readahead
+        self.pending = bytearray()
+
+    def _take(self, size: int, frame_start: bool = False) -> Optional[bytearray]:
+        pending = self.pending
+        if len(pending) >= size:
+            data = pending[:size]
+            del pending[:size]
+            return data
+        if self.readahead and size - len(pending) <= self.CHUNK:
+            while len(pending) < size:
+                chunk = self.sock.recv(self.CHUNK)
+                if not chunk:
+                    if frame_start and not pending:
+                        return None
+                    raise ConnectionClosed(f"connection closed after {len(pending)} of {size} bytes")
+                pending += chunk
+            data = pending[:size]
+            del pending[:size]
+            return data
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        have = len(pending)
+        view[:have] = pending
+        pending.clear()
+        while have < size:
+            count = self.sock.recv_into(view[have:])
+            if count == 0:
+                if frame_start and have == 0:
+                    return None
+                raise ConnectionClosed(f"connection closed after {have} of {size} bytes")
+            have += count
+        return buffer
+
+    def read(self) -> Optional[Frame]:
+        """The next frame; None when the peer closed cleanly between frames.
+
+        Raises FrameError for a frame we refuse (fatal when its length fields cannot be
+        trusted, so the rest of the stream is unreadable) and ConnectionClosed for a
+        truncated one.
+        """
+        prefix = self._take(PREFIX.size, frame_start=True)
+        if prefix is None:
+            return None
+        magic, header_length, payload_length = PREFIX.unpack(prefix)
+        if magic != MAGIC:
+            raise FrameError("not a probing frame (bad magic bytes)", fatal=True)
+        if header_length > MAX_HEADER_BYTES:
+            raise FrameError(
+                f"frame header of {header_length} bytes exceeds the cap of {MAX_HEADER_BYTES}",
+                fatal=True,
+            )
+        if header_length + payload_length > self.max_bytes:
+            raise FrameError(
+                f"frame of {header_length + payload_length} bytes exceeds the cap of {self.max_bytes}",
+                fatal=True,
+            )
+        header_bytes = self._take(header_length) or bytearray()
+        payload = (self._take(payload_length) or bytearray()) if payload_length else bytearray()
+        try:
+            header = json_loads(header_bytes.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise FrameError(f"frame header is not valid JSON: {error}", fatal=False) from None
+        if not isinstance(header, dict):
+            raise FrameError("frame header is not a JSON object", fatal=False)
+        return Frame(header, payload)
 
 
 def recv_frame(sock: Any, max_bytes: int) -> Optional[Frame]:
-    """Read one frame. None when the peer closed cleanly between frames.
-
-    Raises FrameError for a frame we refuse (fatal when its length fields cannot be trusted,
-    so the rest of the stream is unreadable) and ConnectionClosed for a truncated one.
-    """
-    first = sock.recv(PREFIX.size)
-    if not first:
-        return None
-    prefix = bytes(first)
-    if len(prefix) < PREFIX.size:
-        prefix += bytes(_recv_exact(sock, PREFIX.size - len(prefix)))
-    magic, header_length, payload_length = PREFIX.unpack(prefix)
-    if magic != MAGIC:
-        raise FrameError("not a probing frame (bad magic bytes)", fatal=True)
-    if header_length > MAX_HEADER_BYTES:
-        raise FrameError(
-            f"frame header of {header_length} bytes exceeds the cap of {MAX_HEADER_BYTES}",
-            fatal=True,
-        )
-    if header_length + payload_length > max_bytes:
-        raise FrameError(
-            f"frame of {header_length + payload_length} bytes exceeds the cap of {max_bytes}",
-            fatal=True,
-        )
-    header_bytes = _recv_exact(sock, header_length)
-    payload = _recv_exact(sock, payload_length) if payload_length else bytearray()
-    try:
-        header = json_loads(header_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise FrameError(f"frame header is not valid JSON: {error}", fatal=False) from None
-    if not isinstance(header, dict):
-        raise FrameError("frame header is not a JSON object", fatal=False)
-    return Frame(header, payload)
+    """One frame, reading nothing past it (for one-request conversations)."""
+    return FrameReader(sock, max_bytes, readahead=False).read()
 
 
 def parse_request(header: Dict[str, Any]) -> Tuple[Any, str, Dict[str, Any]]:
@@ -180,9 +243,7 @@ def parse_request(header: Dict[str, Any]) -> Tuple[Any, str, Dict[str, Any]]:
     return request_id, method, params
 
 
-def request(
-    request_id: Any, method: str, params: Optional[Dict[str, Any]] = None
-) -> Dict[str, Any]:
+def request(request_id: Any, method: str, params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     return {"id": request_id, "method": method, "params": params or {}}
 
 
@@ -336,18 +397,14 @@ def encode_table(
         if encoding == "dict":
             encoded = [word.encode("utf-8", "backslashreplace") for word in column.dictionary or ()]
             entry["dict_count"] = len(encoded)
-            entry["dict_offset"], _ = add(
-                struct.pack(f"={len(encoded)}I", *(len(b) for b in encoded))
-            )
+            entry["dict_offset"], _ = add(struct.pack(f"={len(encoded)}I", *(len(b) for b in encoded)))
             entry["dict_bytes_offset"], entry["dict_bytes_length"] = add(b"".join(encoded))
         described.append(entry)
     descriptor = {"name": name, "rows": rows, "byteorder": sys.byteorder, "columns": described}
     return descriptor, chunks
 
 
-def _typed(
-    typecode: str, payload: memoryview, offset: int, length: int, swap: bool
-) -> Sequence[Any]:
+def _typed(typecode: str, payload: memoryview, offset: int, length: int, swap: bool) -> Sequence[Any]:
     # memoryview.cast rather than array: importing array pulls in collections (~2 ms of CLI
     # start-up), and a view copies nothing, which matters for a million-row table.
     chunk = payload[offset : offset + length]
@@ -370,9 +427,7 @@ def decode_table(descriptor: Dict[str, Any], payload: ByteChunk) -> DecodedTable
         view = memoryview(payload)
         for entry in descriptor["columns"]:
             encoding = entry["encoding"]
-            data = _typed(
-                TYPECODE_OF_ENCODING[encoding], view, entry["offset"], entry["length"], swap
-            )
+            data = _typed(TYPECODE_OF_ENCODING[encoding], view, entry["offset"], entry["length"], swap)
             if len(data) != rows:
                 raise ValueError(f"column {entry['name']} has {len(data)} values for {rows} rows")
             valid = None
@@ -383,18 +438,13 @@ def decode_table(descriptor: Dict[str, Any], payload: ByteChunk) -> DecodedTable
                 count = entry["dict_count"]
                 lengths = _typed("I", view, entry["dict_offset"], 4 * count, swap)
                 blob = bytes(
-                    view[
-                        entry["dict_bytes_offset"] : entry["dict_bytes_offset"]
-                        + entry["dict_bytes_length"]
-                    ]
+                    view[entry["dict_bytes_offset"] : entry["dict_bytes_offset"] + entry["dict_bytes_length"]]
                 )
                 dictionary, start = [], 0
                 for size in lengths:
                     dictionary.append(blob[start : start + size].decode("utf-8", "replace"))
                     start += size
-            columns.append(
-                DecodedColumn(entry["name"], entry["type"], encoding, data, valid, dictionary)
-            )
+            columns.append(DecodedColumn(entry["name"], entry["type"], encoding, data, valid, dictionary))
         return DecodedTable(descriptor["name"], rows, columns)
     except (KeyError, TypeError, ValueError) as error:
         raise FrameError(f"malformed table in reply: {error}", fatal=False) from None

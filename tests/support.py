@@ -146,7 +146,7 @@ class Target:
             self.process.kill()
             self.process.wait(10)
 
-    def __enter__(self) -> "Target":
+    def __enter__(self) -> Target:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -154,7 +154,10 @@ class Target:
 
 
 def probing(
-    *args: str, input: Optional[str] = None, timeout: float = 60.0, env: Optional[Dict[str, str]] = None
+    *args: str,
+    input: Optional[str] = None,
+    timeout: float = 60.0,
+    env: Optional[Dict[str, str]] = None,
 ) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
     """Run the installed `probing` command; returns the completed process (text)."""
     environment = dict(os.environ)
@@ -170,7 +173,7 @@ def probing(
     )
 
 
-def wait_until(condition: "object", timeout: float = 10.0, interval: float = 0.02) -> bool:
+def wait_until(condition: object, timeout: float = 10.0, interval: float = 0.02) -> bool:
     """Poll a condition until it holds; for states with no event to wait on (a file removed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -12,12 +12,13 @@ import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, List
+from typing import List
 
 import pytest
 
 from probing import protocol
 from probing.errors import ExitCode
+
 from support import VENV_PYTHON, Target, interpreter_params, probing, wait_until
 
 
@@ -53,7 +54,11 @@ def test_the_agent_starts_from_the_pth_file_with_probing_set() -> None:
 @pytest.mark.parametrize("value", ["0", "", "off"])
 def test_probing_off_means_no_agent(value: str) -> None:
     output = subprocess.run(
-        [VENV_PYTHON, "-c", "import threading, sys; print([t.name for t in threading.enumerate()])"],
+        [
+            VENV_PYTHON,
+            "-c",
+            "import threading, sys; print([t.name for t in threading.enumerate()])",
+        ],
         env=dict(os.environ, PROBING=value),
         capture_output=True,
         text=True,
@@ -84,7 +89,7 @@ def test_a_forked_child_never_serves_on_its_parents_socket(python: str) -> None:
         assert probing(str(parent.pid), "backtrace").returncode == 0
 
 
-def _unix_socket_inode(path: str) -> "int | None":
+def _unix_socket_inode(path: str) -> int | None:
     with open("/proc/net/unix") as table:
         for line in table.read().splitlines()[1:]:
             fields = line.split()

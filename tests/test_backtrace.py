@@ -8,6 +8,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from probing.errors import ExitCode
+
 from support import TARGETS, Target, interpreter_params, probing
 
 
@@ -44,7 +45,9 @@ def test_line_numbers_are_those_of_traceback_extract_stack(target: Target) -> No
     )  # fmt: skip
     assert expected.returncode == 0, expected.stderr
     main = sorted((r for r in rows(target) if r["is_main"]), key=lambda r: -r["depth"])
-    assert [[r["file"], r["func"], r["lineno"]] for r in main] == json.loads(expected.stdout.replace("'", '"'))
+    assert [[r["file"], r["func"], r["lineno"]] for r in main] == json.loads(
+        expected.stdout.replace("'", '"')
+    )
 
 
 def test_text_reads_like_a_traceback(target: Target) -> None:
@@ -57,13 +60,17 @@ def test_text_reads_like_a_traceback(target: Target) -> None:
     assert lines[3].endswith(f'sleeper.py", line {call_line}, in <module>')
     assert lines[4] == "    main_loop()"
     assert "    for _ in sys.stdin:" in lines
-    assert any(line.startswith('Thread ') and '"worker"' in line for line in lines)
+    assert any(line.startswith("Thread ") and '"worker"' in line for line in lines)
 
 
 @pytest.mark.parametrize("selector", ["worker", "ident", "native"])
 def test_thread_filter_by_name_ident_or_native_id(target: Target, selector: str) -> None:
     worker = next(row for row in rows(target) if row["thread_name"] == "worker")
-    value = {"worker": "worker", "ident": str(worker["thread_id"]), "native": str(worker["native_id"])}
+    value = {
+        "worker": "worker",
+        "ident": str(worker["thread_id"]),
+        "native": str(worker["native_id"]),
+    }
     only = rows(target, "--thread", value[selector])
     assert {row["thread_name"] for row in only} == {"worker"}
 
@@ -87,7 +94,10 @@ def test_locals_are_bounded_and_never_raise(target: Target) -> None:
 
 def test_csv_and_jsonl_rows(target: Target) -> None:
     csv_lines = probing(str(target.pid), "backtrace", "--format", "csv").stdout.splitlines()
-    assert csv_lines[0] == "pid,thread_id,native_id,thread_name,is_main,depth,func,file,lineno,frame_type,locals,source"
+    assert (
+        csv_lines[0]
+        == "pid,thread_id,native_id,thread_name,is_main,depth,func,file,lineno,frame_type,locals,source"
+    )
     jsonl = probing(str(target.pid), "backtrace", "--format", "jsonl").stdout.splitlines()
     assert len(jsonl) == len(csv_lines) - 1
     assert json.loads(jsonl[0])["thread_name"] == "MainThread"

@@ -25,7 +25,11 @@ def backtrace_table(with_locals: bool = False) -> protocol.DecodedTable:
     builder = BACKTRACE.new_builder()
     frames = {
         WORKER: [("wait", "/job/threading.py", 320), ("run", "/job/worker.py", 7)],
-        MAIN: [("step", "/job/train.py", 30), ("train", "/job/train.py", 41), ("<module>", "/job/train.py", 50)],
+        MAIN: [
+            ("step", "/job/train.py", 30),
+            ("train", "/job/train.py", 41),
+            ("<module>", "/job/train.py", 50),
+        ],
     }
     for ident, name in ((MAIN, "MainThread"), (WORKER, "loader")):
         for depth, (func, file, line) in enumerate(frames[ident]):
@@ -44,7 +48,7 @@ class FakeClient:
         self.eval_error = eval_error
         self.calls: List[Any] = []
 
-    def __enter__(self) -> "FakeClient":
+    def __enter__(self) -> FakeClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -128,7 +132,10 @@ def test_eval_prints_output_then_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(actions.Context, "connect", lambda self, timeout: client)
     result = invoke("4242", "eval", "print('hello'); 42")
     assert result.exit_code == 0 and result.output == "hello\n42\n"
-    assert client.calls[0] == ("eval", {"code": "print('hello'); 42", "frame": None, "timeout": 10.0})
+    assert client.calls[0] == (
+        "eval",
+        {"code": "print('hello'); 42", "frame": None, "timeout": 10.0},
+    )
 
 
 def test_eval_reads_code_from_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,7 +147,9 @@ def test_eval_reads_code_from_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
     assert client.calls[0][1]["frame"] == "MainThread:train"
 
 
-def test_remote_exception_exits_with_its_code_and_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remote_exception_exits_with_its_code_and_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     error = RemoteError("ZeroDivisionError: division by zero", traceback="Traceback ...\nZeroDivisionError\n")
     client = FakeClient(eval_error=error)
     monkeypatch.setattr(actions.Context, "connect", lambda self, timeout: client)

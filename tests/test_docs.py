@@ -13,6 +13,7 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from probing.docgen import tables_markdown
+
 from support import BIN, Target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,9 @@ def demo_job() -> Iterator[Target]:
 
 
 @pytest.mark.parametrize("where, steps", console_examples(), ids=[where for where, _ in console_examples()])
-def test_documented_commands_print_what_the_docs_say(demo_job: Target, where: str, steps: List[Tuple[str, str]]) -> None:
+def test_documented_commands_print_what_the_docs_say(
+    demo_job: Target, where: str, steps: List[Tuple[str, str]]
+) -> None:
     environment = dict(os.environ, PID=str(demo_job.pid), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     last_status = None
     for command, expected in steps:

@@ -8,6 +8,7 @@ import sys
 import time
 
 from probing.errors import ExitCode
+
 from support import VENV_PYTHON, Target, probing
 
 
@@ -39,7 +40,10 @@ def test_a_python_process_without_an_agent() -> None:
         for command in (["backtrace"], ["eval", "1"], ["query", "SELECT 1"], ["tables"]):
             result = probing(str(job.pid), *command)
             assert result.returncode == ExitCode.NO_AGENT
-            assert f"PID {job.pid} (Python {sys.version_info[0]}.{sys.version_info[1]}) has no probing agent" in result.stderr
+            assert (
+                f"PID {job.pid} (Python {sys.version_info[0]}.{sys.version_info[1]}) has no probing agent"
+                in result.stderr
+            )
             assert "probing run -- python train.py" in result.stderr
         assert job.poll() is None
     finally:

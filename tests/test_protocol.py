@@ -54,7 +54,14 @@ def test_json_codec_matches_the_json_module() -> None:
 def test_table_round_trip_keeps_types_and_nulls() -> None:
     builder = TableBuilder(
         "t.x",
-        [("i", "BIGINT"), ("f", "DOUBLE"), ("b", "BOOLEAN"), ("s", "VARCHAR"), ("j", "JSON"), ("l", "VARCHAR[]")],
+        [
+            ("i", "BIGINT"),
+            ("f", "DOUBLE"),
+            ("b", "BOOLEAN"),
+            ("s", "VARCHAR"),
+            ("j", "JSON"),
+            ("l", "VARCHAR[]"),
+        ],
     )
     builder.append((1, 0.5, True, "a", {"k": 1}, ["x", "y"]))
     builder.append((None, None, None, None, None, None))
@@ -177,7 +184,12 @@ def test_table_request_ships_typed_columns(agent_end: Any) -> None:
     assert frame is not None and frame.header["ok"]
     table = protocol.decode_table(frame.header["result"]["table"], frame.payload)
     assert table.name == "python.threads" and table.rows >= 1
-    assert [column.name for column in table.columns][:4] == ["pid", "thread_id", "native_id", "name"]
+    assert [column.name for column in table.columns][:4] == [
+        "pid",
+        "thread_id",
+        "native_id",
+        "name",
+    ]
 
 
 def test_unknown_table_is_an_error(agent_end: Any) -> None:
@@ -198,3 +210,42 @@ def test_a_frame_split_into_single_bytes_is_read_whole(agent_end: Any) -> None:
 def test_prefix_layout_is_stable() -> None:
     assert protocol.PREFIX.size == 12
     assert struct.unpack(">4sII", protocol.PREFIX.pack(b"PRB1", 1, 2)) == (b"PRB1", 1, 2)
+
+
+def test_pipelined_requests_are_answered_in_order(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    buffers = []
+    for request_id, method in ((1, "hello"), (2, "ping"), (3, "nope"), (4, "ping")):
+        buffers += protocol.frame_buffers(protocol.request(request_id, method, {}))
+    protocol.send_buffers(sock, buffers)
+    reader = protocol.FrameReader(sock, protocol.MAX_REPLY_BYTES)
+    replies = [reader.read() for _ in range(4)]
+    assert [(frame.header["id"], frame.header["ok"]) for frame in replies if frame] == [
+        (1, True),
+        (2, True),
+        (3, False),
+        (4, True),
+    ]
+
+
+def test_after_a_refused_hello_nothing_runs_on_that_connection(agent_end: Any) -> None:
+    sock, _, _ = agent_end
+    buffers = protocol.frame_buffers(protocol.request(1, "hello", {"protocol": 999}))
+    buffers += protocol.frame_buffers(protocol.request(2, "eval", {"code": "import os; os._exit(3)"}))
+    protocol.send_buffers(sock, buffers)
+    reader = protocol.FrameReader(sock, protocol.MAX_REPLY_BYTES)
+    first, second = reader.read(), reader.read()
+    assert first is not None and first.header["error"]["type"] == "ProtocolMismatch"
+    assert second is not None and second.header["error"]["type"] == "ProtocolMismatch"
+
+
+def test_large_frames_go_out_whole_through_sendmsg() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    chunks = [bytes([n]) * (300_000 + n) for n in range(8)]  # over the join limit
+    sender = threading.Thread(target=protocol.send_frame, args=(ours, {"id": 1, "ok": True}, chunks))
+    sender.start()
+    frame = protocol.FrameReader(theirs, protocol.MAX_REPLY_BYTES).read()
+    sender.join(10)
+    ours.close()
+    theirs.close()
+    assert frame is not None and bytes(frame.payload) == b"".join(chunks)

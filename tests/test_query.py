@@ -8,6 +8,7 @@ from typing import Iterator
 import pytest
 
 from probing.errors import ExitCode
+
 from support import Target, interpreter_params, probing
 
 SEED_QUERIES = [
@@ -66,7 +67,10 @@ def test_joins_and_unqualified_names(target: Target) -> None:
     result = probing(str(target.pid), "query", "--format", "csv", sql)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "name,frames"
-    assert [line.split(",")[0] for line in result.stdout.splitlines()[1:]] == ["MainThread", "worker"]
+    assert [line.split(",")[0] for line in result.stdout.splitlines()[1:]] == [
+        "MainThread",
+        "worker",
+    ]
 
 
 def test_information_schema_sees_every_table(target: Target) -> None:
@@ -87,7 +91,9 @@ def test_sql_from_stdin(target: Target) -> None:
 def test_bad_sql_is_one_message_and_an_exit_code(target: Target) -> None:
     result = probing(str(target.pid), "query", "SELECT func FROM python.backtrac")
     assert result.returncode == ExitCode.BAD_SQL
-    assert result.stderr.startswith("probing: error: SQL: Catalog Error: Table with name backtrac does not exist")
+    assert result.stderr.startswith(
+        "probing: error: SQL: Catalog Error: Table with name backtrac does not exist"
+    )
     assert 'hint: Did you mean "backtrace"' in result.stderr
     assert "Traceback" not in result.stderr
     assert target.alive()
@@ -99,5 +105,9 @@ def test_tables_describes_every_column(target: Target) -> None:
     assert "python.backtrace: One row per frame" in text.stdout
     assert "  depth        BIGINT   0 for the innermost frame" in text.stdout
     described = json.loads(probing(str(target.pid), "tables", "--format", "json").stdout)
-    assert [table["name"] for table in described] == ["python.backtrace", "python.threads", "process.info"]
+    assert [table["name"] for table in described] == [
+        "python.backtrace",
+        "python.threads",
+        "process.info",
+    ]
     assert all(column["doc"] for table in described for column in table["columns"])

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from probing.errors import ExitCode
+
 from support import PROBING, Target, find_interpreter, interpreter_params, probing, wait_until
 
 
@@ -21,7 +22,9 @@ def test_the_commands_exit_status_is_passed_on(status: int) -> None:
 
 
 def test_death_by_signal_is_128_plus_the_signal() -> None:
-    result = probing("run", "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    result = probing(
+        "run", "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    )
     assert result.returncode == 128 + signal.SIGKILL
 
 
@@ -55,7 +58,11 @@ def test_the_jobs_imports_are_untouched(python: str) -> None:
         assert result.returncode == 0, result.stderr
         # sys.path[0] is the script's directory in one case and '' for -c in the other.
         assert result.stdout.strip() == str(eval(plain.stdout)[1:])
-        loaded = probing(str(job.pid), "eval", "sorted(m for m in __import__('sys').modules if 'click' in m or 'duckdb' in m)")
+        loaded = probing(
+            str(job.pid),
+            "eval",
+            "sorted(m for m in __import__('sys').modules if 'click' in m or 'duckdb' in m)",
+        )
         assert loaded.stdout == "[]\n"
 
 

@@ -20,7 +20,9 @@ SEED_QUERIES = [
 ]
 
 
-def shipped(name: str, columns: Sequence[Tuple[str, str]], rows: List[Tuple[Any, ...]]) -> protocol.DecodedTable:
+def shipped(
+    name: str, columns: Sequence[Tuple[str, str]], rows: List[Tuple[Any, ...]]
+) -> protocol.DecodedTable:
     """A table as the CLI receives it: built by the agent's builder, through the codec."""
     builder = TableBuilder(name, columns)
     for row in rows:
@@ -60,9 +62,7 @@ def test_innermost_frames_per_thread(session: SqlSession) -> None:
 
 
 def test_every_documented_table_exists_even_unfetched(session: SqlSession) -> None:
-    result = session.run(
-        "SELECT table_schema || '.' || table_name FROM information_schema.tables ORDER BY 1"
-    )
+    result = session.run("SELECT table_schema || '.' || table_name FROM information_schema.tables ORDER BY 1")
     assert [row[0] for row in result.rows] == sorted(TABLES)
     assert session.run("SELECT count(*) FROM python.threads").rows == [(0,)]
 
@@ -74,14 +74,26 @@ def test_unqualified_table_names_resolve(session: SqlSession) -> None:
 def test_types_and_nulls_survive_the_trip() -> None:
     columns = [("i", "BIGINT"), ("f", "DOUBLE"), ("b", "BOOLEAN"), ("s", "VARCHAR"),
                ("j", "JSON"), ("l", "VARCHAR[]"), ("t", "TIMESTAMP")]  # fmt: skip
-    spec = {"name": "python.sample", "doc": "", "columns": [{"name": n, "type": t, "doc": ""} for n, t in columns]}
+    spec = {
+        "name": "python.sample",
+        "doc": "",
+        "columns": [{"name": n, "type": t, "doc": ""} for n, t in columns],
+    }
     session = SqlSession([spec])
     session.load(shipped("python.sample", columns, [
         (7, 1.5, True, "x", '{"a": [1]}', ["p", "q"], 1700000000.25),
         (None, None, None, None, None, None, None),
     ]))  # fmt: skip
     result = session.run("SELECT i, f, b, s, j->>'$.a[0]', l, t FROM sample ORDER BY i NULLS LAST")
-    assert result.types == ["BIGINT", "DOUBLE", "BOOLEAN", "VARCHAR", "VARCHAR", "VARCHAR[]", "TIMESTAMP"]
+    assert result.types == [
+        "BIGINT",
+        "DOUBLE",
+        "BOOLEAN",
+        "VARCHAR",
+        "VARCHAR",
+        "VARCHAR[]",
+        "TIMESTAMP",
+    ]
     assert result.rows == [
         (7, 1.5, True, "x", "1", ["p", "q"], datetime.datetime(2023, 11, 14, 22, 13, 20, 250000)),
         (None, None, None, None, None, None, None),

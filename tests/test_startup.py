@@ -11,6 +11,7 @@ from typing import List
 import pytest
 
 import probing
+
 from support import PROBING, VENV_PYTHON, Target, interpreter_params
 
 PACKAGE = Path(probing.__file__).parent
@@ -27,7 +28,9 @@ def imported_modules(command: List[str]) -> List[str]:
     environment = {key: value for key, value in os.environ.items() if key != "PROBING"}
     environment["PYTHONPROFILEIMPORTTIME"] = "1"
     result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60)
-    return [line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return [
+        line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    ]
 
 
 def test_without_probing_set_nothing_of_probing_is_imported() -> None:
@@ -47,5 +50,7 @@ def test_backtrace_imports_nothing_heavy() -> None:
 @pytest.mark.parametrize("python", interpreter_params())
 def test_code_loaded_into_targets_is_valid_for_every_interpreter(python: str) -> None:
     check = "import sys\nfor path in sys.argv[1:]:\n    compile(open(path).read(), path, 'exec')"
-    result = subprocess.run([python, "-c", check, *map(str, LOADED_IN_TARGETS)], capture_output=True, text=True)
+    result = subprocess.run(
+        [python, "-c", check, *map(str, LOADED_IN_TARGETS)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr

@@ -21,9 +21,7 @@ last_error: Optional[str] = None
 def _another_copy_serves() -> bool:
     # A second copy of this package (loaded by file path, or from another install) may
     # already serve this process: one agent per process, whoever started it.
-    return any(
-        thread.name == AGENT_THREAD_NAME and thread.is_alive() for thread in threading.enumerate()
-    )
+    return any(thread.name == AGENT_THREAD_NAME and thread.is_alive() for thread in threading.enumerate())
 
 
 def start(socket_dir: Optional[str] = None) -> bool:

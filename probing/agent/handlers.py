@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__, protocol
 from .tables import TABLES, python_version
@@ -91,14 +91,21 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
 
 
 class Dispatcher:
+    """One per connection. After a failed hello nothing else is served on that connection:
+    a client of another protocol version pipelines its first request behind the hello, and
+    that request (an eval, say) must not run."""
+
     def __init__(self, server: Any) -> None:
         self.server = server
+        self.refused: Optional[str] = None
 
     def handle(self, frame: protocol.Frame) -> Reply:
         try:
             request_id, method, params = protocol.parse_request(frame.header)
         except protocol.FrameError as error:
             return protocol.error_reply(error.request_id, "BadRequest", str(error)), []
+        if self.refused is not None:
+            return protocol.error_reply(request_id, "ProtocolMismatch", self.refused), []
         handler = METHODS.get(method)
         if handler is None:
             message = f"unknown method {method!r}; methods: {', '.join(sorted(METHODS))}"
@@ -106,9 +113,9 @@ class Dispatcher:
         try:
             result = handler(self.server, params)
         except RequestError as error:
-            return protocol.error_reply(
-                request_id, error.error_type, error.message, **error.details
-            ), []
+            if error.error_type == "ProtocolMismatch":
+                self.refused = error.message
+            return protocol.error_reply(request_id, error.error_type, error.message, **error.details), []
         except Exception as error:  # noqa: BLE001 - a failing handler must not kill the agent
             return protocol.error_reply(
                 request_id, "InternalError", f"{type(error).__name__}: {error}",

@@ -131,9 +131,7 @@ class AgentServer:
 
     def start(self) -> None:
         atexit.register(self._remove_socket_file)
-        self._thread = threading.Thread(
-            target=self._accept_loop, name=AGENT_THREAD_NAME, daemon=True
-        )
+        self._thread = threading.Thread(target=self._accept_loop, name=AGENT_THREAD_NAME, daemon=True)
         self._thread.start()
 
     def serving(self) -> bool:
@@ -215,16 +213,15 @@ class AgentServer:
             try:
                 from .handlers import Dispatcher
             except Exception as error:  # noqa: BLE001 - a broken install: say so, don't vanish
-                message = (
-                    f"the agent cannot load its request handlers: {type(error).__name__}: {error}"
-                )
+                message = f"the agent cannot load its request handlers: {type(error).__name__}: {error}"
                 self._send(conn, protocol.error_reply(None, "InternalError", message), ())
                 return
             dispatcher = Dispatcher(self)
+            reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
             conn.settimeout(IDLE_TIMEOUT_S)
             while not self._stopping:
                 try:
-                    frame = protocol.recv_frame(conn, protocol.MAX_REQUEST_BYTES)
+                    frame = reader.read()
                 except protocol.FrameError as error:
                     reply = protocol.error_reply(error.request_id, "BadFrame", str(error))
                     if not self._send(conn, reply, ()) or error.fatal:

@@ -55,9 +55,7 @@ def thread_stacks(exclude: Set[int]) -> List[ThreadStack]:
         for ident, frame in frames.items()
         if ident not in exclude
     ]
-    stacks.sort(
-        key=lambda stack: (not stack.is_main, order.get(stack.ident, len(order)), stack.ident)
-    )
+    stacks.sort(key=lambda stack: (not stack.is_main, order.get(stack.ident, len(order)), stack.ident))
     return stacks
 
 
@@ -69,9 +67,7 @@ def select_threads(stacks: List[ThreadStack], selector: Optional[str]) -> List[T
         from .handlers import RequestError
 
         names = ", ".join(f"{stack.name} ({stack.ident})" for stack in stacks)
-        raise RequestError(
-            "NotFound", f"no thread named or numbered {selector!r}; threads: {names}"
-        )
+        raise RequestError("NotFound", f"no thread named or numbered {selector!r}; threads: {names}")
     return chosen
 
 

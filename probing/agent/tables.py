@@ -96,16 +96,12 @@ BACKTRACE = Table(
         Column("native_id", "BIGINT", "OS thread id (what top -H and py-spy show)"),
         Column("thread_name", "VARCHAR", "threading.Thread name"),
         Column("is_main", "BOOLEAN", "whether this is the main thread"),
-        Column(
-            "depth", "BIGINT", "0 for the innermost frame (where the thread is now), then outwards"
-        ),
+        Column("depth", "BIGINT", "0 for the innermost frame (where the thread is now), then outwards"),
         Column("func", "VARCHAR", "function name (code.co_name)"),
         Column("file", "VARCHAR", "source file path (code.co_filename)"),
         Column("lineno", "BIGINT", "current line, as traceback.extract_stack reports it"),
         Column("frame_type", "VARCHAR", "'Python' or 'Native'"),
-        Column(
-            "locals", "JSON", "{name: bounded repr} of the frame's locals; NULL unless asked for"
-        ),
+        Column("locals", "JSON", "{name: bounded repr} of the frame's locals; NULL unless asked for"),
         Column("source", "VARCHAR", "who read the frame: 'agent' or 'py-spy'"),
     ],
     _build_backtrace,

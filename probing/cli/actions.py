@@ -75,9 +75,7 @@ def _read_argument(value: str, what: str) -> str:
     return text
 
 
-def backtrace(
-    context: Context, locals: bool, thread: Optional[str], format: str, timeout: float
-) -> int:
+def backtrace(context: Context, locals: bool, thread: Optional[str], format: str, timeout: float) -> int:
     with context.connect(timeout) as client:
         params = {"locals": locals, "thread": thread}
         table = client.backtrace(params)

@@ -64,9 +64,7 @@ def _apply(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callable
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
             if option.flag:
-                decorator = click.option(
-                    option.name, is_flag=True, default=option.default, help=option.help
-                )
+                decorator = click.option(option.name, is_flag=True, default=option.default, help=option.help)
             elif option.choices is not None:
                 decorator = click.option(
                     option.name, type=click.Choice(option.choices), default=option.default,
@@ -96,9 +94,7 @@ def _context(ctx: click.Context) -> actions.Context:
     epilog=_exit_code_table(),
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.option(
-    "-t", "--target", metavar="TARGET", help="PID of the process, or the path of its agent socket."
-)
+@click.option("-t", "--target", metavar="TARGET", help="PID of the process, or the path of its agent socket.")
 @click.option("-v", "--verbose", is_flag=True, help="Say each step taken (socket, timings).")
 @click.version_option(__version__, prog_name="probing")
 @click.pass_context
@@ -124,9 +120,7 @@ def cli(ctx: click.Context, target: Optional[str], verbose: bool) -> None:
 @cli.command()
 @_apply(BACKTRACE_OPTIONS)
 @click.pass_context
-def backtrace(
-    ctx: click.Context, locals: bool, thread: Optional[str], format: str, timeout: float
-) -> int:
+def backtrace(ctx: click.Context, locals: bool, thread: Optional[str], format: str, timeout: float) -> int:
     """Stack of every Python thread, main thread first, read like a traceback."""
     return actions.backtrace(_context(ctx), locals=locals, thread=thread, format=format, timeout=timeout)
 

@@ -42,12 +42,8 @@ class Option:
 ROW_FORMATS = ("table", "json", "jsonl", "csv")
 
 BACKTRACE_OPTIONS = (
-    Option(
-        "--locals", "show each frame's local variables (bounded reprs)", flag=True, default=False
-    ),
-    Option(
-        "--thread", "only the thread with this name, Python ident or native id", metavar="NAME|ID"
-    ),
+    Option("--locals", "show each frame's local variables (bounded reprs)", flag=True, default=False),
+    Option("--thread", "only the thread with this name, Python ident or native id", metavar="NAME|ID"),
     Option(
         "--format",
         "text reads like a traceback; the others give python.backtrace rows",

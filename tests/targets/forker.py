@@ -16,7 +16,7 @@ if child == 0:
 
 os.close(release_read)
 os.read(started_read, 1)
-print("ready child=%d" % child, flush=True)
+print(f"ready child={child}", flush=True)
 for line in sys.stdin:
     if line.strip() == "release-child":
         os.close(release_write)

@@ -14,8 +14,12 @@ class BrokenRepr:
 stop = threading.Event()
 
 
+def ratio(a, b):
+    return a / b
+
+
 def worker_loop(number):
-    label = "worker-%d" % number  # noqa: F841 - a local for --locals
+    label = f"worker-{number}"  # noqa: F841 - a local for --locals
     stop.wait()
 
 
