@@ -166,12 +166,24 @@ def heartbeat(count: int, busy: bool) -> None:
         code = (
             "import time\nfrom probing.client import Client\nimport probing.agent as agent\n"
             "reset()\nwith Client(agent.socket_path(), 5) as client:\n"
-            f"    started = time.perf_counter()\n    for _ in range({count}): client.backtrace({{}})\n"
+            "    started = time.perf_counter()\n    for _ in range(COUNT): client.backtrace({})\n"
             "    elapsed = time.perf_counter() - started\n"
-            "print(elapsed * 1000 / %d)" % count
-        )
+            "print(elapsed * 1000 / COUNT)"
+        ).replace("COUNT", str(count))
         per_call_ms = float(job.eval(code))
         in_process = json.loads(job.eval("print(report())"))
+        # How long the agent itself holds the GIL for one backtrace: its handler makes no
+        # system call, so it holds the GIL from start to end (unless preempted).
+        held = (
+            "import time, probing.agent as agent\nfrom probing import protocol\n"
+            "from probing.agent.handlers import Dispatcher\n"
+            "dispatcher = Dispatcher(agent._server)\n"
+            "frame = protocol.Frame(protocol.request(1, 'backtrace', {}), bytearray())\n"
+            "times = []\nfor _ in range(COUNT):\n    started = time.perf_counter()\n"
+            "    dispatcher.handle(frame)\n    times.append(time.perf_counter() - started)\n"
+            "times.sort()\nprint(times[len(times) // 2] * 1000, times[-1] * 1000)"
+        ).replace("COUNT", str(count))
+        held_median, held_max = map(float, job.eval(held).split())
     finally:
         job.stop()
     kind = "busy (pure-Python loop in the main thread)" if busy else "idle main thread"
@@ -182,6 +194,8 @@ def heartbeat(count: int, busy: bool) -> None:
           f"p99 {baseline['p99_ms']:.2f} ms")  # fmt: skip
     print(f"   {count} backtraces on one connection from inside ({per_call_ms:.2f} ms each): "
           f"longest gap {in_process['max_ms']:.2f} ms, p99 {in_process['p99_ms']:.2f} ms")  # fmt: skip
+    print(f"   time the agent holds the GIL per backtrace (its handler, timed inside): "
+          f"median {held_median:.3f} ms, max {held_max:.3f} ms")  # fmt: skip
 
 
 def pth_cost(runs: int) -> None:

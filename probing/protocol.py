@@ -188,6 +188,14 @@ class FrameReader:
             have += count
         return buffer
 
+    def has_frame(self) -> bool:
+        """Whether a whole frame is already buffered (the client pipelined its requests)."""
+        pending = self.pending
+        if len(pending) < PREFIX.size:
+            return False
+        _, header_length, payload_length = PREFIX.unpack_from(pending)
+        return bool(len(pending) >= PREFIX.size + header_length + payload_length)
+
     def read(self) -> Optional[Frame]:
         """The next frame; None when the peer closed cleanly between frames.
 

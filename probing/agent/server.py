@@ -16,7 +16,10 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Set, Tuple
+
+if TYPE_CHECKING:
+    from .. import protocol
 
 AGENT_THREAD_NAME = "probing-agent"
 # Threads the agent starts carry this prefix; backtraces leave them out.
@@ -214,27 +217,36 @@ class AgentServer:
                 from .handlers import Dispatcher
             except Exception as error:  # noqa: BLE001 - a broken install: say so, don't vanish
                 message = f"the agent cannot load its request handlers: {type(error).__name__}: {error}"
-                self._send(conn, protocol.error_reply(None, "InternalError", message), ())
+                self._send(conn, protocol.frame_buffers(protocol.error_reply(None, "InternalError", message)))
                 return
             dispatcher = Dispatcher(self)
             reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
             conn.settimeout(IDLE_TIMEOUT_S)
+            # Replies to pipelined requests (hello + backtrace) leave in one send: in a busy
+            # process every socket call costs up to a GIL switch interval to come back from.
+            outgoing: List[protocol.ByteChunk] = []
             while not self._stopping:
                 try:
                     frame = reader.read()
                 except protocol.FrameError as error:
                     reply = protocol.error_reply(error.request_id, "BadFrame", str(error))
-                    if not self._send(conn, reply, ()) or error.fatal:
+                    outgoing += protocol.frame_buffers(reply)
+                    if not self._send(conn, outgoing) or error.fatal:
                         return
+                    outgoing = []
                     continue
                 except (protocol.ConnectionClosed, OSError):
                     return
                 if frame is None:
                     return
                 reply, payload = dispatcher.handle(frame)
+                outgoing += protocol.frame_buffers(reply, payload)
+                if reader.has_frame():
+                    continue
                 # A client that went away must cost us nothing more than this connection.
-                if not self._send(conn, reply, payload):
+                if not self._send(conn, outgoing):
                     return
+                outgoing = []
         except Exception:  # noqa: BLE001 - a broken connection must never take the agent down
             return
         finally:
@@ -246,11 +258,11 @@ class AgentServer:
             self.own_threads.discard(threading.get_ident())
 
     @staticmethod
-    def _send(conn: socket.socket, reply: Any, payload: Any) -> bool:
+    def _send(conn: socket.socket, buffers: Any) -> bool:
         from .. import protocol
 
         try:
-            protocol.send_frame(conn, reply, payload)
+            protocol.send_buffers(conn, buffers)
             return True
         except OSError:
             return False
