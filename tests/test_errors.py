@@ -9,7 +9,7 @@ import time
 
 from probing.errors import ExitCode
 
-from support import VENV_PYTHON, Target, probing
+from support import PROBING, VENV_PYTHON, Target, probing
 
 
 def test_no_such_process() -> None:
@@ -99,3 +99,11 @@ def test_list_shows_python_processes_and_their_agents() -> None:
         finally:
             plain.kill()
             plain.wait()
+
+
+def test_a_reader_that_stops_early_is_not_an_error(sleeper: Target) -> None:
+    """`probing PID query ... | head -1` exits 0 without a word, like the commands it sits among."""
+    for command in ("query 'SELECT * FROM range(200000)'", "backtrace --format jsonl", "backtrace"):
+        script = f"{PROBING} {sleeper.pid} {command} | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}"
+        result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+        assert (result.stdout, result.stderr) == ("0\n", ""), command

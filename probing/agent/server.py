@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from .. import protocol
 
 AGENT_THREAD_NAME = "probing-agent"
-# Threads the agent starts carry this prefix; backtraces leave them out.
-AGENT_THREAD_PREFIX = "probing-"
 # A connection that sends nothing for this long is closed, so a stalled client cannot pin
 # a thread in the target forever.
 IDLE_TIMEOUT_S = 600.0

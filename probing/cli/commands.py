@@ -56,6 +56,9 @@ class ProbingGroup(click.Group):
             return super().invoke(ctx)
         except ProbingError as error:
             ctx.exit(render.report_error(error))
+        except BrokenPipeError:  # `probing PID query ... | head`: the reader has all it wants
+            render.stdout_is_closed()
+            ctx.exit(ExitCode.OK)
 
 
 def _apply(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
