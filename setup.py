@@ -1,29 +1,65 @@
-"""Build hooks that pyproject.toml cannot express.
+"""Build steps that pyproject.toml cannot express.
 
-The wheel must carry `probing-autostart.pth` at the top of site-packages: that file is how
-`PROBING=1 python train.py` starts the agent at interpreter start-up. setuptools only puts
-package files under `probing/`, so build_py copies the .pth to the root of build_lib, which
-is the root of the wheel.
+1. The wheel carries `probing-autostart.pth` at the top of site-packages: that file is how
+   `PROBING=1 python train.py` starts the agent at interpreter start-up. setuptools only
+   puts package files under `probing/`, so build_py copies the .pth to the root of
+   build_lib, which is the root of the wheel.
+2. native/ is compiled with the system C compiler into probing/_native/: the helper library
+   a running process is made to load, and the ptrace injector that makes it. A missing
+   compiler stops the install with a message saying so.
 """
 
 import os
+import shutil
+import subprocess
+import sysconfig
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 PTH_SOURCE = os.path.join("probing", "agent", "probing-autostart.pth")
+NATIVE = [
+    # (output, source, flags)
+    ("libprobing-helper.so", "native/helper.c", ["-shared", "-fPIC", "-pthread", "-ldl"]),
+    ("probing-inject", "native/inject.c", []),
+]
 
 
-class BuildPyWithAutostart(build_py):
+def compiler() -> str:
+    for candidate in (os.environ.get("CC"), sysconfig.get_config_var("CC"), "cc", "gcc", "clang"):
+        if candidate and shutil.which(candidate.split()[0]):
+            return candidate.split()[0]
+    raise SystemExit(
+        "probing: no C compiler found (tried $CC, cc, gcc, clang). probing builds its attach "
+        "helper from native/*.c at install time: install one (Debian/Ubuntu: apt-get install gcc; "
+        "Fedora: dnf install gcc) and install probing again."
+    )
+
+
+class BuildPy(build_py):
     def run(self) -> None:
         super().run()
         self.copy_file(PTH_SOURCE, os.path.join(self.build_lib, "probing-autostart.pth"))
+        target = os.path.join(self.build_lib, "probing", "_native")
+        os.makedirs(target, exist_ok=True)
+        cc = compiler()
+        for output, source, flags in NATIVE:
+            command = [cc, "-O2", "-Wall", "-o", os.path.join(target, output), source, *flags]
+            self.announce(" ".join(command), level=2)
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise SystemExit(f"probing: compiling {source} failed:\n{result.stderr}")
 
     def get_outputs(self, include_bytecode: bool = True) -> list:  # type: ignore[override]
-        return [
-            *super().get_outputs(include_bytecode),
-            os.path.join(self.build_lib, "probing-autostart.pth"),
-        ]
+        native = [os.path.join(self.build_lib, "probing", "_native", output) for output, _, _ in NATIVE]
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, "probing-autostart.pth"), *native]
 
 
-setup(cmdclass={"build_py": BuildPyWithAutostart})
+class BinaryDistribution(Distribution):
+    """The wheel holds compiled code: tag it for this platform, not py3-none-any."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(cmdclass={"build_py": BuildPy}, distclass=BinaryDistribution)
