@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     Log = Callable[[str], None]
 
 START_AGENT_HINT = (
-    "start the job with the agent: `probing run -- python train.py` or `PROBING=1 python train.py`"
+    "drop --no-attach to attach to it, or start the job with the agent: "
+    "`probing run -- python train.py` or `PROBING=1 python train.py`"
 )
 
 

@@ -27,6 +27,7 @@ class ExitCode:
     AGENT_TIMEOUT = 7
     REMOTE_ERROR = 8
     BAD_SQL = 9
+    ATTACH_TIMEOUT = 10
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -35,12 +36,13 @@ class ExitCode:
         ERROR: "any other error",
         USAGE: "bad command line",
         NO_SUCH_PROCESS: "no process with that PID",
-        NOT_PYTHON: "the process is not a Python process",
+        NOT_PYTHON: "the process is not a Python process probing supports (CPython 3.8+)",
         PERMISSION_DENIED: "not allowed to reach that process (another user's)",
         NO_AGENT: "the process has no probing agent",
         AGENT_TIMEOUT: "the agent did not answer in time (or eval ran past --timeout)",
         REMOTE_ERROR: "the code run by eval raised an exception",
         BAD_SQL: "the SQL query failed",
+        ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }
@@ -94,6 +96,16 @@ class AgentUnreachable(ProbingError):
     """The socket exists but the conversation failed (agent gone mid-request, protocol clash)."""
 
     exit_code = ExitCode.ERROR
+
+
+class AttachFailed(ProbingError):
+    """The agent could not be put into the process (the process is left as it was)."""
+
+    exit_code = ExitCode.ERROR
+
+
+class AttachTimeout(ProbingError):
+    exit_code = ExitCode.ATTACH_TIMEOUT
 
 
 class BadSQL(ProbingError):

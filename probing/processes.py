@@ -18,8 +18,18 @@ _LIBPYTHON = r"libpython(\d+\.\d+)[a-z]*\.so"
 _PYTHON_VERSION_IN_NAME = r"python(\d+\.\d+)"
 
 
+def process_alive(pid: int) -> bool:
+    """Whether `pid` exists and has not exited (a zombie waiting to be reaped has)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def require_process(pid: int) -> None:
-    if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+    if pid <= 0 or not process_alive(pid):
         raise ProcessNotFound(f"no process with PID {pid}", hint="check the PID with `probing list`")
 
 

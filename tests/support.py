@@ -53,7 +53,8 @@ def interpreter_params() -> List[object]:
 
 
 class Target:
-    """A target process. `via`: 'run' (probing run -- PYTHON script) or 'env' (PROBING=1)."""
+    """A target process. `via`: 'run' (probing run -- PYTHON script), 'env' (PROBING=1) or
+    'plain' (no agent: for attaching to)."""
 
     def __init__(
         self,

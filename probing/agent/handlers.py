@@ -79,6 +79,12 @@ def _ping(server: Any, params: Dict[str, Any]) -> Any:
     return {"pong": True}
 
 
+def _detach(server: Any, params: Dict[str, Any]) -> Any:
+    # Stopping closes this very connection: it happens once the reply is out (server.py).
+    server.stop_after_reply = True
+    return {"detaching": True}
+
+
 # Methods that return a payload say so by returning a (result, chunks) tuple.
 METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "hello": _hello,
@@ -87,6 +93,7 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "table": _table,
     "backtrace": _backtrace,
     "eval": _eval,
+    "detach": _detach,
 }
 
 

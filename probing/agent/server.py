@@ -104,6 +104,8 @@ class AgentServer:
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self._connection_count = 0
+        # Set by the detach request; acted on after its reply has been sent.
+        self.stop_after_reply = False
 
     @classmethod
     def bind(cls, socket_dir: Optional[str] = None) -> AgentServer:
@@ -245,6 +247,11 @@ class AgentServer:
                 if not self._send(conn, outgoing):
                     return
                 outgoing = []
+                if self.stop_after_reply:
+                    from . import stop
+
+                    stop()
+                    return
         except Exception:  # noqa: BLE001 - a broken connection must never take the agent down
             return
         finally:

@@ -16,9 +16,9 @@ import sys
 _FAST_SWITCH_INTERVAL = 0.0005
 
 
-def _attach():
+def _attach() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
-    loader = {}
+    loader: dict = {}  # type: ignore[type-arg]
     with open(os.path.join(here, "loader.py"), "rb") as source:
         exec(compile(source.read(), source.name, "exec"), loader)
     previous = sys.getswitchinterval()
@@ -28,13 +28,14 @@ def _attach():
         if problem is None:
             # Someone is about to connect: load the request handlers now, not on their clock.
             import probing.agent.handlers  # noqa: F401
+
             return
     finally:
         if sys.getswitchinterval() == min(previous, _FAST_SWITCH_INTERVAL):
             sys.setswitchinterval(previous)
-    directory = os.environ.get("PROBING_SOCKET_DIR") or "/tmp/probing-%d" % os.geteuid()
+    directory = os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
     try:
-        with open(os.path.join(directory, "%d.attach-error" % os.getpid()), "w") as report:
+        with open(os.path.join(directory, f"{os.getpid()}.attach-error"), "w") as report:
             report.write(problem)
     except OSError:
         pass

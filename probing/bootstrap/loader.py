@@ -10,7 +10,7 @@ import os
 import sys
 
 
-def start_agent(package_dir):
+def start_agent(package_dir: str) -> "str | None":
     """Start the agent; returns None, or why it could not start. Never raises, never prints."""
     try:
         if "probing" not in sys.modules:
@@ -32,4 +32,4 @@ def start_agent(package_dir):
             return None
         return agent.last_error or "the agent did not start"
     except Exception as error:  # noqa: BLE001 - the job must never see our failure
-        return "%s: %s" % (type(error).__name__, error)
+        return f"{type(error).__name__}: {error}"

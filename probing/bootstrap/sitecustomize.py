@@ -16,7 +16,7 @@ def _start_agent() -> None:
     if os.environ.get("PROBING", "").strip().lower() in ("", "0", "false", "no", "off"):
         return
     try:
-        loader: dict = {}
+        loader: dict = {}  # type: ignore[type-arg]
         with open(os.path.join(_HERE, "loader.py"), "rb") as source:
             exec(compile(source.read(), source.name, "exec"), loader)
         loader["start_agent"](os.path.dirname(_HERE))

@@ -25,7 +25,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if fast is not None:
             from . import actions
 
-            context = actions.Context(fast.pop("target"), fast.pop("verbose"))
+            context = actions.Context(
+                fast.pop("target"), fast.pop("verbose"), fast.pop("no_attach"), fast.pop("attach_timeout")
+            )
             return actions.backtrace(context, **fast)
         from .commands import run_click
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 
 from ..client import Client, locate_socket
-from ..errors import ExitCode, UsageError
+from ..errors import ExitCode, NoAgent, UsageError
 from . import render
 
 TYPE_CHECKING = False
@@ -45,21 +46,36 @@ def parse_target(text: Optional[str]) -> Target:
 
 
 class Context:
-    """What the global options say: the target and whether to narrate (-v)."""
+    """What the global options say: the target, whether to narrate (-v), whether to attach."""
 
-    __slots__ = ("target", "verbose")
+    __slots__ = ("target", "verbose", "no_attach", "attach_timeout")
 
-    def __init__(self, target: Optional[str], verbose: bool) -> None:
+    def __init__(
+        self, target: Optional[str], verbose: bool, no_attach: bool = False, attach_timeout: float = 5.0
+    ) -> None:
         self.target = target
         self.verbose = verbose
+        self.no_attach = no_attach
+        self.attach_timeout = attach_timeout
 
     @property
     def log(self) -> Log:
         return render.log_to_stderr if self.verbose else _quiet
 
     def connect(self, timeout: float) -> Client:
+        """A client of the target's agent; a process without one is attached to first."""
         target = parse_target(self.target)
-        path = target.socket or locate_socket(target.pid or 0, self.log)
+        if target.socket is not None:
+            return Client(target.socket, timeout, self.log)
+        pid = target.pid or 0
+        try:
+            path = locate_socket(pid, self.log)
+        except NoAgent:
+            if self.no_attach:
+                raise
+            from ..attach import attach
+
+            path = attach(pid, "auto", self.attach_timeout, self.log).socket
         return Client(path, timeout, self.log)
 
 
@@ -125,6 +141,30 @@ def tables(context: Context, format: str, timeout: float) -> int:
         sys.stdout.write("\n")
     else:
         render.write_tables(described, sys.stdout)
+    return ExitCode.OK
+
+
+def inject(context: Context, method: str, format: str) -> int:
+    from ..attach import attach
+
+    target = parse_target(context.target)
+    if target.pid is None:
+        raise UsageError("inject needs a PID, not a socket path")
+    attached = attach(target.pid, method, context.attach_timeout, context.log)
+    render.write_attach(target.pid, attached, format, sys.stdout)
+    return ExitCode.OK
+
+
+def detach(context: Context, timeout: float) -> int:
+    target = parse_target(context.target)
+    with Client(target.socket or locate_socket(target.pid or 0, context.log), timeout, context.log) as client:
+        client.call("detach")
+        pid, path = client.info.get("pid"), client.info.get("socket")
+    # The agent stops right after its reply; wait until its socket is gone.
+    deadline = time.monotonic() + timeout
+    while path and os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    sys.stdout.write(f"PID {pid}: agent stopped (threads, hooks and socket removed); the job runs on\n")
     return ExitCode.OK
 
 

@@ -9,7 +9,7 @@ import click
 from .. import __version__
 from ..errors import ExitCode, ProbingError
 from . import actions, render
-from .spec import BACKTRACE_OPTIONS, ROW_FORMATS, TARGET_OPTIONS, Option
+from .spec import BACKTRACE_OPTIONS, GLOBAL_OPTIONS, ROW_FORMATS, TARGET_OPTIONS, Option
 
 # Commands that do not act on a target process.
 TARGETLESS = ("list", "run")
@@ -66,11 +66,12 @@ def _apply(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callable
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
+            names = [option.short, option.name] if option.short else [option.name]
             if option.flag:
-                decorator = click.option(option.name, is_flag=True, default=option.default, help=option.help)
+                decorator = click.option(*names, is_flag=True, default=option.default, help=option.help)
             elif option.choices is not None:
                 decorator = click.option(
-                    option.name, type=click.Choice(option.choices), default=option.default,
+                    *names, type=click.Choice(option.choices), default=option.default,
                     show_default=True, help=option.help,
                 )  # fmt: skip
             else:
@@ -78,7 +79,7 @@ def _apply(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callable
                     click.FloatRange(min=0, min_open=True) if option.value_type is float else str
                 )
                 decorator = click.option(
-                    option.name, type=value_type, default=option.default, metavar=option.metavar,
+                    *names, type=value_type, default=option.default, metavar=option.metavar,
                     show_default=option.default is not None, help=option.help,
                 )  # fmt: skip
             function = decorator(function)
@@ -98,10 +99,12 @@ def _context(ctx: click.Context) -> actions.Context:
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.option("-t", "--target", metavar="TARGET", help="PID of the process, or the path of its agent socket.")
-@click.option("-v", "--verbose", is_flag=True, help="Say each step taken (socket, timings).")
+@_apply(GLOBAL_OPTIONS)
 @click.version_option(__version__, prog_name="probing")
 @click.pass_context
-def cli(ctx: click.Context, target: Optional[str], verbose: bool) -> None:
+def cli(
+    ctx: click.Context, target: Optional[str], verbose: bool, no_attach: bool, attach_timeout: float
+) -> None:
     """Debug a live Python process: its stacks, its state, SQL over what it records.
 
     \b
@@ -110,8 +113,11 @@ def cli(ctx: click.Context, target: Optional[str], verbose: bool) -> None:
       probing PID query "SQL"      DuckDB SQL over python.backtrace, python.threads, ...
       probing list                 Python processes, and which have an agent
       probing run -- CMD ...       start CMD with the agent in it
+
+    A process without an agent is attached to first (unless --no-attach): one of its
+    threads is borrowed for about a millisecond to load the agent; see `probing PID inject`.
     """
-    ctx.obj = actions.Context(target, verbose)
+    ctx.obj = actions.Context(target, verbose, no_attach, attach_timeout)
     if ctx.invoked_subcommand not in TARGETLESS and target is None:
         raise click.UsageError("missing TARGET: probing PID COMMAND (or probing -t PID COMMAND)")
     if ctx.invoked_subcommand in TARGETLESS and target is not None:
@@ -167,6 +173,26 @@ def query(ctx: click.Context, sql: str, format: str, timeout: float) -> int:
 def tables(ctx: click.Context, format: str, timeout: float) -> int:
     """Every table with its columns, types and what each column means."""
     return actions.tables(_context(ctx), format, timeout)
+
+
+@cli.command()
+@click.option(
+    "--method", type=click.Choice(("auto", "ptrace", "gdb", "pyrasite")), default="auto", show_default=True,
+    help="auto = ptrace; gdb stops every thread; pyrasite is unsafe (see docs/attach.md).",
+)  # fmt: skip
+@click.option("--format", type=click.Choice(("text", "json")), default="text", show_default=True)
+@click.pass_context
+def inject(ctx: click.Context, method: str, format: str) -> int:
+    """Put the agent into the process now; say how, and how long any thread was stopped."""
+    return actions.inject(_context(ctx), method, format)
+
+
+@cli.command()
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, metavar="S")
+@click.pass_context
+def detach(ctx: click.Context, timeout: float) -> int:
+    """Stop the agent: its threads, hooks and socket go; the job runs on."""
+    return actions.detach(_context(ctx), timeout)
 
 
 @cli.command(name="list")

@@ -1,25 +1,33 @@
-"""The click-free parser for plain `probing [-v] TARGET backtrace [OPTIONS]` command lines.
+"""The click-free parser for plain `probing [GLOBAL OPTIONS] TARGET backtrace [OPTIONS]`.
 
 It accepts only what click would accept with the same meaning; anything else (help, an
-error, another command) returns None and goes to click. tests/test_cli_fast.py checks that
-both parsers agree.
+error, another command) returns None and goes to click. tests/test_cli.py checks that both
+parsers agree.
 """
 
 from __future__ import annotations
 
 import os
 
-from .spec import BACKTRACE_OPTIONS, GLOBAL_FLAGS, TARGET_OPTIONS, Option
+from .spec import BACKTRACE_OPTIONS, GLOBAL_OPTIONS, TARGET_OPTIONS, Option
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
-
-_BY_NAME = {option.name: option for option in BACKTRACE_OPTIONS}
+    from typing import Any, Dict, List, Optional, Sequence
 
 
 def looks_like_target(text: str) -> bool:
     return text.isdigit() or (os.sep in text and os.path.exists(text))
+
+
+def _by_name(options: Sequence[Option]) -> Dict[str, Option]:
+    table = {option.name: option for option in options}
+    table.update({option.short: option for option in options if option.short})
+    return table
+
+
+_GLOBAL = _by_name(GLOBAL_OPTIONS)
+_BACKTRACE = _by_name(BACKTRACE_OPTIONS)
 
 
 def _convert(option: Option, text: str) -> Any:
@@ -31,16 +39,36 @@ def _convert(option: Option, text: str) -> Any:
     return value
 
 
+def _option(args: List[str], index: int, table: Dict[str, Option], found: Dict[str, Any]) -> int:
+    """Read the option at args[index] into `found`; the index after it, or -1 if not understood."""
+    name, has_value, value = args[index].partition("=")
+    option = table.get(name)
+    if option is None or (has_value and (option.flag or not name.startswith("--"))):
+        return -1
+    if option.flag:
+        found[option.dest] = True
+        return index + 1
+    if not has_value:
+        index += 1
+        if index >= len(args):
+            return -1
+        value = args[index]
+    try:
+        found[option.dest] = _convert(option, value)
+    except ValueError:
+        return -1
+    return index + 1
+
+
 def parse_backtrace(args: List[str]) -> Optional[Dict[str, Any]]:
     """Parameters of a plain backtrace command line, or None to let click parse it."""
-    found: Dict[str, Any] = {"target": None, "verbose": False}
+    found: Dict[str, Any] = {"target": None}
+    found.update({option.dest: option.default for option in GLOBAL_OPTIONS})
     index = 0
     # Global options and the target, up to the command word.
     while index < len(args):
         arg = args[index]
-        if arg in GLOBAL_FLAGS:
-            found[GLOBAL_FLAGS[arg]] = True
-        elif arg in TARGET_OPTIONS or arg.startswith("--target="):
+        if arg in TARGET_OPTIONS or arg.startswith("--target="):
             if found["target"] is not None:
                 return None
             if "=" in arg:
@@ -50,39 +78,24 @@ def parse_backtrace(args: List[str]) -> Optional[Dict[str, Any]]:
                 found["target"] = args[index]
             else:
                 return None
+            index += 1
         elif arg.startswith("-"):
-            return None
+            index = _option(args, index, _GLOBAL, found)
+            if index < 0:
+                return None
         elif found["target"] is None and arg != "backtrace":
             found["target"] = arg
+            index += 1
         else:
             break
-        index += 1
     if index >= len(args) or args[index] != "backtrace" or found["target"] is None:
         return None
     if not looks_like_target(found["target"]):
         return None
-    options: Dict[str, Any] = {option.dest: option.default for option in BACKTRACE_OPTIONS}
-    rest = args[index + 1 :]
-    position = 0
-    while position < len(rest):
-        name, has_value, value = rest[position].partition("=")
-        option = _BY_NAME.get(name)
-        if option is None:
+    found.update({option.dest: option.default for option in BACKTRACE_OPTIONS})
+    index += 1
+    while index < len(args):
+        index = _option(args, index, _BACKTRACE, found)
+        if index < 0:
             return None
-        if option.flag:
-            if has_value:
-                return None
-            options[option.dest] = True
-        else:
-            if not has_value:
-                position += 1
-                if position >= len(rest):
-                    return None
-                value = rest[position]
-            try:
-                options[option.dest] = _convert(option, value)
-            except ValueError:
-                return None
-        position += 1
-    found.update(options)
     return found

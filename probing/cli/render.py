@@ -183,6 +183,30 @@ def write_tables(tables: List[Dict[str, Any]], out: IO[str]) -> None:
             out.write(f"  {name}  {kind}  {column['doc']}\n")
 
 
+def write_attach(pid: int, attached: Any, format: str, out: IO[str]) -> None:
+    report = attached.report
+    if format == "json":
+        import json
+
+        fields = report._asdict() if report is not None else {"method": None}
+        out.write(
+            json.dumps({"pid": pid, "socket": attached.socket, "waited_ms": attached.waited_ms, **fields})
+            + "\n"
+        )
+        return
+    if report is None:
+        out.write(f"PID {pid} already has an agent: {attached.socket}\n")
+        return
+    if isinstance(report.thread, int):
+        held = f"thread {report.thread} ({report.where}) was stopped for {report.stopped_ms:.2f} ms"
+    else:
+        held = f"every thread was stopped by {report.method}'s gdb for up to {report.stopped_ms:.0f} ms"
+    out.write(
+        f"PID {pid}: attached with {report.method}; {held}; the agent answered "
+        f"{attached.waited_ms:.0f} ms later at {attached.socket}\n"
+    )
+
+
 def write_eval_result(result: Dict[str, Any], out: IO[str], err: IO[str]) -> None:
     if result.get("stdout"):
         out.write(result["stdout"])

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class Option:
-    __slots__ = ("name", "help", "flag", "default", "choices", "value_type", "metavar")
+    __slots__ = ("name", "help", "flag", "default", "choices", "value_type", "metavar", "short")
 
     def __init__(
         self,
@@ -25,7 +25,9 @@ class Option:
         choices: Optional[Tuple[str, ...]] = None,
         value_type: Any = str,
         metavar: Optional[str] = None,
+        short: Optional[str] = None,
     ) -> None:
+        self.short = short  # e.g. "-v"
         self.name = name  # the long flag, e.g. "--thread"
         self.help = help
         self.flag = flag
@@ -59,5 +61,22 @@ BACKTRACE_OPTIONS = (
     ),
 )
 
-GLOBAL_FLAGS = {"-v": "verbose", "--verbose": "verbose"}
+GLOBAL_OPTIONS = (
+    Option(
+        "--verbose", "Say each step taken (socket, attach, timings).", flag=True, default=False, short="-v"
+    ),
+    Option(
+        "--no-attach",
+        "Never attach: fail (exit 6) when the process has no agent yet.",
+        flag=True,
+        default=False,
+    ),
+    Option(
+        "--attach-timeout",
+        "Seconds to wait for the agent to come up after attaching.",
+        default=5.0,
+        value_type=float,
+        metavar="S",
+    ),
+)
 TARGET_OPTIONS = ("-t", "--target")

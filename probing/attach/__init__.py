@@ -1,0 +1,111 @@
+"""Getting an agent into a process that has none. Never prints; narrates through `log`.
+
+    attach(pid, method="auto", timeout=5.0, log=...) -> Attached
+
+Methods (attach/methods.py) share one interface: they make the process load the helper
+library and call probing_helper_start(); the helper's own thread then waits for the GIL and
+starts the agent (bootstrap/attach.py). Attaching is idempotent: a process whose agent
+answers is left alone. The seam for CPython 3.14's `sys.remote_exec(pid, script)` is one
+more method running bootstrap/attach.py, for a CLI itself running on 3.14.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, List, NamedTuple, Optional
+
+from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
+from ..processes import process_alive, python_version_of, require_process, socket_candidates
+from .methods import InjectReport, choose_method
+
+Log = Callable[[str], None]
+
+# Sockets are looked for this often while the agent starts.
+_POLL_S = 0.005
+
+
+class Attached(NamedTuple):
+    socket: str
+    report: Optional[InjectReport]  # None when an agent was already there
+    waited_ms: float  # from the end of the injection until the agent answered
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def check_target(pid: int) -> str:
+    """The target's Python version, or the error that says why it cannot be attached to."""
+    require_process(pid)
+    version = python_version_of(pid)
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        exe = ""
+    if "pypy" in exe.lower():
+        raise NotPython(f"PID {pid} runs PyPy ({exe}): probing attaches to CPython 3.8 and later only")
+    if version is None:
+        raise NotPython(f"PID {pid} is not a Python process")
+    parts = version.split(".")
+    if len(parts) == 2 and (int(parts[0]), int(parts[1])) < (3, 8):
+        raise NotPython(
+            f"PID {pid} runs Python {version}: probing attaches to CPython 3.8 and later only",
+            hint="py-spy dump --pid PID still reads its stacks from outside",
+        )
+    return version
+
+
+def _answering_socket(pid: int) -> Optional[str]:
+    from ..listing import agent_listens
+
+    for path in socket_candidates(pid):
+        if os.path.exists(path) and agent_listens(path):
+            return path
+    return None
+
+
+def _attach_errors(pid: int) -> List[str]:
+    return [os.path.join(os.path.dirname(path), f"{pid}.attach-error") for path in socket_candidates(pid)]
+
+
+def attach(pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet) -> Attached:
+    """Make sure `pid` has an agent; returns where it listens."""
+    version = check_target(pid)
+    existing = _answering_socket(pid)
+    if existing is not None:
+        log(f"PID {pid} already has an agent at {existing}")
+        return Attached(existing, None, 0.0)
+    for stale in _attach_errors(pid):
+        if os.path.exists(stale):
+            os.unlink(stale)
+    chosen = choose_method(method)
+    log(f"attaching to PID {pid} (Python {version}) with {chosen.name}")
+    started = time.monotonic()
+    report = chosen.inject(pid, timeout, log)
+    injected = time.monotonic()
+    log(
+        f"{report.method}: thread {report.thread} ({report.where}) stopped for "
+        f"{report.stopped_ms:.2f} ms; waiting for the agent"
+    )
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        path = _answering_socket(pid)
+        if path is not None:
+            waited = (time.monotonic() - injected) * 1000
+            log(f"agent listening at {path}, {waited:.0f} ms after the injection")
+            return Attached(path, report, waited)
+        for error_file in _attach_errors(pid):
+            if os.path.exists(error_file):
+                with open(error_file) as reason:
+                    raise AttachFailed(f"the agent could not start in PID {pid}: {reason.read().strip()}")
+        if not process_alive(pid):
+            raise ProcessNotFound(f"PID {pid} exited during the attach")
+        time.sleep(_POLL_S)
+    from .diagnose import why_no_agent
+
+    raise AttachTimeout(
+        f"the agent did not come up in PID {pid} within {timeout:g} s: {why_no_agent(pid)}",
+        hint="the job runs on unharmed; the agent starts by itself as soon as the GIL is free, "
+        "and the next probing command will use it",
+    )

@@ -1,0 +1,245 @@
+"""Attaching to processes started without the agent: real processes, real ptrace, real gdb,
+under every CPython on the machine (Debian's stripped python3.11 included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, Iterator, List
+
+import pytest
+
+from probing.errors import ExitCode
+
+from support import Target, find_interpreter, interpreter_params, probing, wait_until
+
+
+def backtrace_rows(pid: int, *args: str) -> List[Dict[str, object]]:
+    result = probing(str(pid), *args, "backtrace", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    rows: List[Dict[str, object]] = json.loads(result.stdout)
+    return rows
+
+
+def inject(pid: int, *args: str) -> Dict[str, object]:
+    result = probing(str(pid), "inject", "--format", "json", *args)
+    assert result.returncode == 0, result.stderr
+    report: Dict[str, object] = json.loads(result.stdout)
+    return report
+
+
+@pytest.fixture(params=interpreter_params())
+def python(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield request.param
+
+
+def test_a_busy_pure_python_loop(python: str) -> None:
+    with Target("busy.py", python=python, via="plain") as job:
+        started = time.monotonic()
+        rows = backtrace_rows(job.pid)
+        assert time.monotonic() - started < 5
+        assert [row["func"] for row in rows if row["depth"] == 0] == ["<module>"]
+        assert job.alive()
+
+
+def test_a_main_thread_in_time_sleep(python: str) -> None:
+    with Target("sleeper.py", python=python, via="plain") as job:
+        report = inject(job.pid)
+        assert report["method"] == "ptrace" and str(report["where"]).startswith("waiting in ")
+        assert float(report["stopped_ms"]) < 50
+        assert {row["thread_name"] for row in backtrace_rows(job.pid)} == {"MainThread", "worker"}
+        assert job.finish() == 0  # interrupted system calls were restarted: it exits normally
+
+
+def test_a_main_thread_blocked_in_a_c_call_that_released_the_gil(python: str) -> None:
+    with Target("c_sleeper.py", python=python, via="plain") as job:
+        rows = backtrace_rows(job.pid)
+        assert [row["func"] for row in rows if row["depth"] == 0] == ["<module>"]
+        assert job.alive()
+
+
+def test_two_threads_deadlocked_on_locks(python: str) -> None:
+    with Target("deadlock.py", python=python, via="plain") as job:
+        rows = backtrace_rows(job.pid)
+        stuck = {row["thread_name"]: row["func"] for row in rows if row["depth"] == 0}
+        assert stuck["takes-first"] == stuck["takes-second"] == "take"
+
+
+def test_two_hundred_threads() -> None:
+    with Target("many_threads.py", via="plain") as job:
+        rows = backtrace_rows(job.pid)
+        assert len({row["thread_id"] for row in rows}) == 201
+        assert job.finish() == 0
+
+
+def test_a_process_with_torch_imported() -> None:
+    pytest.importorskip("torch")
+    with Target("trainer.py", via="plain") as job:
+        started = time.monotonic()
+        result = probing(str(job.pid), "eval", "--frame", "MainThread:train", "loss.item() >= 0")
+        assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr
+        assert time.monotonic() - started < 5
+        assert job.finish() == 0
+
+
+def test_a_thread_holding_the_gil_gets_a_clear_answer_and_the_agent_comes_later() -> None:
+    with Target("gil_holder.py", args=["4"], via="plain") as job:
+        started = time.monotonic()
+        result = probing(str(job.pid), "--attach-timeout", "1.5", "backtrace")
+        assert time.monotonic() - started < 4
+        assert result.returncode == ExitCode.ATTACH_TIMEOUT, result.stderr
+        assert (
+            "thread 'gil-holder'" in result.stderr
+            and "holds the GIL in hold_the_gil_forever" in result.stderr
+        )
+        assert "the agent starts by itself as soon as the GIL is free" in result.stderr
+        assert job.alive()
+        # Once the GIL is free the agent comes up by itself, and the next command just works.
+        assert probing(str(job.pid), "--attach-timeout", "10", "backtrace").returncode == 0
+        assert job.finish() == 0
+
+
+def test_a_target_that_exits_during_the_attach() -> None:
+    with Target("exits_soon.py", via="plain") as job:
+        result = probing(str(job.pid), "--attach-timeout", "5", "backtrace")
+        assert result.returncode == ExitCode.NO_SUCH_PROCESS, result.stderr
+        assert "exited during the attach" in result.stderr
+
+
+def test_a_non_python_process_and_a_missing_one() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        result = probing(str(sleeper.pid), "inject")
+        assert result.returncode == ExitCode.NOT_PYTHON and "not a Python process" in result.stderr
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert probing("999999999", "inject").returncode == ExitCode.NO_SUCH_PROCESS
+
+
+@pytest.mark.parametrize("version", ["3.6", "3.7"])
+def test_pythons_older_than_3_8_are_refused_unharmed(version: str) -> None:
+    old = find_interpreter(f"~/.pyenv/versions/{version}*/bin/python{version}")
+    if old is None:
+        pytest.skip(f"python {version} not found under ~/.pyenv/versions")
+    with Target("sleeper.py", python=old, via="plain") as job:
+        result = probing(str(job.pid), "backtrace")
+        assert result.returncode == ExitCode.NOT_PYTHON
+        assert f"runs Python {version}: probing attaches to CPython 3.8 and later only" in result.stderr
+        assert job.finish() == 0
+
+
+def test_no_attach_means_no_attach() -> None:
+    with Target("sleeper.py", via="plain") as job:
+        result = probing(str(job.pid), "--no-attach", "backtrace")
+        assert result.returncode == ExitCode.NO_AGENT
+        assert "drop --no-attach" in result.stderr
+
+
+def test_attach_is_idempotent_and_detach_then_attach_works() -> None:
+    with Target("sleeper.py", via="plain") as job:
+        first = inject(job.pid)
+        again = inject(job.pid)
+        assert first["method"] == "ptrace" and again["method"] is None  # already there
+        agents = "import threading; sum(t.name == 'probing-agent' for t in threading.enumerate())"
+        assert probing(str(job.pid), "eval", agents).stdout == "1\n"
+        detached = probing(str(job.pid), "detach")
+        assert detached.returncode == 0 and "agent stopped" in detached.stdout
+        assert probing(str(job.pid), "--no-attach", "backtrace").returncode == ExitCode.NO_AGENT
+        assert inject(job.pid)["method"] == "ptrace"
+        assert probing(str(job.pid), "eval", agents).stdout == "1\n"
+        assert job.finish() == 0
+
+
+def test_detach_without_an_agent() -> None:
+    with Target("sleeper.py", via="plain") as job:
+        result = probing(str(job.pid), "detach")
+        assert result.returncode == ExitCode.NO_AGENT
+
+
+def _counts(pid: int) -> Dict[str, int]:
+    with open(f"/proc/{pid}/status") as status:
+        rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return {
+        "threads": len(os.listdir(f"/proc/{pid}/task")),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "rss_kb": rss,
+    }
+
+
+def test_fifty_attach_detach_cycles_leak_nothing() -> None:
+    with Target("sleeper.py", via="plain") as job:
+        inject(job.pid)  # the first cycle loads code that stays: measure from after it
+        assert probing(str(job.pid), "detach").returncode == 0
+        assert wait_until(lambda: _counts(job.pid)["threads"] == 2)
+        before = _counts(job.pid)
+        for _ in range(50):
+            inject(job.pid)
+            assert probing(str(job.pid), "detach").returncode == 0
+        assert wait_until(lambda: _counts(job.pid)["threads"] == before["threads"])
+        after = _counts(job.pid)
+        assert after["fds"] == before["fds"], (before, after)
+        assert after["rss_kb"] - before["rss_kb"] < 1024, (before, after)
+        assert job.finish() == 0
+
+
+def test_verbose_shows_each_step() -> None:
+    with Target("sleeper.py", via="plain") as job:
+        result = probing("-v", str(job.pid), "inject")
+        assert result.returncode == 0
+        assert "probing: running: " in result.stderr and "probing-inject -v" in result.stderr
+        assert "borrowing it" in result.stderr and "agent listening at" in result.stderr
+        assert result.stdout.startswith(f"PID {job.pid}: attached with ptrace; thread ")
+
+
+def test_the_gdb_method() -> None:
+    if subprocess.run(["which", "gdb"], capture_output=True).returncode != 0:
+        pytest.skip("gdb is not installed")
+    with Target("sleeper.py", via="plain") as job:
+        report = inject(job.pid, "--method", "gdb")
+        assert report["method"] == "gdb"
+        assert {row["thread_name"] for row in backtrace_rows(job.pid)} == {"MainThread", "worker"}
+        assert job.finish() == 0
+
+
+def test_the_pyrasite_method() -> None:
+    pytest.importorskip("pyrasite")
+    with Target("sleeper.py", via="plain") as job:
+        report = inject(job.pid, "--method", "pyrasite")
+        assert report["method"] == "pyrasite"
+        assert {row["thread_name"] for row in backtrace_rows(job.pid)} == {"MainThread", "worker"}
+        assert job.finish() == 0
+
+
+def test_the_job_is_untouched_by_the_attach(python: str) -> None:
+    """Nothing is added to sys.path, no third-party module is imported, the switch interval is back."""
+    with Target("sleeper.py", python=python, via="plain") as job:
+        assert inject(job.pid)["method"] == "ptrace"
+        code = (
+            "import sys\n"
+            "print(sorted(p for p in sys.path if 'probing' in p or 'site-packages/probing' in p))\n"
+            "heavy = ('click', 'duckdb', 'psutil', 'numpy')\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+            "print(sys.getswitchinterval())"
+        )
+        assert probing(str(job.pid), "eval", code).stdout == "[]\n[]\n0.005\n"
+
+
+def test_first_backtrace_on_a_fresh_process_is_quick() -> None:
+    with Target("sleeper.py", via="plain") as job:
+        started = time.monotonic()
+        assert probing(str(job.pid), "backtrace").returncode == 0
+        assert time.monotonic() - started < 2  # the bar is 0.5 s: benchmarks/bench_attach.py measures it
+
+
+def test_the_cli_can_attach_from_another_interpreter_version() -> None:
+    """The CLI runs on 3.11; the target on another minor version loads the same agent."""
+    other = find_interpreter("~/.pyenv/versions/3.8*/bin/python3.8")
+    if other is None or sys.version_info[:2] == (3, 8):
+        pytest.skip("python 3.8 not found under ~/.pyenv/versions")
+    with Target("sleeper.py", python=other, via="plain") as job:
+        assert probing(str(job.pid), "eval", "__import__('sys').version_info[:2]").stdout == "(3, 8)\n"
