@@ -152,8 +152,6 @@ class GdbMethod:
         # No symbols are loaded (libtorch alone has hundreds of MB): every address is given.
         # The helper's path goes below the stack pointer of the thread gdb stopped in.
         commands = [
-            "set auto-solib-add off",
-            "set confirm off",
             "set $path = (unsigned long)$sp - 8192",
             *_poke_string("$path", native(HELPER)),
             f"set $handle = ((void *(*)(char *, int)){symbols['dlopen']})((char *)$path, {mode})",
@@ -161,7 +159,15 @@ class GdbMethod:
             f"set $started = ((int (*)(void))(*(unsigned long *)$handle + {symbols['start_offset']}))()",
             'printf "started=%d\\n", $started',
         ]
-        command = [gdb, "-p", str(pid), "-batch", "-nx", *[part for c in commands for part in ("-ex", c)]]
+        # -iex runs before the attach: with plain -ex, gdb would load every library's symbols
+        # while attaching (seconds for libtorch) before reading `set auto-solib-add off`.
+        settings = ["set auto-solib-add off", "set confirm off", "set pagination off"]
+        command = [
+            gdb, "-nx", "-batch",
+            *[part for setting in settings for part in ("-iex", setting)],
+            "-p", str(pid),
+            *[part for c in commands for part in ("-ex", c)],
+        ]  # fmt: skip
         began = time.monotonic()
         result = _run(command, timeout + _CALL_GRACE_S, log)
         stopped_ms = (time.monotonic() - began) * 1000
