@@ -425,7 +425,7 @@ static void restore(struct borrowed *thread) {
 
 enum { BORROWED = 0, NOT_SAFE = 1, FAILED = 2 };
 
-static int try_thread(const struct target *target, pid_t tid, const char *helper, uint64_t *stopped_ns,
+static int try_thread(const struct target *target, pid_t tid, const char *dlopen_path, uint64_t *stopped_ns,
                       char *where, size_t where_size) {
     if (ptrace(PTRACE_SEIZE, tid, 0, 0) != 0) {
         if (errno == ESRCH) return NOT_SAFE; /* the thread ended */
@@ -462,7 +462,7 @@ static int try_thread(const struct target *target, pid_t tid, const char *helper
     say("thread %d: %s; borrowing it", tid, where);
 
     /* Stack layout below the red zone: [return slot][padding][helper path]. */
-    size_t path_length = strlen(helper) + 1;
+    size_t path_length = strlen(dlopen_path) + 1;
     uint64_t path_address = (thread.saved.rsp - 128 - 64 - path_length) & ~(uint64_t)15;
     uint64_t return_slot = ((path_address - 64) & ~(uint64_t)15) - 8; /* rsp % 16 == 8 at entry */
     thread.scratch = return_slot;
@@ -471,14 +471,14 @@ static int try_thread(const struct target *target, pid_t tid, const char *helper
     for (int i = 0; i < thread.words && ok; i++) ok = peek(tid, thread.scratch + 8u * i, &thread.original[i]);
     for (size_t i = 0; i < path_length && ok; i += 8) {
         uint64_t word = 0;
-        memcpy(&word, helper + i, path_length - i < 8 ? path_length - i : 8);
+        memcpy(&word, dlopen_path + i, path_length - i < 8 ? path_length - i : 8);
         ok = poke(tid, path_address + i, word);
     }
     uint64_t handle = 0, link_base = 0, started = 1;
     if (ok) {
         uint64_t mode = RTLD_NOW | (target->dlopen_is_private ? 0x80000000u : 0);
         ok = call_in_thread(&thread, target->dlopen, path_address, mode, return_slot, &handle) && handle;
-        if (!ok) say("dlopen of %s failed in the target", helper);
+        if (!ok) say("dlopen of %s failed in the target", dlopen_path);
     }
     if (ok) ok = peek(tid, handle, &link_base); /* link_map.l_addr */
     if (ok) ok = call_in_thread(&thread, link_base + target->start_offset, 0, 0, return_slot, &started);
@@ -493,7 +493,7 @@ static int try_thread(const struct target *target, pid_t tid, const char *helper
     return BORROWED;
 }
 
-static int inject(pid_t pid, const char *helper, int timeout_ms) {
+static int inject(pid_t pid, const char *helper, const char *dlopen_path, int timeout_ms) {
     struct target target = {.pid = pid};
     if (resolve(&target, helper)) return 1;
     uint64_t began = now_ns(), deadline = began + (uint64_t)timeout_ms * 1000000u, stopped_ns = 0;
@@ -506,7 +506,7 @@ static int inject(pid_t pid, const char *helper, int timeout_ms) {
             char where[64];
             uint64_t stopped = 0;
             attempts++;
-            int outcome = try_thread(&target, candidates[i].tid, helper, &stopped, where, sizeof where);
+            int outcome = try_thread(&target, candidates[i].tid, dlopen_path, &stopped, where, sizeof where);
             stopped_ns += stopped;
             if (outcome == FAILED) return 1;
             if (outcome == BORROWED) {
@@ -531,19 +531,27 @@ static int inject(pid_t pid, const char *helper, int timeout_ms) {
 
 int main(int argc, char **argv) {
     int symbols_only = 0, timeout_ms = 5000, i = 1;
+    const char *dlopen_path = NULL;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "-v") == 0) verbose = 1;
         else if (strcmp(argv[i], "--symbols") == 0) symbols_only = 1;
         else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc) timeout_ms = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--dlopen-path") == 0 && i + 1 < argc) dlopen_path = argv[++i];
         else break;
     }
     if (argc - i != 2) {
-        fprintf(stderr, "usage: probing-inject [-v] [--timeout-ms N] [--symbols] PID HELPER.so\n");
+        fprintf(stderr, "usage: probing-inject [-v] [--timeout-ms N] [--dlopen-path P] [--symbols] PID HELPER.so\n");
         return 2;
     }
     pid_t pid = (pid_t)atoi(argv[i]);
     char helper[PATH_MAX];
-    if (!realpath(argv[i + 1], helper)) return fail("bad_helper", "%s: %s", argv[i + 1], strerror(errno));
+    /* Not realpath() for an absolute path: /proc/PID/root/... must stay as given, or it would
+     * resolve to our own root instead of the container's. */
+    if (argv[i + 1][0] == '/') snprintf(helper, sizeof helper, "%s", argv[i + 1]);
+    else if (!realpath(argv[i + 1], helper)) return fail("bad_helper", "%s: %s", argv[i + 1], strerror(errno));
+    /* The file we read symbols from, and the path the process opens (they differ when the
+     * process is in a container and sees the helper under its own root). */
+    if (!dlopen_path) dlopen_path = helper;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (symbols_only) {
         struct target target = {.pid = pid};
@@ -554,7 +562,7 @@ int main(int argc, char **argv) {
         return 0;
     }
 #if defined(__x86_64__)
-    return inject(pid, helper, timeout_ms);
+    return inject(pid, helper, dlopen_path, timeout_ms);
 #else
     return fail("unsupported_platform", "the ptrace injector supports x86-64 only; use --method gdb");
 #endif

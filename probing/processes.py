@@ -91,20 +91,50 @@ def python_version_of(pid: int) -> Optional[str]:
     return "3" if re.match(_PYTHON_EXE, exe) else None
 
 
+class View:
+    """How a process sees the file system and itself, from where the CLI stands.
+
+    A process in another mount namespace (a container) has its own /tmp: its files are
+    reached through /proc/PID/root. In another PID namespace it knows itself by another
+    number, which is the one in its socket's name.
+    """
+
+    __slots__ = ("root", "own_pid")
+
+    def __init__(self, pid: int) -> None:
+        self.root = ""
+        self.own_pid = pid
+        try:
+            if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+                self.root = f"/proc/{pid}/root"
+        except OSError:
+            pass
+        try:
+            with open(f"/proc/{pid}/status", "rb") as status:
+                for line in status:
+                    if line.startswith(b"NSpid:"):
+                        self.own_pid = int(line.split()[-1])
+        except (OSError, ValueError, IndexError):
+            pass
+
+    def path(self, inside: str) -> str:
+        """A path of the process's file system, as the CLI reaches it."""
+        return self.root + inside
+
+
 def socket_candidates(pid: int) -> List[str]:
     """Where the agent of `pid` would have put its socket, most specific first."""
-    directories = []
-    for directory in (
-        environ_value(pid, "PROBING_SOCKET_DIR"),
-        os.environ.get("PROBING_SOCKET_DIR"),
-    ):
-        if directory:
-            directories.append(directory)
+    view = View(pid)
+    # The job's own PROBING_SOCKET_DIR and default directory are paths in its file system;
+    # ours applies only when we share one.
+    directories = [view.path(d) for d in (environ_value(pid, "PROBING_SOCKET_DIR"),) if d]
+    if not view.root and os.environ.get("PROBING_SOCKET_DIR"):
+        directories.append(os.environ["PROBING_SOCKET_DIR"])
     uid = effective_uid(pid)
-    directories.append(f"/tmp/probing-{uid if uid is not None else os.geteuid()}")
+    directories.append(view.path(f"/tmp/probing-{uid if uid is not None else os.geteuid()}"))
     seen: List[str] = []
     for directory in directories:
-        path = os.path.join(directory, f"{pid}.sock")
+        path = os.path.join(directory, f"{view.own_pid}.sock")
         if path not in seen:
             seen.append(path)
     return seen

@@ -66,7 +66,7 @@ def _answering_socket(pid: int) -> Optional[str]:
 
 
 def _attach_errors(pid: int) -> List[str]:
-    return [os.path.join(os.path.dirname(path), f"{pid}.attach-error") for path in socket_candidates(pid)]
+    return [path[: -len(".sock")] + ".attach-error" for path in socket_candidates(pid)]
 
 
 def attach(pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet) -> Attached:
@@ -82,7 +82,12 @@ def attach(pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _qui
     chosen = choose_method(method)
     log(f"attaching to PID {pid} (Python {version}) with {chosen.name}")
     started = time.monotonic()
-    report = chosen.inject(pid, timeout, log)
+    from .containers import helper_paths
+
+    local_helper, helper_in_target = helper_paths(pid)
+    if local_helper != helper_in_target:
+        log(f"PID {pid} is in another mount namespace: probing copied to {local_helper}")
+    report = chosen.inject(pid, timeout, log, local_helper, helper_in_target)
     injected = time.monotonic()
     log(
         f"{report.method}: thread {report.thread} ({report.where}) stopped for "

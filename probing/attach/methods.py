@@ -85,10 +85,8 @@ def _run(command: List[str], timeout: float, log: Log) -> subprocess.CompletedPr
         ) from None
 
 
-def _symbols(pid: int, log: Log) -> Dict[str, Any]:
-    result = _run([native(INJECTOR), "--symbols", str(pid), native(HELPER)], 10, log)
-    reply = _reply(result, pid)
-    return reply
+def _symbols(pid: int, helper: str, log: Log) -> Dict[str, Any]:
+    return _reply(_run([native(INJECTOR), "--symbols", str(pid), helper], 10, log), pid)
 
 
 def _reply(result: subprocess.CompletedProcess[str], pid: int) -> Dict[str, Any]:
@@ -116,8 +114,11 @@ def _reply(result: subprocess.CompletedProcess[str], pid: int) -> Dict[str, Any]
 class PtraceMethod:
     name = "ptrace"
 
-    def inject(self, pid: int, timeout: float, log: Log) -> InjectReport:
-        command = [native(INJECTOR), "-v", "--timeout-ms", str(int(timeout * 1000)), str(pid), native(HELPER)]
+    def inject(self, pid: int, timeout: float, log: Log, helper: str, helper_in_target: str) -> InjectReport:
+        command = [native(INJECTOR), "-v", "--timeout-ms", str(int(timeout * 1000))]
+        if helper_in_target != helper:
+            command += ["--dlopen-path", helper_in_target]
+        command += [str(pid), helper]
         result = _run(command, timeout + _CALL_GRACE_S, log)
         for line in result.stderr.splitlines():
             log(line)
@@ -143,17 +144,17 @@ def _poke_string(address: str, text: str) -> List[str]:
 class GdbMethod:
     name = "gdb"
 
-    def inject(self, pid: int, timeout: float, log: Log) -> InjectReport:
+    def inject(self, pid: int, timeout: float, log: Log, helper: str, helper_in_target: str) -> InjectReport:
         gdb = shutil.which("gdb")
         if gdb is None:
             raise AttachFailed("gdb is not installed", hint="apt-get install gdb, or use --method ptrace")
-        symbols = _symbols(pid, log)
+        symbols = _symbols(pid, helper, log)
         mode = 2 | (0x80000000 if symbols["dlopen_is_private"] else 0)
         # No symbols are loaded (libtorch alone has hundreds of MB): every address is given.
         # The helper's path goes below the stack pointer of the thread gdb stopped in.
         commands = [
             "set $path = (unsigned long)$sp - 8192",
-            *_poke_string("$path", native(HELPER)),
+            *_poke_string("$path", helper_in_target),
             f"set $handle = ((void *(*)(char *, int)){symbols['dlopen']})((char *)$path, {mode})",
             'printf "handle=%lu\\n", (unsigned long)$handle',
             f"set $started = ((int (*)(void))(*(unsigned long *)$handle + {symbols['start_offset']}))()",
@@ -188,7 +189,9 @@ class GdbMethod:
 class PyrasiteMethod:
     name = "pyrasite"
 
-    def inject(self, pid: int, timeout: float, log: Log) -> InjectReport:
+    def inject(self, pid: int, timeout: float, log: Log, helper: str, helper_in_target: str) -> InjectReport:
+        if helper != helper_in_target:
+            raise AttachFailed("pyrasite cannot attach into a container", hint="use --method ptrace")
         try:
             import pyrasite  # type: ignore[import-untyped]  # noqa: F401
         except ImportError:

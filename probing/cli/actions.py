@@ -98,7 +98,7 @@ def backtrace(context: Context, locals: bool, thread: Optional[str], format: str
         info = client.info
     rows = table.to_rows()
     if format == "text":
-        render.write_backtrace_text(rows, info, sys.stdout)
+        render.write_backtrace_text(rows, info, sys.stdout, parse_target(context.target).pid)
     else:
         names = [column.name for column in table.columns]
         types = [column.type for column in table.columns]

@@ -43,12 +43,15 @@ class SourceLines:
         return []
 
 
-def write_backtrace_text(rows: List[Dict[str, Any]], info: Dict[str, Any], out: IO[str]) -> None:
+def write_backtrace_text(
+    rows: List[Dict[str, Any]], info: Dict[str, Any], out: IO[str], host_pid: Optional[int] = None
+) -> None:
     """Threads grouped, main thread first, each read like a Python traceback."""
     pid = info.get("pid")
+    shown = f"{host_pid} (PID {pid} in its namespace)" if host_pid and host_pid != pid else pid
     argv = " ".join(info.get("argv") or [])
-    out.write(f"Process {pid} (Python {info.get('python_version')}): {argv}\n")
-    sources = SourceLines(pid if isinstance(pid, int) else None)
+    out.write(f"Process {shown} (Python {info.get('python_version')}): {argv}\n")
+    sources = SourceLines(host_pid or (pid if isinstance(pid, int) else None))
     threads: Dict[Tuple[Any, Any], List[Dict[str, Any]]] = {}
     for row in rows:
         threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
