@@ -232,6 +232,8 @@ def test_no_such_process_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
         ["4242", "-v", "backtrace", "--thread", "MainThread"],
         ["4242", "backtrace", "--thread=worker", "--format", "json"],
         ["4242", "backtrace", "--format=csv", "--timeout", "1.5", "--locals"],
+        ["--no-attach", "4242", "--attach-timeout", "2", "backtrace"],
+        ["--attach-timeout=0.5", "-t", "4242", "backtrace", "--thread", "x"],
     ],
 )
 def test_fast_path_parses_as_click_does(monkeypatch: pytest.MonkeyPatch, args: List[str]) -> None:
@@ -239,6 +241,7 @@ def test_fast_path_parses_as_click_does(monkeypatch: pytest.MonkeyPatch, args: L
 
     def capture(context: actions.Context, **options: Any) -> int:
         seen.update(options, target=context.target, verbose=context.verbose)
+        seen.update(no_attach=context.no_attach, attach_timeout=context.attach_timeout)
         return 0
 
     monkeypatch.setattr(actions, "backtrace", capture)
@@ -259,6 +262,9 @@ def test_fast_path_parses_as_click_does(monkeypatch: pytest.MonkeyPatch, args: L
         ["notapid", "backtrace"],
         ["-t", "1", "-t", "2", "backtrace"],
         ["4242", "backtrace", "extra"],
+        ["4242", "--attach-timeout", "0", "backtrace"],
+        ["4242", "--no-attach=1", "backtrace"],
+        ["4242", "-v=1", "backtrace"],
     ],
 )
 def test_fast_path_leaves_everything_else_to_click(args: List[str]) -> None:

@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -41,20 +41,24 @@ def console_examples() -> List[Tuple[str, List[Tuple[str, str]]]]:
 
 
 @pytest.fixture(scope="module")
-def demo_job() -> Iterator[Target]:
+def demo_jobs() -> Iterator[Dict[str, Target]]:
+    """$PID: the demo job started with `probing run`; $PLAIN: one started plainly."""
     pytest.importorskip("torch")
-    with Target(str(ROOT / "docs" / "examples" / "train.py")) as job:
-        yield job
+    script = str(ROOT / "docs" / "examples" / "train.py")
+    with Target(script) as job, Target(script, via="plain") as plain:
+        yield {"PID": job, "PLAIN": plain}
 
 
 @pytest.mark.parametrize("where, steps", console_examples(), ids=[where for where, _ in console_examples()])
 def test_documented_commands_print_what_the_docs_say(
-    demo_job: Target, where: str, steps: List[Tuple[str, str]]
+    demo_jobs: Dict[str, Target], where: str, steps: List[Tuple[str, str]]
 ) -> None:
-    environment = dict(os.environ, PID=str(demo_job.pid), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    pids = {name: str(job.pid) for name, job in demo_jobs.items()}
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", **pids)
     last_status = None
     for command, expected in steps:
-        expected = expected.replace("$PID", str(demo_job.pid))
+        for name, pid in pids.items():
+            expected = expected.replace(f"${name}", pid)
         if command == "echo $?":
             assert f"{last_status}\n" == expected, f"{where}: exit status of the previous command"
             continue
@@ -69,7 +73,7 @@ def test_documented_commands_print_what_the_docs_say(
 
 def test_every_documented_command_runs_somewhere() -> None:
     commands = [command for _, steps in console_examples() for command, _ in steps]
-    for needed in ("backtrace", "eval", "query", "tables", "list"):
+    for needed in ("backtrace", "eval", "query", "tables", "list", "inject", "detach"):
         assert any(f"probing {needed}" in c or f" {needed}" in c for c in commands), needed
 
 

@@ -32,19 +32,19 @@ def test_not_a_python_process() -> None:
         sleeper.wait()
 
 
-def test_a_python_process_without_an_agent() -> None:
+def test_a_python_process_without_an_agent_and_no_attach() -> None:
     job = subprocess.Popen([VENV_PYTHON, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
     try:
         assert job.stdout is not None and job.stdout.readline() == b"ready\n"
         for command in (["backtrace"], ["eval", "1"], ["query", "SELECT 1"], ["tables"]):
-            result = probing(str(job.pid), *command)
+            result = probing(str(job.pid), "--no-attach", *command)
             assert result.returncode == ExitCode.NO_AGENT
             assert (
                 f"PID {job.pid} (Python {sys.version_info[0]}.{sys.version_info[1]}) has no probing agent"
                 in result.stderr
             )
-            assert "probing run -- python train.py" in result.stderr
+            assert "drop --no-attach to attach to it" in result.stderr
         assert job.poll() is None
     finally:
         job.kill()

@@ -203,7 +203,8 @@ def write_attach(pid: int, attached: Any, format: str, out: IO[str]) -> None:
     if isinstance(report.thread, int):
         held = f"thread {report.thread} ({report.where}) was stopped for {report.stopped_ms:.2f} ms"
     else:
-        held = f"every thread was stopped by {report.method}'s gdb for up to {report.stopped_ms:.0f} ms"
+        by = "gdb" if report.method == "gdb" else f"{report.method}'s gdb"
+        held = f"every thread was stopped by {by} for up to {report.stopped_ms:.0f} ms"
     out.write(
         f"PID {pid}: attached with {report.method}; {held}; the agent answered "
         f"{attached.waited_ms:.0f} ms later at {attached.socket}\n"
