@@ -20,7 +20,9 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv with probing and its test, dev, torch and pyrasite extras
-	@# Refresh probing itself from the working tree (fast: no dependency resolution).
+	@# Refresh probing itself from the working tree (fast: no dependency resolution). The
+	@# in-tree build/ goes first: a module deleted from probing/ must not live on in it.
+	rm -rf build probing.egg-info
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation .
 
 lint: install ## ruff (lint and format check) and mypy --strict
@@ -37,6 +39,7 @@ test: lint ## Lint, type-check, then run the whole test suite
 
 bench: install ## Print the measurements of the closing notes (ratios against baselines)
 	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_attach.py
 
 demo: install ## Start a small training job with the agent and run probing against it
 	bash docs/examples/demo.sh

@@ -97,8 +97,11 @@ def test_a_thread_holding_the_gil_gets_a_clear_answer_and_the_agent_comes_later(
         )
         assert "the agent starts by itself as soon as the GIL is free" in result.stderr
         assert job.alive()
-        # Once the GIL is free the agent comes up by itself, and the next command just works.
-        assert probing(str(job.pid), "--attach-timeout", "10", "backtrace").returncode == 0
+        # Once the GIL is free the agent comes up by itself, and the next command just works;
+        # it does not inject a second time while the first helper thread still waits.
+        again = probing("-v", str(job.pid), "--attach-timeout", "10", "backtrace")
+        assert again.returncode == 0, again.stderr
+        assert "an earlier attach to PID" in again.stderr and "probing-inject" not in again.stderr
         assert job.finish() == 0
 
 

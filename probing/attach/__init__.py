@@ -27,7 +27,7 @@ _POLL_S = 0.005
 
 class Attached(NamedTuple):
     socket: str
-    report: Optional[InjectReport]  # None when an agent was already there
+    report: Optional[InjectReport]  # None when this call injected nothing (an agent was there or on its way)
     waited_ms: float  # from the end of the injection until the agent answered
 
 
@@ -65,6 +65,22 @@ def _answering_socket(pid: int) -> Optional[str]:
     return None
 
 
+def _bootstrap_waiting(pid: int) -> bool:
+    """An earlier attach's helper thread (named probing-attach) still waits for the GIL."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as comm:
+                if comm.read().strip() == "probing-attach":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _attach_errors(pid: int) -> List[str]:
     return [path[: -len(".sock")] + ".attach-error" for path in socket_candidates(pid)]
 
@@ -79,20 +95,25 @@ def attach(pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _qui
     for stale in _attach_errors(pid):
         if os.path.exists(stale):
             os.unlink(stale)
-    chosen = choose_method(method)
-    log(f"attaching to PID {pid} (Python {version}) with {chosen.name}")
     started = time.monotonic()
-    from .containers import helper_paths
+    report: Optional[InjectReport] = None
+    if _bootstrap_waiting(pid):
+        # Injecting again would only add a second thread waiting for the same GIL.
+        log(f"an earlier attach to PID {pid} is still waiting for the GIL; waiting for it")
+    else:
+        chosen = choose_method(method)
+        log(f"attaching to PID {pid} (Python {version}) with {chosen.name}")
+        from .containers import helper_paths
 
-    local_helper, helper_in_target = helper_paths(pid)
-    if local_helper != helper_in_target:
-        log(f"PID {pid} is in another mount namespace: probing copied to {local_helper}")
-    report = chosen.inject(pid, timeout, log, local_helper, helper_in_target)
+        local_helper, helper_in_target = helper_paths(pid)
+        if local_helper != helper_in_target:
+            log(f"PID {pid} is in another mount namespace: probing copied to {local_helper}")
+        report = chosen.inject(pid, timeout, log, local_helper, helper_in_target)
+        log(
+            f"{report.method}: thread {report.thread} ({report.where}) stopped for "
+            f"{report.stopped_ms:.2f} ms; waiting for the agent"
+        )
     injected = time.monotonic()
-    log(
-        f"{report.method}: thread {report.thread} ({report.where}) stopped for "
-        f"{report.stopped_ms:.2f} ms; waiting for the agent"
-    )
     deadline = started + timeout
     while time.monotonic() < deadline:
         path = _answering_socket(pid)

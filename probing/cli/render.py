@@ -197,6 +197,9 @@ def write_attach(pid: int, attached: Any, format: str, out: IO[str]) -> None:
             + "\n"
         )
         return
+    if report is None and attached.waited_ms:
+        out.write(f"PID {pid}: the agent of an earlier attach came up at {attached.socket}\n")
+        return
     if report is None:
         out.write(f"PID {pid} already has an agent: {attached.socket}\n")
         return
