@@ -52,7 +52,8 @@ class BuildPy(build_py):
 
     def get_outputs(self, include_bytecode: bool = True) -> list:  # type: ignore[override]
         native = [os.path.join(self.build_lib, "probing", "_native", output) for output, _, _ in NATIVE]
-        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, "probing-autostart.pth"), *native]
+        pth = os.path.join(self.build_lib, "probing-autostart.pth")
+        return [*super().get_outputs(include_bytecode), pth, *native]
 
 
 class BinaryDistribution(Distribution):

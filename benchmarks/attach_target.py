@@ -1,10 +1,11 @@
 """A torch job for measuring what attaching costs it.
 
 The main thread trains a small model in short steps (1 ms sleep between them) and records
-the time between the starts of consecutive steps; a heartbeat thread sleeps 1 ms at a time and records the gaps between its wake-ups. Any
-thread held still by an attach shows up as a long gap or a long step. Commands come on
-stdin (the job has no agent to talk to before the attach): `reset`, and `report`, which
-prints the longest gap and step since the last reset as one JSON line.
+the time between the starts of consecutive steps; a heartbeat thread sleeps 1 ms at a time
+and records the gaps between its wake-ups. Any thread held still by an attach shows up as a
+long gap. Commands come on stdin (the job has no agent to talk to before the attach):
+`reset`, and `report`, which prints the longest gap and step since the last reset as one
+JSON line.
 """
 
 import json
