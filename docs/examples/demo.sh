@@ -50,9 +50,9 @@ show query "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY dept
 show query --format json "SELECT name, daemon, cpu_user_s FROM python.threads"
 show tables
 echo
-echo "A job started without probing (PID $plain): the first command attaches."
-show --plain backtrace --thread MainThread
+echo "A job started without probing (PID $plain): attach, look, detach."
 show --plain inject
+show --plain backtrace --thread MainThread
 show --plain detach
 echo
 echo "Done: stopping the demo jobs."
