@@ -208,7 +208,11 @@ static int read_maps(struct target *target) {
 }
 
 static int resolve(struct target *target, const char *helper) {
-    if (!read_maps(target)) return fail("exited", "cannot read /proc/%d/maps: %s", target->pid, strerror(errno));
+    if (!read_maps(target)) {
+        int error = errno;
+        return fail(error == EACCES || error == EPERM ? "permission" : "exited", "cannot read /proc/%d/maps: %s",
+                    target->pid, strerror(error));
+    }
     if (!target->libc_base) return fail("no_libc", "no C library is mapped in PID %d", target->pid);
     char file[PATH_MAX + 64];
     snprintf(file, sizeof file, "/proc/%d/root%s", target->pid, target->libc);

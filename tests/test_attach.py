@@ -246,3 +246,47 @@ def test_the_cli_can_attach_from_another_interpreter_version() -> None:
         pytest.skip("python 3.8 not found under ~/.pyenv/versions")
     with Target("sleeper.py", python=other, via="plain") as job:
         assert probing(str(job.pid), "eval", "__import__('sys').version_info[:2]").stdout == "(3, 8)\n"
+
+
+def test_ptrace_refused_is_reported_with_what_to_change(tmp_path: object) -> None:
+    """Same user, but ptrace refused (here: a non-dumpable process, as under yama or in a
+    container without CAP_SYS_PTRACE): the injector says so and probing explains."""
+    import shutil
+
+    from probing.attach.methods import INJECTOR, _reply, ptrace_hint
+    from probing.errors import PermissionDenied
+
+    setpriv = shutil.which("setpriv")
+    python = shutil.which("python3", path="/usr/bin")
+    if os.geteuid() != 0 or setpriv is None or python is None:
+        pytest.skip("needs root, setpriv and a system python to act as another user")
+    nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    job = subprocess.Popen(
+        [
+            *nobody,
+            python,
+            "-c",
+            "import ctypes, sys; ctypes.CDLL(None).prctl(4, 0); print('ready', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )  # PR_SET_DUMPABLE 0
+    try:
+        assert job.stdout is not None and job.stdout.readline() == b"ready\n"
+        injector = str(tmp_path) + "/probing-inject"  # type: ignore[operator]
+        shutil.copy(INJECTOR, injector)
+        os.chmod(str(tmp_path), 0o755)
+        result = subprocess.run(
+            [*nobody, injector, str(job.pid), str(INJECTOR)], capture_output=True, text=True
+        )
+        reply = json.loads(result.stdout)
+        assert reply["ok"] is False and reply["error"] == "permission", reply
+        with pytest.raises(PermissionDenied) as refused:
+            _reply(result, job.pid)  # type: ignore[arg-type]
+        assert "not allowed to ptrace" in refused.value.message
+        assert "docker run --cap-add=SYS_PTRACE" in (refused.value.hint or "")
+        assert job.poll() is None
+    finally:
+        job.kill()
+        job.wait()
+    assert "probing run -- python train.py" in ptrace_hint(os.getpid())
