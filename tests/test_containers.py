@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from typing import Iterator, List
 
 import pytest
@@ -22,14 +23,22 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and unshare(1) to make namespaces",
 )
 PYTHON = find_interpreter("~/.pyenv/versions/3.12*/bin/python3.12") or VENV_PYTHON
+# The jobs get a fresh /tmp: their script must live elsewhere (the checkout may be in /tmp).
+SCRIPTS = "/var/tmp"
 
 
 class NamespacedJob:
     def __init__(self, setup: List[str], pid_namespace: bool) -> None:
+        if PYTHON.startswith("/tmp/"):
+            pytest.skip(f"the interpreter {PYTHON} is under /tmp, which the job's namespace replaces")
+        self.script = tempfile.NamedTemporaryFile(suffix=".py", dir=SCRIPTS)
+        self.script.write((TARGETS / "sleeper.py").read_bytes())
+        self.script.flush()
+        os.chmod(self.script.name, 0o644)
         flags = ["--mount", "--propagation", "private", "--fork"] + (
             ["--pid", "--mount-proc"] if pid_namespace else []
         )
-        inner = " && ".join([*setup, f"exec {PYTHON} {TARGETS / 'sleeper.py'}"])
+        inner = " && ".join([*setup, f"exec {PYTHON} {self.script.name}"])
         self.process = subprocess.Popen(
             ["unshare", *flags, "sh", "-c", inner], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -45,6 +54,8 @@ class NamespacedJob:
         self.process.kill()
         subprocess.run(["kill", "-9", str(self.pid)], capture_output=True)
         self.process.wait()
+        self.script.close()
+        self.script.close()
 
 
 @pytest.fixture
@@ -82,13 +93,14 @@ def test_a_job_that_cannot_see_probings_install(make_job: object) -> None:
     hidden = os.path.dirname(
         os.path.dirname(os.path.dirname(os.path.abspath(__import__("probing").__file__)))
     )
-    job = make_job(["mount -t tmpfs tmpfs /tmp", f"mount -t tmpfs tmpfs {hidden}"])  # type: ignore[operator]
+    # Hide the install first: it may itself be under /tmp, which is replaced next.
+    job = make_job([f"mount -t tmpfs tmpfs {hidden}", "mount -t tmpfs tmpfs /tmp"])  # type: ignore[operator]
     result = probing("-v", str(job.pid), "backtrace")
     assert result.returncode == 0, result.stderr
     assert "in another mount namespace: probing copied to" in result.stderr
     where = probing(
         str(job.pid), "eval", "import probing, sys; probing.__file__, [p for p in sys.path if 'probing' in p]"
     )
-    assert where.stdout.startswith("('/tmp/probing-") and where.stdout.endswith(", [])\n")
+    assert where.stdout.startswith("('/tmp/probing-") and where.stdout.endswith(", [])\n"), where.stderr
     assert probing(str(job.pid), "--no-attach", "detach").returncode == 0
     assert probing(str(job.pid), "--no-attach", "backtrace").returncode == ExitCode.NO_AGENT
