@@ -79,6 +79,7 @@ class Client:
         self.timeout = timeout
         self.log = log
         self.info: Dict[str, Any] = {}
+        self._greeting = False
         self._next_id = 0
         self._started = time.perf_counter()
         # _socket rather than socket: the socket module imports enum and selectors, a few ms
@@ -130,18 +131,35 @@ class Client:
         self, method: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
     ) -> Tuple[Any, bytearray]:
         """Send one request; returns (result, payload) or raises the error the agent replied."""
-        wait = self.timeout if timeout is None else timeout
-        self._sock.settimeout(wait)
+        self.send(method, params)
+        return self.receive(method, timeout)
+
+    def send(self, method: str, params: Optional[Dict[str, Any]] = None) -> None:
+        """Send a request (with the hello in front of the first); `receive` gets the reply."""
         buffers = []
-        greeting = not self.info
-        if greeting:
+        self._greeting = not self.info
+        if self._greeting:
             hello = {"protocol": protocol.PROTOCOL_VERSION, "client": __version__}
             buffers += protocol.frame_buffers(self._request("hello", hello))
         buffers += protocol.frame_buffers(self._request(method, params))
         try:
             protocol.send_buffers(self._sock, buffers)
-            if greeting:
+        except (ConnectionResetError, BrokenPipeError):
+            raise AgentUnreachable(f"the agent closed the connection before {method!r}") from None
+
+    def answered(self, timeout: float) -> bool:
+        """Whether the agent's reply starts arriving within `timeout` seconds."""
+        import select
+
+        return bool(select.select([self._sock], [], [], max(0.0, timeout))[0])
+
+    def receive(self, method: str, timeout: Optional[float] = None) -> Tuple[Any, bytearray]:
+        wait = self.timeout if timeout is None else timeout
+        self._sock.settimeout(wait)
+        try:
+            if self._greeting:
                 self.info, _ = self._receive("hello", wait)
+                self._greeting = False
                 self.log(
                     f"connected in {(time.perf_counter() - self._started) * 1000:.1f} ms: "
                     f"pid {self.info.get('pid')}, Python {self.info.get('python_version')}, "

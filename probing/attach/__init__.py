@@ -81,12 +81,32 @@ def _bootstrap_waiting(pid: int) -> bool:
     return False
 
 
+def _gil_holder(pid: int) -> Optional[str]:
+    from ..errors import ProbingError
+    from ..outside import dump, gil_holder
+
+    try:
+        return gil_holder(dump(pid, timeout=1.0))
+    except ProbingError:
+        return None
+
+
 def _attach_errors(pid: int) -> List[str]:
     return [path[: -len(".sock")] + ".attach-error" for path in socket_candidates(pid)]
 
 
-def attach(pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet) -> Attached:
-    """Make sure `pid` has an agent; returns where it listens."""
+# With `give_up_early`, a look from outside after this long decides whether to wait on.
+_EARLY_LOOK_S = 0.3
+
+
+def attach(
+    pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet, give_up_early: bool = False
+) -> Attached:
+    """Make sure `pid` has an agent; returns where it listens.
+
+    `give_up_early`: when the agent is not up after a moment and py-spy shows a thread
+    holding the GIL, stop waiting at once (the caller will answer from outside).
+    """
     version = check_target(pid)
     existing = _answering_socket(pid)
     if existing is not None:
@@ -115,6 +135,7 @@ def attach(pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _qui
         )
     injected = time.monotonic()
     deadline = started + timeout
+    looked = not give_up_early
     while time.monotonic() < deadline:
         path = _answering_socket(pid)
         if path is not None:
@@ -127,6 +148,11 @@ def attach(pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _qui
                     raise AttachFailed(f"the agent could not start in PID {pid}: {reason.read().strip()}")
         if not process_alive(pid):
             raise ProcessNotFound(f"PID {pid} exited during the attach")
+        if not looked and time.monotonic() - injected > _EARLY_LOOK_S:
+            looked = True
+            holder = _gil_holder(pid)
+            if holder is not None:
+                raise AttachTimeout(f"{holder}; the agent will start when it is released")
         time.sleep(_POLL_S)
     from .diagnose import why_no_agent
 

@@ -11,12 +11,13 @@ import sys
 import time
 
 from ..client import Client, locate_socket
-from ..errors import ExitCode, NoAgent, UsageError
+from ..errors import ExitCode, NoAgent, ProbingError, UsageError
+from ..protocol import decode_table
 from . import render
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional
+    from typing import Any, Dict, List, Optional, Tuple
 
     from ..client import Log
 
@@ -62,7 +63,9 @@ class Context:
     def log(self) -> Log:
         return render.log_to_stderr if self.verbose else _quiet
 
-    def connect(self, timeout: float) -> Client:
+    def connect(
+        self, timeout: float, attach_budget: Optional[float] = None, give_up_early: bool = False
+    ) -> Client:
         """A client of the target's agent; a process without one is attached to first."""
         target = parse_target(self.target)
         if target.socket is not None:
@@ -75,7 +78,8 @@ class Context:
                 raise
             from ..attach import attach
 
-            path = attach(pid, "auto", self.attach_timeout, self.log).socket
+            wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
+            path = attach(pid, "auto", wait, self.log, give_up_early).socket
         return Client(path, timeout, self.log)
 
 
@@ -91,20 +95,174 @@ def _read_argument(value: str, what: str) -> str:
     return text
 
 
-def backtrace(context: Context, locals: bool, thread: Optional[str], format: str, timeout: float) -> int:
-    with context.connect(timeout) as client:
-        params = {"locals": locals, "thread": thread}
-        table = client.backtrace(params)
-        info = client.info
-    rows = table.to_rows()
+# How long the agent may be silent before a look from outside decides whether to wait on.
+EARLY_LOOK_S = 0.3
+
+
+class Fallback(Exception):
+    """The agent cannot answer: read the stacks from outside instead, and say why."""
+
+
+def _backtrace_from_agent(
+    context: Context, params: Dict[str, Any], timeout: float
+) -> Tuple[Any, Dict[str, Any]]:
+    from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
+
+    deadline = time.monotonic() + timeout
+    try:
+        client = context.connect(timeout, attach_budget=timeout, give_up_early=True)
+    except (AttachTimeout, AttachFailed, AgentTimeout, AgentUnreachable) as error:
+        raise Fallback(error.message) from None
+    with client:
+        try:
+            client.send("backtrace", params)
+            if not client.answered(min(EARLY_LOOK_S, deadline - time.monotonic())):
+                pid = parse_target(context.target).pid
+                holder = _gil_holder(pid) if pid else None
+                if holder is not None:
+                    raise Fallback(holder)
+                if not client.answered(deadline - time.monotonic()):
+                    raise Fallback(f"the agent did not answer within {timeout:g} s")
+            result, payload = client.receive("backtrace", max(1.0, deadline - time.monotonic()))
+        except (AgentTimeout, AgentUnreachable) as error:
+            raise Fallback(error.message) from None
+        return decode_table(result["table"], payload), client.info
+
+
+def _gil_holder(pid: int) -> Optional[str]:
+    from ..outside import dump, gil_holder
+
+    try:
+        return gil_holder(dump(pid, timeout=1.0))
+    except ProbingError:
+        return None
+
+
+def _backtrace_from_outside(
+    pid: int, native: bool, thread: Optional[str], why: Optional[str]
+) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    from ..errors import AgentTimeout
+    from ..outside import look
+    from ..processes import python_version_of
+
+    try:
+        view = look(pid, native=native)
+    except ProbingError as error:
+        if why is None:
+            raise
+        raise AgentTimeout(f"{why}; {error.message}") from None
+    rows = view.rows
+    if thread:
+        rows = [
+            row
+            for row in rows
+            if thread in (row["thread_name"], str(row["thread_id"]), str(row["native_id"]))
+        ]
+        if not rows:
+            names = ", ".join(
+                dict.fromkeys(f"{row['thread_name']} ({row['thread_id']})" for row in view.rows)
+            )
+            raise ProbingError(f"no thread named or numbered {thread!r}; threads: {names}")
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = [os.fsdecode(part) for part in cmdline.read().split(b"\0") if part]
+    except OSError:
+        argv = []
+    outside = {thread.get("os_thread_id"): thread for thread in view.threads}
+    return rows, {"pid": pid, "python_version": python_version_of(pid), "argv": argv[1:], "outside": outside}
+
+
+def _one_process(
+    context: Context, locals: bool, thread: Optional[str], timeout: float, native: bool
+) -> Tuple[List[Dict[str, Any]], Dict[str, Any], Optional[str]]:
+    """(rows, process info, a note for the user) for one process: from its agent, or from
+    outside when the agent cannot answer (or when --native asks for native frames)."""
+    target = parse_target(context.target)
+    if native:
+        # Native frames are not visible from inside Python: py-spy reads them from outside.
+        if target.pid is None:
+            raise UsageError("--native reads the process from outside: give its PID, not a socket")
+        rows, info = _backtrace_from_outside(target.pid, True, thread, None)
+        return rows, info, None
+    try:
+        table, info = _backtrace_from_agent(context, {"locals": locals, "thread": thread}, timeout)
+        return table.to_rows(), info, None
+    except NoAgent:
+        if target.pid is None or not context.no_attach:
+            raise
+        why = "no agent"
+    except Fallback as fallback:
+        if target.pid is None:
+            raise ProbingError(str(fallback)) from None
+        why = str(fallback)
+    rows, info = _backtrace_from_outside(target.pid, False, thread, why)
+    return rows, info, f"{why}; answered from outside the process (py-spy)"
+
+
+def _descendants(pid: int) -> List[Tuple[int, str]]:
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for child in children:
+        try:
+            found.append((child.pid, " ".join(child.cmdline())))
+        except psutil.Error:
+            continue
+    return found
+
+
+def backtrace(
+    context: Context,
+    locals: bool,
+    thread: Optional[str],
+    format: str,
+    timeout: float,
+    native: bool = False,
+    children: bool = False,
+    attach_children: bool = False,
+) -> int:
+    target = parse_target(context.target)
+    processes: List[Tuple[Context, Optional[str]]] = [(context, None)]
+    if children or attach_children:
+        if target.pid is None:
+            raise UsageError("--children needs the PID of the parent process")
+        # Descendants without an agent are read from outside unless --attach-children:
+        # attaching to every DataLoader worker would be slow and intrusive.
+        for child, child_command in _descendants(target.pid):
+            child_context = Context(str(child), context.verbose, not attach_children, context.attach_timeout)
+            processes.append((child_context, child_command))
+    results = []
+    for process_context, command in processes:
+        try:
+            results.append(
+                _one_process(process_context, locals, thread if command is None else None, timeout, native)
+            )
+        except ProbingError as error:
+            if command is None:
+                raise
+            # A descendant that is not Python (a shell, a compiler), or that just exited.
+            sys.stderr.write(f"probing: PID {process_context.target} ({command}): {error.message}\n")
+    for _, info, note in results:
+        if note is not None:
+            sys.stderr.write(f"probing: PID {info.get('pid')}: {note}\n")
+    sys.stderr.flush()
     if format == "text":
-        render.write_backtrace_text(rows, info, sys.stdout, parse_target(context.target).pid)
+        for index, (rows, info, _) in enumerate(results):
+            if index:
+                sys.stdout.write("\n")
+            pid = target.pid if index == 0 else rows[0]["pid"] if rows else info.get("pid")
+            render.write_backtrace_text(rows, info, sys.stdout, pid, info.get("outside"))
     else:
-        names = [column.name for column in table.columns]
-        types = [column.type for column in table.columns]
-        render.write_rows(
-            names, types, [tuple(row[name] for name in names) for row in rows], format, sys.stdout
-        )
+        from ..agent.tables import BACKTRACE
+
+        names = [column.name for column in BACKTRACE.columns]
+        types = [column.type for column in BACKTRACE.columns]
+        every = [tuple(row[name] for name in names) for rows, _, _ in results for row in rows]
+        render.write_rows(names, types, every, format, sys.stdout)
     return ExitCode.OK
 
 

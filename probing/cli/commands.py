@@ -129,9 +129,25 @@ def cli(
 @cli.command()
 @_apply(BACKTRACE_OPTIONS)
 @click.pass_context
-def backtrace(ctx: click.Context, locals: bool, thread: Optional[str], format: str, timeout: float) -> int:
-    """Stack of every Python thread, main thread first, read like a traceback."""
-    return actions.backtrace(_context(ctx), locals=locals, thread=thread, format=format, timeout=timeout)
+def backtrace(
+    ctx: click.Context,
+    locals: bool,
+    thread: Optional[str],
+    format: str,
+    native: bool,
+    children: bool,
+    attach_children: bool,
+    timeout: float,
+) -> int:
+    """Stack of every Python thread, main thread first, read like a traceback.
+
+    When the agent cannot answer in time (a thread holds the GIL, the process cannot be
+    attached), the stacks are read from outside with py-spy, and probing says why.
+    """
+    return actions.backtrace(
+        _context(ctx), locals=locals, thread=thread, format=format, timeout=timeout, native=native,
+        children=children, attach_children=attach_children,
+    )  # fmt: skip
 
 
 @cli.command(name="eval")

@@ -44,9 +44,16 @@ class SourceLines:
 
 
 def write_backtrace_text(
-    rows: List[Dict[str, Any]], info: Dict[str, Any], out: IO[str], host_pid: Optional[int] = None
+    rows: List[Dict[str, Any]],
+    info: Dict[str, Any],
+    out: IO[str],
+    host_pid: Optional[int] = None,
+    outside: Optional[Dict[Any, Dict[str, Any]]] = None,
 ) -> None:
-    """Threads grouped, main thread first, each read like a Python traceback."""
+    """Threads grouped, main thread first, each read like a Python traceback and headed by
+    what it is doing. `outside`: py-spy's view of each thread (by native id), if it read them."""
+    from ..states import thread_state
+
     pid = info.get("pid")
     shown = f"{host_pid} (PID {pid} in its namespace)" if host_pid and host_pid != pid else pid
     argv = " ".join(info.get("argv") or [])
@@ -56,14 +63,21 @@ def write_backtrace_text(
     for row in rows:
         threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
     for frames in threads.values():
+        frames.sort(key=lambda row: row["depth"])
         first = frames[0]
         native = first["native_id"] if first["native_id"] is not None else first["thread_id"]
-        marks = " main" if first["is_main"] else ""
-        out.write(f'\nThread {native} "{first["thread_name"]}"{marks} (most recent call last):\n')
-        for frame in sorted(frames, key=lambda row: -row["depth"]):
+        state = thread_state(
+            frames, lambda frame: sources.line(frame["file"], frame["lineno"]), (outside or {}).get(native)
+        )
+        main = ", main thread" if first["is_main"] else ""
+        out.write(f'\nThread {native} "{first["thread_name"]}"{main}: {state} (most recent call last):\n')
+        for frame in reversed(frames):
             lineno = frame["lineno"]
-            shown = lineno if lineno is not None else "?"
-            out.write(f'  File "{frame["file"]}", line {shown}, in {frame["func"]}\n')
+            if frame["frame_type"] == "Native":
+                out.write(f"  [native] {frame['func']} in {os.path.basename(str(frame['file']))}\n")
+                continue
+            shown_line = lineno if lineno is not None else "?"
+            out.write(f'  File "{frame["file"]}", line {shown_line}, in {frame["func"]}\n')
             code = sources.line(frame["file"], lineno)
             if code:
                 out.write(f"    {code}\n")

@@ -53,8 +53,27 @@ BACKTRACE_OPTIONS = (
         choices=("text", *ROW_FORMATS),
     ),
     Option(
+        "--native",
+        "Python and native (C/C++) frames merged, read from outside with py-spy",
+        flag=True,
+        default=False,
+    ),
+    Option(
+        "--children",
+        "the process and all its descendants (DataLoader workers, torchrun ranks); those without "
+        "an agent are read from outside",
+        flag=True,
+        default=False,
+    ),
+    Option(
+        "--attach-children",
+        "attach to descendants that have no agent (implies --children)",
+        flag=True,
+        default=False,
+    ),
+    Option(
         "--timeout",
-        "seconds to wait for the agent's answer",
+        "seconds to wait for the agent's answer; then the stacks are read from outside (py-spy)",
         default=3.0,
         value_type=float,
         metavar="S",
