@@ -77,7 +77,7 @@ def test_a_forked_child_never_serves_on_its_parents_socket(python: str) -> None:
         child_sockets = _socket_inodes(child)
         assert listener_inode is not None and listener_inode not in child_sockets
         # It has no agent of its own and is not confused with its parent.
-        result = probing(str(child), "--no-attach", "backtrace")
+        result = probing(str(child), "--no-attach", "eval", "1")
         assert result.returncode == ExitCode.NO_AGENT, result.stderr
         # When it exits normally (running the atexit handlers it inherited), the parent's
         # socket stays and the parent still answers.
@@ -141,7 +141,7 @@ def test_stop_removes_its_threads_and_socket(sleeper: Target) -> None:
         f"/proc/{sleeper.pid}/task"
     )
     assert set(os.listdir(f"/proc/{sleeper.pid}/task")) < tasks_before
-    assert probing(str(sleeper.pid), "--no-attach", "backtrace").returncode == ExitCode.NO_AGENT
+    assert probing(str(sleeper.pid), "--no-attach", "eval", "1").returncode == ExitCode.NO_AGENT
     assert sleeper.finish() == 0
 
 

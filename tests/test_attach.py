@@ -88,7 +88,7 @@ def test_a_process_with_torch_imported() -> None:
 def test_a_thread_holding_the_gil_gets_a_clear_answer_and_the_agent_comes_later() -> None:
     with Target("gil_holder.py", args=["4"], via="plain") as job:
         started = time.monotonic()
-        result = probing(str(job.pid), "--attach-timeout", "1.5", "backtrace")
+        result = probing(str(job.pid), "--attach-timeout", "1.5", "eval", "1")
         assert time.monotonic() - started < 4
         assert result.returncode == ExitCode.ATTACH_TIMEOUT, result.stderr
         assert (
@@ -99,7 +99,7 @@ def test_a_thread_holding_the_gil_gets_a_clear_answer_and_the_agent_comes_later(
         assert job.alive()
         # Once the GIL is free the agent comes up by itself, and the next command just works;
         # it does not inject a second time while the first helper thread still waits.
-        again = probing("-v", str(job.pid), "--attach-timeout", "10", "backtrace")
+        again = probing("-v", str(job.pid), "--attach-timeout", "10", "eval", "1")
         assert again.returncode == 0, again.stderr
         assert "an earlier attach to PID" in again.stderr and "probing-inject" not in again.stderr
         assert job.finish() == 0
@@ -107,7 +107,7 @@ def test_a_thread_holding_the_gil_gets_a_clear_answer_and_the_agent_comes_later(
 
 def test_a_target_that_exits_during_the_attach() -> None:
     with Target("exits_soon.py", via="plain") as job:
-        result = probing(str(job.pid), "--attach-timeout", "5", "backtrace")
+        result = probing(str(job.pid), "--attach-timeout", "5", "eval", "1")
         assert result.returncode == ExitCode.NO_SUCH_PROCESS, result.stderr
         assert "exited during the attach" in result.stderr
 
@@ -138,7 +138,7 @@ def test_pythons_older_than_3_8_are_refused_unharmed(version: str) -> None:
 
 def test_no_attach_means_no_attach() -> None:
     with Target("sleeper.py", via="plain") as job:
-        result = probing(str(job.pid), "--no-attach", "backtrace")
+        result = probing(str(job.pid), "--no-attach", "eval", "1")
         assert result.returncode == ExitCode.NO_AGENT
         assert "drop --no-attach" in result.stderr
 
@@ -152,7 +152,7 @@ def test_attach_is_idempotent_and_detach_then_attach_works() -> None:
         assert probing(str(job.pid), "eval", agents).stdout == "1\n"
         detached = probing(str(job.pid), "detach")
         assert detached.returncode == 0 and "agent stopped" in detached.stdout
-        assert probing(str(job.pid), "--no-attach", "backtrace").returncode == ExitCode.NO_AGENT
+        assert probing(str(job.pid), "--no-attach", "eval", "1").returncode == ExitCode.NO_AGENT
         assert inject(job.pid)["method"] == "ptrace"
         assert probing(str(job.pid), "eval", agents).stdout == "1\n"
         assert job.finish() == 0

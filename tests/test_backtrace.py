@@ -55,7 +55,10 @@ def test_text_reads_like_a_traceback(target: Target) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"Process {target.pid} (Python ")
-    assert lines[2] == f'Thread {target.pid} "MainThread" main (most recent call last):'
+    assert (
+        lines[2]
+        == f'Thread {target.pid} "MainThread", main thread: reading a file or pipe (most recent call last):'
+    )
     call_line = (TARGETS / "sleeper.py").read_text().splitlines().index("main_loop()") + 1
     assert lines[3].endswith(f'sleeper.py", line {call_line}, in <module>')
     assert lines[4] == "    main_loop()"

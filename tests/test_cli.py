@@ -22,6 +22,11 @@ MAIN, WORKER = 1001, 1002
 
 
 def backtrace_table(with_locals: bool = False) -> protocol.DecodedTable:
+    descriptor, chunks = backtrace_builder(with_locals).encode()
+    return protocol.decode_table(descriptor, bytearray(b"".join(bytes(c) for c in chunks)))
+
+
+def backtrace_builder(with_locals: bool = False) -> Any:
     builder = BACKTRACE.new_builder()
     frames = {
         WORKER: [("wait", "/job/threading.py", 320), ("run", "/job/worker.py", 7)],
@@ -36,8 +41,7 @@ def backtrace_table(with_locals: bool = False) -> protocol.DecodedTable:
             local_values = '{"batch": "Tensor(shape=[32, 8])"}' if with_locals and depth == 0 else None
             builder.append((4242, ident, ident + 5, name, ident == MAIN, depth, func, file, line,
                             "Python", local_values, "agent"))  # fmt: skip
-    descriptor, chunks = builder.encode()
-    return protocol.decode_table(descriptor, bytearray(b"".join(bytes(c) for c in chunks)))
+    return builder
 
 
 class FakeClient:
@@ -54,15 +58,24 @@ class FakeClient:
     def __exit__(self, *exc: Any) -> None:
         pass
 
-    def backtrace(self, params: Dict[str, Any]) -> protocol.DecodedTable:
-        self.calls.append(("backtrace", params))
-        return backtrace_table(bool(params.get("locals")))
-
-    def call(self, method: str, params: Dict[str, Any], timeout: Optional[float] = None) -> Any:
+    def send(self, method: str, params: Dict[str, Any]) -> None:
         self.calls.append((method, params))
+        self.params = params
+
+    def answered(self, timeout: float) -> bool:
+        return True
+
+    def receive(self, method: str, timeout: Optional[float] = None) -> Any:
+        if method == "backtrace":
+            descriptor, chunks = backtrace_builder(bool(self.params.get("locals"))).encode()
+            return {"table": descriptor}, bytearray(b"".join(bytes(c) for c in chunks))
         if self.eval_error is not None:
             raise self.eval_error
         return self.eval_result, b""
+
+    def call(self, method: str, params: Dict[str, Any], timeout: Optional[float] = None) -> Any:
+        self.send(method, params)
+        return self.receive(method, timeout)
 
     def describe_tables(self) -> List[Dict[str, Any]]:
         return [table.describe() for table in TABLES.values()]
@@ -77,7 +90,7 @@ class FakeClient:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient()
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout: client)
+    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
     return client
 
 
@@ -90,13 +103,13 @@ def test_backtrace_reads_like_a_traceback_main_thread_first(fake: FakeClient) ->
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "Process 4242 (Python 3.11.7): train.py --epochs 3"
-    assert lines[2] == 'Thread 1006 "MainThread" main (most recent call last):'
+    assert lines[2] == 'Thread 1006 "MainThread", main thread: running Python (most recent call last):'
     assert lines[3:6] == [
         '  File "/job/train.py", line 50, in <module>',
         '  File "/job/train.py", line 41, in train',
         '  File "/job/train.py", line 30, in step',
     ]
-    assert 'Thread 1007 "loader" (most recent call last):' in lines
+    assert 'Thread 1007 "loader": running Python (most recent call last):' in lines
 
 
 def test_backtrace_locals_are_printed_under_their_frame(fake: FakeClient) -> None:
@@ -129,7 +142,7 @@ def test_backtrace_rows_formats_carry_the_table_columns(fake: FakeClient, fmt: s
 
 def test_eval_prints_output_then_value(monkeypatch: pytest.MonkeyPatch) -> None:
     client = FakeClient(eval_result={"value": "42", "stdout": "hello\n", "stderr": ""})
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout: client)
+    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
     result = invoke("4242", "eval", "print('hello'); 42")
     assert result.exit_code == 0 and result.output == "hello\n42\n"
     assert client.calls[0] == (
@@ -140,7 +153,7 @@ def test_eval_prints_output_then_value(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_eval_reads_code_from_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
     client = FakeClient()
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout: client)
+    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
     result = invoke("4242", "eval", "--frame", "MainThread:train", "-", input="for i in x:\n    print(i)\n")
     assert result.exit_code == 0
     assert client.calls[0][1]["code"] == "for i in x:\n    print(i)\n"
@@ -152,7 +165,7 @@ def test_remote_exception_exits_with_its_code_and_traceback(
 ) -> None:
     error = RemoteError("ZeroDivisionError: division by zero", traceback="Traceback ...\nZeroDivisionError\n")
     client = FakeClient(eval_error=error)
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout: client)
+    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
     result = invoke("4242", "eval", "1/0")
     assert result.exit_code == ExitCode.REMOTE_ERROR
     assert "ZeroDivisionError" in result.output and "probing: error" not in result.output

@@ -103,4 +103,4 @@ def test_a_job_that_cannot_see_probings_install(make_job: object) -> None:
     )
     assert where.stdout.startswith("('/tmp/probing-") and where.stdout.endswith(", [])\n"), where.stderr
     assert probing(str(job.pid), "--no-attach", "detach").returncode == 0
-    assert probing(str(job.pid), "--no-attach", "backtrace").returncode == ExitCode.NO_AGENT
+    assert probing(str(job.pid), "--no-attach", "eval", "1").returncode == ExitCode.NO_AGENT
