@@ -28,6 +28,7 @@ class ExitCode:
     REMOTE_ERROR = 8
     BAD_SQL = 9
     ATTACH_TIMEOUT = 10
+    HUNG = 11
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -43,6 +44,7 @@ class ExitCode:
         REMOTE_ERROR: "the code run by eval raised an exception",
         BAD_SQL: "the SQL query failed",
         ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
+        HUNG: "hang / run --hang-timeout: the job's main thread made no progress",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from types import FrameType
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from .errors import ExitCode, ProbingError
 
@@ -79,12 +79,25 @@ class Launcher:
         except ProcessLookupError:
             pass
 
-    def wait(self) -> int:
-        """Wait, forwarding signals: the child's exit status, or 128+N if signal N killed it."""
+    def wait(self, tick: Optional[Callable[[], Optional[int]]] = None, interval: float = 1.0) -> int:
+        """Wait, forwarding signals: the child's exit status, or 128+N if signal N killed it.
+
+        `tick` is called every `interval` seconds while the child runs; when it returns an
+        exit code (the watchdog found the job hung and ended it), that code is returned.
+        """
         assert self.process is not None
         previous = {signum: signal.signal(signum, self._forward) for signum in FORWARDED_SIGNALS}
         try:
-            returncode = self.process.wait()
+            while True:
+                try:
+                    returncode = self.process.wait(timeout=interval if tick is not None else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    assert tick is not None
+                    verdict = tick()
+                    if verdict is not None:
+                        self.process.wait()
+                        return verdict
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

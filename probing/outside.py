@@ -31,12 +31,13 @@ def py_spy() -> Optional[str]:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def dump(pid: int, native: bool = False, timeout: float = 2.0) -> List[Dict[str, Any]]:
+def dump(pid: int, native: bool = False, timeout: float = 2.0, locals: bool = False) -> List[Dict[str, Any]]:
     """py-spy's JSON dump of every thread; raises ProbingError when it cannot read them."""
     binary = py_spy()
     if binary is None:
         raise ProbingError("py-spy is not installed", hint="pip install py-spy")
     command = [binary, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
+    command += ["--locals"] if locals else []
     message = ""
     for _ in range(_ATTEMPTS):
         try:

@@ -4,7 +4,10 @@ sleeping, in native code, or running Python. Pure functions over python.backtrac
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs `probing PID backtrace` ~12 ms of start-up (docs/decisions.md)
+    from typing import Any, Callable, Dict, List, Optional
 
 # Innermost native function names (from --native) and what they mean.
 _NATIVE = (

@@ -266,6 +266,49 @@ def backtrace(
     return ExitCode.OK
 
 
+def hang(context: Context, duration: float, samples: int, format: str, timeout: float) -> int:
+    from ..hang import stuck_dataloader_worker, watch
+    from ..outside import dump, rows_from_dump
+
+    target = parse_target(context.target)
+    if target.pid is None:
+        raise UsageError("hang needs the PID of the process")
+    pid = target.pid
+    notes: List[str] = []
+
+    def sample() -> List[Dict[str, Any]]:
+        rows, _, note = _one_process(context, False, None, timeout, False)
+        if note and note not in notes:
+            notes.append(note)
+        return rows
+
+    sources = render.SourceLines(pid)
+    report = watch(pid, sample, duration, samples, lambda frame: sources.line(frame["file"], frame["lineno"]))
+    worker_rows: Dict[int, List[Dict[str, Any]]] = {}
+    main = next((thread for thread in report.threads if thread.is_main), None)
+    if main is not None and main.state == "waiting for a DataLoader worker":
+        for child, _ in _descendants(pid):
+            try:
+                worker_rows[child] = rows_from_dump(child, dump(child, locals=True))
+            except ProbingError:
+                continue
+        report = report._replace(worker=stuck_dataloader_worker(worker_rows))
+    for note in notes:
+        sys.stderr.write(f"probing: {note}\n")
+    if format == "json":
+        import json
+
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        render.write_hang(report, sys.stdout)
+        if report.worker is not None:
+            rows = worker_rows[report.worker["pid"]]
+            render.write_backtrace_text(
+                rows, {"pid": report.worker["pid"], "argv": []}, sys.stdout, report.worker["pid"]
+            )
+    return ExitCode.HUNG if report.hung else ExitCode.OK
+
+
 def evaluate(context: Context, code: str, frame: Optional[str], timeout: float) -> int:
     source = _read_argument(code, "code")
     with context.connect(min(timeout, 5.0)) as client:
@@ -337,7 +380,9 @@ def list_processes(format: str) -> int:
     return ExitCode.OK
 
 
-def run(command: List[str], verbose: bool) -> int:
+def run(
+    command: List[str], verbose: bool, hang_timeout: Optional[float] = None, report: Optional[str] = None
+) -> int:
     from ..launcher import Launcher
 
     if not command:
@@ -346,4 +391,9 @@ def run(command: List[str], verbose: bool) -> int:
     child = launcher.start()
     sys.stderr.write(f"probing: started PID {child.pid}: {' '.join(command)}\n")
     sys.stderr.flush()
-    return launcher.wait()
+    if hang_timeout is None:
+        return launcher.wait()
+    from .watchdog import Watchdog
+
+    watchdog = Watchdog(child.pid, hang_timeout, report, Context(str(child.pid), verbose, True, 5.0))
+    return launcher.wait(watchdog.tick, watchdog.interval)

@@ -150,6 +150,36 @@ def backtrace(
     )  # fmt: skip
 
 
+@cli.command()
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds to watch.",
+)
+@click.option(
+    "--samples", type=click.IntRange(min=2), default=10, show_default=True, help="Stack samples to take."
+)
+@click.option("--format", type=click.Choice(("text", "json")), default="text", show_default=True)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3.0,
+    metavar="S",
+    help="Seconds to wait for each sample from the agent before reading from outside.",
+)
+@click.pass_context
+def hang(ctx: click.Context, duration: float, samples: int, format: str, timeout: float) -> int:
+    """Watch every thread for a while: what moved, what did not, what each is doing.
+
+    Exits 11 when the main thread neither moved nor used the CPU (a DataLoader wait leads to
+    the worker that holds the batch), 0 when it progressed.
+    """
+    return actions.hang(_context(ctx), duration, samples, format, timeout)
+
+
 @cli.command(name="eval")
 @click.argument("code")
 @click.option(
@@ -219,14 +249,24 @@ def list_command(format: str) -> int:
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--hang-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
+    help="CI watchdog: if the main thread's stack has not changed for S seconds, print every "
+    "stack of the process tree, end the tree and exit 11.",
+)  # fmt: skip
+@click.option(
+    "--report", type=click.Path(dir_okay=False), metavar="FILE", help="With --hang-timeout: a JSON report."
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def run(ctx: click.Context, command: List[str]) -> int:
+def run(ctx: click.Context, hang_timeout: Optional[float], report: Optional[str], command: List[str]) -> int:
     """Run COMMAND with the agent in every Python process it starts.
 
     Prints the child's PID on stderr, forwards signals, exits with the child's status.
     """
-    return actions.run(list(command), _context(ctx).verbose)
+    if report is not None and hang_timeout is None:
+        raise click.UsageError("--report goes with --hang-timeout")
+    return actions.run(list(command), _context(ctx).verbose, hang_timeout, report)
 
 
 def run_click(args: List[str]) -> int:

@@ -228,6 +228,34 @@ def write_attach(pid: int, attached: Any, format: str, out: IO[str]) -> None:
     )
 
 
+def write_hang(report: Any, out: IO[str]) -> None:
+    main = next((thread for thread in report.threads if thread.is_main), None)
+    if report.hung:
+        verdict = "hung: its main thread did not move"
+    elif main is not None and not main.moved:
+        verdict = "busy: its main thread stayed in one place but used the CPU"
+    else:
+        verdict = "progressing: its main thread moved"
+    out.write(f"PID {report.pid} is {verdict} in {report.duration_s:.1f} s ({report.samples} samples)\n\n")
+    columns = ["thread", "moved", "cpu", "state", "where"]
+    rows = [
+        (
+            f"{thread.name}{' (main)' if thread.is_main else ''}",
+            "yes" if thread.moved else "no",
+            "?" if thread.cpu_percent is None else f"{thread.cpu_percent:.0f}%",
+            thread.state,
+            thread.where,
+        )
+        for thread in report.threads
+    ]
+    _write_table(columns, ["VARCHAR"] * len(columns), rows, out)
+    worker = report.worker
+    if worker is not None:
+        index = f", index {worker['index']}" if worker.get("index") is not None else ""
+        where = f"{worker['where']}{index}"
+        out.write(f"\nThe DataLoader is waiting for worker PID {worker['pid']}, stuck in {where}:\n\n")
+
+
 def write_eval_result(result: Dict[str, Any], out: IO[str], err: IO[str]) -> None:
     if result.get("stdout"):
         out.write(result["stdout"])

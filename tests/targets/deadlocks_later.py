@@ -1,0 +1,26 @@
+"""Works (its main thread's stack keeps changing) for a second, then deadlocks on a lock."""
+
+import random
+import threading
+import time
+
+
+def load():
+    time.sleep(0.02)
+
+
+def step():
+    time.sleep(0.03)
+
+
+def log():
+    time.sleep(0.01)
+
+
+print("ready", flush=True)
+started = time.monotonic()
+while time.monotonic() - started < 1.0:
+    random.choice((load, step, log))()
+lock = threading.Lock()
+lock.acquire()
+lock.acquire()  # never returns

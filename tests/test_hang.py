@@ -1,0 +1,77 @@
+"""`probing PID hang` and the CI watchdog `probing run --hang-timeout`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from probing.errors import ExitCode
+
+from support import PROBING, TARGETS, VENV_PYTHON, Target, probing, wait_until
+
+
+def test_two_threads_deadlocked_are_reported_hung() -> None:
+    with Target("deadlock.py", via="plain") as job:
+        result = probing(str(job.pid), "hang", "--duration", "1.5", "--samples", "4")
+        assert result.returncode == ExitCode.HUNG, result.stderr
+        assert f"PID {job.pid} is hung: its main thread did not move" in result.stdout
+        lines = {line.split()[0]: line for line in result.stdout.splitlines()[3:] if line.strip()}
+        for name in ("takes-first", "takes-second"):
+            assert " no " in lines[name] and "blocked entering `with theirs:`" in lines[name]
+        report = json.loads(probing(str(job.pid), "hang", "--duration", "1", "--format", "json").stdout)
+        assert report["hung"] is True and report["samples"] == 10
+        assert {thread["name"] for thread in report["threads"]} == {
+            "MainThread",
+            "takes-first",
+            "takes-second",
+        }
+
+
+def test_a_healthy_training_loop_is_not_hung() -> None:
+    pytest.importorskip("torch")
+    with Target("trainer.py", via="plain") as job:
+        result = probing(str(job.pid), "hang", "--duration", "2", "--samples", "8")
+        assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+        assert "is progressing: its main thread moved" in result.stdout
+
+
+def test_hang_points_at_the_dataloader_worker_holding_the_batch() -> None:
+    pytest.importorskip("torch")
+    import psutil
+
+    with Target("dataloader_stuck.py", via="plain") as job:
+        assert wait_until(lambda: len(psutil.Process(job.pid).children()) >= 2, timeout=30)
+        result = probing(str(job.pid), "hang", "--duration", "1.5", "--samples", "3")
+        assert result.returncode == ExitCode.HUNG, result.stderr
+        assert "MainThread (main)" in result.stdout and "waiting for a DataLoader worker" in result.stdout
+        assert "The DataLoader is waiting for worker PID " in result.stdout
+        assert "stuck in __getitem__ (dataloader_stuck.py:" in result.stdout and "index 5" in result.stdout
+        assert "in __getitem__\n    threading.Event().wait()" in result.stdout
+
+
+def test_the_watchdog_ends_a_job_that_deadlocks(tmp_path: Path) -> None:
+    report = tmp_path / "hang.json"
+    started = time.monotonic()
+    result = subprocess.run(
+        [PROBING, "run", "--hang-timeout", "5", "--report", str(report), "--",
+         VENV_PYTHON, str(TARGETS / "deadlocks_later.py")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert time.monotonic() - started < 15
+    assert result.returncode == ExitCode.HUNG, result.stderr
+    assert "the job made no progress for 5 s" in result.stderr
+    assert 'File "' in result.stderr and "lock.acquire()  # never returns" in result.stderr
+    saved = json.loads(report.read_text())
+    assert saved["hung"] is True and saved["processes"][0]["frames"]
+
+
+def test_the_watchdog_passes_a_finished_jobs_status_through() -> None:
+    job = [VENV_PYTHON, "-c", "import time, sys; time.sleep(1); sys.exit(3)"]
+    result = subprocess.run(
+        [PROBING, "run", "--hang-timeout", "5", "--", *job], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 3, result.stderr
