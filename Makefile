@@ -40,6 +40,7 @@ test: lint ## Lint, type-check, then run the whole test suite
 bench: install ## Print the measurements of the closing notes (ratios against baselines)
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_attach.py
+	$(BIN)/python benchmarks/bench_backtrace.py
 
 demo: install ## Start a small training job with the agent and run probing against it
 	bash docs/examples/demo.sh

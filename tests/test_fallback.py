@@ -83,3 +83,21 @@ def test_children_show_the_dataloader_worker_that_holds_the_batch() -> None:
         text = probing(str(job.pid), "backtrace", "--children").stdout
         assert '"MainThread", main thread: waiting for a DataLoader worker' in text
         assert text.count("Process ") == 1 + len(workers)
+
+
+def test_a_query_over_python_backtrace_takes_the_same_path() -> None:
+    with Target("gil_holder.py") as job:
+        started = time.monotonic()
+        result = probing(
+            str(job.pid),
+            "query",
+            "--format",
+            "json",
+            "SELECT func, source FROM python.backtrace WHERE depth = 0",
+        )
+        assert time.monotonic() - started < 3 + 2
+        rows = rows_of(result)
+        assert {"func": "hold_the_gil_forever", "source": "py-spy"} in rows
+        assert "python.backtrace read from outside the process (py-spy)" in result.stderr
+        other = probing(str(job.pid), "query", "--timeout", "1", "SELECT * FROM python.threads")
+        assert other.returncode == 7 and "only queries over python.backtrace" in other.stderr

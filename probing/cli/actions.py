@@ -319,17 +319,41 @@ def evaluate(context: Context, code: str, frame: Optional[str], timeout: float) 
 
 
 def query(context: Context, sql: str, format: str, timeout: float) -> int:
+    from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
     from ..sql import SqlSession
 
     text = _read_argument(sql, "SQL")
-    with context.connect(timeout) as client:
-        session = SqlSession(client.describe_tables())
-        for name in session.referenced_tables(text):
-            context.log(f"fetching {name}")
-            session.load(client.fetch_table(name))
+    try:
+        with context.connect(timeout, attach_budget=timeout, give_up_early=True) as client:
+            session = SqlSession(client.describe_tables())
+            for name in session.referenced_tables(text):
+                context.log(f"fetching {name}")
+                session.load(client.fetch_table(name))
+    except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
+        # A query over python.backtrace alone is answered from outside, as backtrace is.
+        session = _backtrace_only_session(context, text, error.message)
     result = session.run(text)
     render.write_rows(result.columns, result.types, result.rows, format, sys.stdout)
     return ExitCode.OK
+
+
+def _backtrace_only_session(context: Context, text: str, why: str) -> Any:
+    from ..agent.tables import BACKTRACE, TABLES
+    from ..errors import AgentTimeout
+    from ..sql import SqlSession
+
+    pid = parse_target(context.target).pid
+    session = SqlSession([table.describe() for table in TABLES.values()])
+    if pid is None or session.referenced_tables(text) != [BACKTRACE.name]:
+        raise AgentTimeout(why, hint="only queries over python.backtrace alone can be answered from outside")
+    rows, _ = _backtrace_from_outside(pid, False, None, why)
+    builder = BACKTRACE.new_builder()
+    for row in rows:
+        builder.append(tuple(row[column.name] for column in BACKTRACE.columns))
+    descriptor, chunks = builder.encode()
+    session.load(decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks))))
+    sys.stderr.write(f"probing: {why}; python.backtrace read from outside the process (py-spy)\n")
+    return session
 
 
 def tables(context: Context, format: str, timeout: float) -> int:

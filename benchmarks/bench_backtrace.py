@@ -1,0 +1,115 @@
+"""`probing PID backtrace` on the paths of "a backtrace that always answers", each against
+py-spy reading the same process in the same run (medians, interleaved).
+
+    .venv/bin/python benchmarks/bench_backtrace.py [--runs 15]
+
+1. a healthy process (the agent answers) and one whose GIL is held forever (the answer
+   comes from outside), each vs `py-spy dump`
+2. `--children` on a job with a 4-worker DataLoader, vs `py-spy dump --subprocesses`
+3. `--native` on a process with torch imported, vs `py-spy dump --native`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+HERE = Path(__file__).resolve().parent
+TARGETS = HERE.parent / "tests" / "targets"
+BIN = Path(sys.executable).parent
+PROBING, PY_SPY = str(BIN / "probing"), str(BIN / "py-spy")
+
+
+def start(script: Path, agent: bool) -> tuple[subprocess.Popen[bytes], int]:
+    env = {key: value for key, value in os.environ.items() if key != "PROBING"}
+    command = [sys.executable, str(script)]
+    if agent:
+        command = [PROBING, "run", "--", *command]
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert process.stdout is not None and process.stderr is not None
+    if not process.stdout.readline().startswith(b"ready"):
+        raise RuntimeError(f"{script} did not start")
+    pid = process.pid
+    if agent:
+        pid = int(process.stderr.readline().decode().split("PID ")[1].split(":")[0])
+    return process, pid
+
+
+def stop(process: subprocess.Popen[bytes], pid: int) -> None:
+    subprocess.run(["pkill", "-9", "-P", str(pid)], capture_output=True)  # DataLoader workers
+    for victim in (pid, process.pid):
+        try:
+            os.kill(victim, 9)
+        except ProcessLookupError:
+            pass
+    process.wait()
+
+
+def medians(commands: Dict[str, List[str]], runs: int) -> Dict[str, float]:
+    for command in commands.values():
+        subprocess.run(command, capture_output=True)  # warm
+    times: Dict[str, List[float]] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, command in commands.items():
+            started = time.perf_counter()
+            result = subprocess.run(command, capture_output=True)
+            times[name].append((time.perf_counter() - started) * 1000)
+            if result.returncode != 0:
+                raise RuntimeError(f"{command}: {result.stderr.decode()}")
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def report(title: str, figures: Dict[str, float]) -> None:
+    names = list(figures)
+    print(f"\n{title}")
+    for name in names:
+        print(f"   {name:<36} {figures[name]:8.1f} ms")
+    print(f"   ratio: {figures[names[0]] / figures[names[1]]:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    runs = parser.parse_args().runs
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
+    for label, script in (("healthy process (agent answers)", TARGETS / "sleeper.py"),
+                          ("GIL held forever (answer from outside)", TARGETS / "gil_holder.py")):  # fmt: skip
+        process, pid = start(script, agent=True)
+        try:
+            figures = medians({"probing backtrace": [PROBING, str(pid), "backtrace"],
+                               "py-spy dump": [PY_SPY, "dump", "--pid", str(pid)]}, runs)  # fmt: skip
+        finally:
+            stop(process, pid)
+        report(f"1. {label}, median of {runs}", figures)
+    process, pid = start(HERE / "dataloader_target.py", agent=False)
+    children = {
+        "probing backtrace --children": [PROBING, str(pid), "backtrace", "--children"],
+        "py-spy dump --subprocesses": [PY_SPY, "dump", "--pid", str(pid), "--subprocesses"],
+    }
+    try:
+        figures = medians(children, runs)
+    finally:
+        stop(process, pid)
+    report(f"2. --children, DataLoader with 4 workers, median of {runs}", figures)
+    process, pid = start(HERE / "attach_target.py", agent=False)
+    native = {
+        "probing backtrace --native": [PROBING, str(pid), "backtrace", "--native"],
+        "py-spy dump --native": [PY_SPY, "dump", "--pid", str(pid), "--native"],
+    }
+    try:
+        figures = medians(native, runs)
+    finally:
+        stop(process, pid)
+    report(f"3. --native, torch imported, median of {runs}", figures)
+
+
+if __name__ == "__main__":
+    main()
