@@ -69,6 +69,8 @@ class FakeClient:
         if method == "backtrace":
             descriptor, chunks = backtrace_builder(bool(self.params.get("locals"))).encode()
             return {"table": descriptor}, bytearray(b"".join(bytes(c) for c in chunks))
+        if method == "tables":
+            return {"tables": self.describe_tables()}, b""
         if self.eval_error is not None:
             raise self.eval_error
         return self.eval_result, b""

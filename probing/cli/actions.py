@@ -103,29 +103,38 @@ class Fallback(Exception):
     """The agent cannot answer: read the stacks from outside instead, and say why."""
 
 
+def _ask(client: Client, method: str, params: Dict[str, Any], timeout: float, pid: Optional[int]) -> Any:
+    """One request that gives up early: when the agent is silent for a moment and a look from
+    outside shows a thread holding the GIL, waiting on would only waste the budget."""
+    from ..errors import AgentTimeout, AgentUnreachable
+
+    deadline = time.monotonic() + timeout
+    try:
+        client.send(method, params)
+        if not client.answered(min(EARLY_LOOK_S, deadline - time.monotonic())):
+            holder = _gil_holder(pid) if pid else None
+            if holder is not None:
+                raise Fallback(holder)
+            if not client.answered(deadline - time.monotonic()):
+                raise Fallback(f"the agent did not answer within {timeout:g} s")
+        return client.receive(method, max(1.0, deadline - time.monotonic()))
+    except (AgentTimeout, AgentUnreachable) as error:
+        raise Fallback(error.message) from None
+
+
 def _backtrace_from_agent(
     context: Context, params: Dict[str, Any], timeout: float
 ) -> Tuple[Any, Dict[str, Any]]:
     from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     try:
         client = context.connect(timeout, attach_budget=timeout, give_up_early=True)
     except (AttachTimeout, AttachFailed, AgentTimeout, AgentUnreachable) as error:
         raise Fallback(error.message) from None
     with client:
-        try:
-            client.send("backtrace", params)
-            if not client.answered(min(EARLY_LOOK_S, deadline - time.monotonic())):
-                pid = parse_target(context.target).pid
-                holder = _gil_holder(pid) if pid else None
-                if holder is not None:
-                    raise Fallback(holder)
-                if not client.answered(deadline - time.monotonic()):
-                    raise Fallback(f"the agent did not answer within {timeout:g} s")
-            result, payload = client.receive("backtrace", max(1.0, deadline - time.monotonic()))
-        except (AgentTimeout, AgentUnreachable) as error:
-            raise Fallback(error.message) from None
+        remaining = max(0.5, timeout - (time.monotonic() - started))
+        result, payload = _ask(client, "backtrace", params, remaining, parse_target(context.target).pid)
         return decode_table(result["table"], payload), client.info
 
 
@@ -325,13 +334,16 @@ def query(context: Context, sql: str, format: str, timeout: float) -> int:
     text = _read_argument(sql, "SQL")
     try:
         with context.connect(timeout, attach_budget=timeout, give_up_early=True) as client:
-            session = SqlSession(client.describe_tables())
+            described, _ = _ask(client, "tables", {}, timeout, parse_target(context.target).pid)
+            session = SqlSession(described["tables"])
             for name in session.referenced_tables(text):
                 context.log(f"fetching {name}")
                 session.load(client.fetch_table(name))
     except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
         # A query over python.backtrace alone is answered from outside, as backtrace is.
         session = _backtrace_only_session(context, text, error.message)
+    except Fallback as fallback:
+        session = _backtrace_only_session(context, text, str(fallback))
     result = session.run(text)
     render.write_rows(result.columns, result.types, result.rows, format, sys.stdout)
     return ExitCode.OK
