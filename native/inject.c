@@ -13,7 +13,8 @@
  * stopped, it is either
  *   - blocked in one of the system calls where programs wait: nanosleep, clock_nanosleep,
  *     poll, ppoll, select, pselect6, epoll_wait, epoll_pwait(2), read, or futex (tried
- *     last: a futex wait may sit inside a lock of libc); or
+ *     last: a futex wait may sit inside a lock of libc), made from anywhere but the
+ *     dynamic loader (which may be holding its own lock while it reads a library); or
  *   - running user code inside the Python interpreter itself (the executable or
  *     libpython): then it is not inside malloc or the dynamic loader, whose locks dlopen
  *     needs, because those live in libc and ld.so.
@@ -168,6 +169,8 @@ struct target {
     uint64_t start_offset; /* st_value of probing_helper_start in the helper */
     uint64_t python_text[MAX_RANGES][2];
     int python_ranges;
+    uint64_t loader_text[MAX_RANGES][2]; /* ld.so: a thread stopped in here may hold its lock */
+    int loader_ranges;
 };
 
 static int is_libc(const char *path) {
@@ -195,6 +198,13 @@ static int read_maps(struct target *target) {
         if (!target->libc_base && offset == 0 && is_libc(file)) {
             snprintf(target->libc, sizeof target->libc, "%s", file);
             target->libc_base = start;
+        }
+        const char *base = strrchr(file, '/');
+        base = base ? base + 1 : file;
+        if (permissions[2] == 'x' && target->loader_ranges < MAX_RANGES && strncmp(base, "ld-", 3) == 0) {
+            target->loader_text[target->loader_ranges][0] = start;
+            target->loader_text[target->loader_ranges][1] = end;
+            target->loader_ranges++;
         }
         if (permissions[2] == 'x' && target->python_ranges < MAX_RANGES &&
             (strcmp(file, exe) == 0 || strstr(file, "/libpython") != NULL)) {
@@ -376,10 +386,18 @@ struct borrowed {
     int pending_signal;
 };
 
-static int in_python_text(const struct target *target, uint64_t address) {
-    for (int i = 0; i < target->python_ranges; i++)
-        if (address >= target->python_text[i][0] && address < target->python_text[i][1]) return 1;
+static int in_ranges(const uint64_t (*ranges)[2], int count, uint64_t address) {
+    for (int i = 0; i < count; i++)
+        if (address >= ranges[i][0] && address < ranges[i][1]) return 1;
     return 0;
+}
+
+static int in_python_text(const struct target *target, uint64_t address) {
+    return in_ranges(target->python_text, target->python_ranges, address);
+}
+
+static int in_loader_text(const struct target *target, uint64_t address) {
+    return in_ranges(target->loader_text, target->loader_ranges, address);
 }
 
 /* Call function(first, second) in the stopped thread; returns its result in *result. */
@@ -452,7 +470,9 @@ static int try_thread(const struct target *target, pid_t tid, const char *dlopen
         return NOT_SAFE;
     }
     long in_syscall = (long)thread.saved.orig_rax;
-    if (in_syscall >= 0 && safe_syscall_rank(in_syscall)) {
+    /* A system call made from inside the dynamic loader (reading a library it is loading)
+     * means the loader's lock may be held by this very thread: never borrow it there. */
+    if (in_syscall >= 0 && safe_syscall_rank(in_syscall) && !in_loader_text(target, thread.saved.rip)) {
         snprintf(where, where_size, "waiting in %s", syscall_name(in_syscall));
     } else if (in_syscall < 0 && in_python_text(target, thread.saved.rip)) {
         snprintf(where, where_size, "running in the interpreter");

@@ -1,8 +1,11 @@
 """Hang detection: sample every thread's stack over a while and say what has not moved.
 
-A thread has moved when its stack changed between two samples. The process is hung when
-its main thread did not move and did not use the CPU either (a main thread inside one
-long C call, using the CPU in the same place, is busy, not hung). For a DataLoader main
+A thread has moved when its stack changed between two samples, or when it kept waking up
+in the same place (more than WAKEUPS_PER_S voluntary context switches a second: a loop
+that spends its time in one `time.sleep` line looks still to any sampler, but not to the
+kernel). The process is hung when its main thread did not move and did not use the CPU
+either (a main thread inside one long C call, using the CPU in the same place, is busy,
+not hung). A DataLoader main thread polling its queue every 5 s stays under the rate. For a DataLoader main
 thread waiting for a batch, the worker that holds it is found among the descendants (the
 one inside the dataset's __getitem__) and shown with the index it is stuck on.
 """
@@ -21,6 +24,7 @@ Sampler = Callable[[], Rows]
 
 # A main thread that used at least this share of one CPU over the window is busy, not hung.
 BUSY_CPU_SHARE = 0.05
+WAKEUPS_PER_S = 4.0
 
 
 class ThreadReport(NamedTuple):
@@ -30,6 +34,7 @@ class ThreadReport(NamedTuple):
     name: str
     is_main: bool
     moved: bool
+    wakeups_per_s: Optional[float]
     cpu_percent: Optional[float]
     state: str
     where: str  # innermost Python frame: "func (file:line)"
@@ -63,6 +68,17 @@ def _cpu_ticks(pid: int, native_id: Any) -> Optional[int]:
         return None
 
 
+def _wakeups(pid: int, native_id: Any) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/task/{native_id}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _signature(frames: Rows) -> Tuple[Any, ...]:
     return tuple((frame["file"], frame["func"], frame["lineno"]) for frame in frames)
 
@@ -92,9 +108,9 @@ def watch(
     interval = duration / (samples - 1)
     started = time.monotonic()
     first_rows = sample()
-    ticks_before = {
-        key: _cpu_ticks(pid, frames[0]["native_id"]) for key, frames in _by_thread(first_rows).items()
-    }
+    first_threads = _by_thread(first_rows)
+    ticks_before = {key: _cpu_ticks(pid, frames[0]["native_id"]) for key, frames in first_threads.items()}
+    wakeups_before = {key: _wakeups(pid, frames[0]["native_id"]) for key, frames in first_threads.items()}
     signatures: Dict[Tuple[Any, Any], Set[Tuple[Any, ...]]] = {}
     last: Dict[Tuple[Any, Any], Rows] = {}
     taken = 0
@@ -113,10 +129,16 @@ def watch(
         first = frames[0]
         before, after = ticks_before.get(key), _cpu_ticks(pid, first["native_id"])
         cpu = None if before is None or after is None else 100.0 * (after - before) / clock / elapsed
-        moved = len(signatures[key]) > 1
+        woke_before, woke_after = wakeups_before.get(key), _wakeups(pid, first["native_id"])
+        wakeups = None if woke_before is None or woke_after is None else (woke_after - woke_before) / elapsed
+        moved = len(signatures[key]) > 1 or (wakeups or 0.0) > WAKEUPS_PER_S
         state = thread_state(frames, code_line)
-        threads.append(ThreadReport(pid, first["thread_id"], first["native_id"], first["thread_name"],
-                                    bool(first["is_main"]), moved, cpu, state, _where(frames)))  # fmt: skip
+        threads.append(
+            ThreadReport(
+                pid, first["thread_id"], first["native_id"], first["thread_name"], bool(first["is_main"]),
+                moved, wakeups, cpu, state, _where(frames),
+            )
+        )  # fmt: skip
     main = next((thread for thread in threads if thread.is_main), None)
     hung = main is not None and not main.moved and (main.cpu_percent or 0.0) < BUSY_CPU_SHARE * 100
     return HangReport(
