@@ -235,7 +235,7 @@ def write_hang(report: Any, out: IO[str]) -> None:
     elif main is not None and not main.moved:
         verdict = "busy: its main thread stayed in one place but used the CPU"
     else:
-        verdict = "progressing: its main thread moved"
+        verdict = "progressing: its main thread moved (its stack changed, or it kept waking up)"
     out.write(f"PID {report.pid} is {verdict} in {report.duration_s:.1f} s ({report.samples} samples)\n\n")
     columns = ["thread", "moved", "cpu", "state", "where"]
     rows = [
