@@ -197,10 +197,6 @@ class Client:
         result, payload = self.call("table", dict(params or {}, name=name))
         return protocol.decode_table(result["table"], payload)
 
-    def backtrace(self, params: Dict[str, Any]) -> protocol.DecodedTable:
-        result, payload = self.call("backtrace", params)
-        return protocol.decode_table(result["table"], payload)
-
     def describe_tables(self) -> List[Dict[str, Any]]:
         result, _ = self.call("tables")
         tables: List[Dict[str, Any]] = result["tables"]
