@@ -16,6 +16,7 @@ from .errors import (
     AgentUnreachable,
     EvalTimedOut,
     NoAgent,
+    NoTorch,
     NotPython,
     PermissionDenied,
     ProbingError,
@@ -218,6 +219,11 @@ def error_from_reply(error: Dict[str, Any]) -> ProbingError:
         return PermissionDenied(message, hint="run probing as the user that owns the process, or as root")
     if kind == "ProtocolMismatch":
         return AgentUnreachable(message, hint="use the same probing version for the CLI and the job")
+    if kind == "NoTorch":
+        return NoTorch(
+            message, hint="torch features work once the job has imported torch; "
+            "PROBING=1 PROBING_TORCH_TRACE=1 python train.py traces from the first step",
+        )  # fmt: skip
     if kind == "InternalError":
         return ProbingError(f"the agent failed: {message}", hint="this is a bug in probing; please report it")
     return ProbingError(message)

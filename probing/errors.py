@@ -29,6 +29,7 @@ class ExitCode:
     BAD_SQL = 9
     ATTACH_TIMEOUT = 10
     HUNG = 11
+    NO_TORCH = 12
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -45,6 +46,7 @@ class ExitCode:
         BAD_SQL: "the SQL query failed",
         ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
         HUNG: "hang / run --hang-timeout: the job's main thread made no progress",
+        NO_TORCH: "trace / nan: the process has not imported torch",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }
@@ -112,6 +114,10 @@ class AttachTimeout(ProbingError):
 
 class BadSQL(ProbingError):
     exit_code = ExitCode.BAD_SQL
+
+
+class NoTorch(ProbingError):
+    exit_code = ExitCode.NO_TORCH
 
 
 class RemoteError(ProbingError):

@@ -303,7 +303,11 @@ TYPECODE_OF_ENCODING = {"i64": "q", "f64": "d", "bool": "b", "dict": "i"}
 
 
 class ColumnBuffers:
-    """One column as the sender hands it to `encode_table`."""
+    """One column as the sender hands it to `encode_table`.
+
+    `data` and `valid` are one buffer or a list of buffers sent one after the other (the
+    blocks of a ring buffer, sent without being joined).
+    """
 
     __slots__ = ("name", "type", "data", "valid", "dictionary")
 
@@ -311,8 +315,8 @@ class ColumnBuffers:
         self,
         name: str,
         type: str,
-        data: ByteChunk,
-        valid: Optional[ByteChunk],
+        data: Union[ByteChunk, List[ByteChunk]],
+        valid: Union[ByteChunk, List[ByteChunk], None],
         dictionary: Optional[Sequence[str]],
     ) -> None:
         self.name = name
@@ -355,12 +359,13 @@ class DecodedColumn:
 
 
 class DecodedTable:
-    __slots__ = ("name", "rows", "columns")
+    __slots__ = ("name", "rows", "columns", "notes")
 
-    def __init__(self, name: str, rows: int, columns: List[DecodedColumn]) -> None:
+    def __init__(self, name: str, rows: int, columns: List[DecodedColumn], notes: Sequence[str] = ()) -> None:
         self.name = name
         self.rows = rows
         self.columns = columns
+        self.notes = list(notes)  # what the agent wants said, e.g. that a scan was cut short
 
     def column(self, name: str) -> DecodedColumn:
         for column in self.columns:
@@ -385,10 +390,11 @@ def encode_table(
     chunks: List[ByteChunk] = []
     offset = 0
 
-    def add(chunk: ByteChunk) -> Tuple[int, int]:
+    def add(chunk: Union[ByteChunk, List[ByteChunk]]) -> Tuple[int, int]:
         nonlocal offset
-        start, length = offset, len(chunk)
-        chunks.append(chunk)
+        parts = chunk if isinstance(chunk, list) else [chunk]
+        start, length = offset, sum(len(part) for part in parts)
+        chunks.extend(part for part in parts if len(part))
         pad = _padding(length)
         if pad:
             chunks.append(pad)
@@ -453,6 +459,6 @@ def decode_table(descriptor: Dict[str, Any], payload: ByteChunk) -> DecodedTable
                     dictionary.append(blob[start : start + size].decode("utf-8", "replace"))
                     start += size
             columns.append(DecodedColumn(entry["name"], entry["type"], encoding, data, valid, dictionary))
-        return DecodedTable(descriptor["name"], rows, columns)
+        return DecodedTable(descriptor["name"], rows, columns, [str(n) for n in descriptor.get("notes") or ()])
     except (KeyError, TypeError, ValueError) as error:
         raise FrameError(f"malformed table in reply: {error}", fatal=False) from None

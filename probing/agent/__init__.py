@@ -44,7 +44,15 @@ def start(socket_dir: Optional[str] = None) -> bool:
             return False
         _server = server
         last_error = None
-        return True
+    torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
+    if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
+        try:
+            from .torchtrace import start_from_environment
+
+            start_from_environment(torch_trace)
+        except Exception as error:  # noqa: BLE001 - tracing is optional, the agent is not
+            last_error = f"PROBING_TORCH_TRACE: {type(error).__name__}: {error}"
+    return True
 
 
 def stop() -> None:

@@ -98,6 +98,7 @@ class TableBuilder:
         self.types = [column_type for _, column_type in columns]
         self.columns = [new_column(column_type) for column_type in self.types]
         self.rows = 0
+        self.notes: List[str] = []  # said on the CLI's stderr, e.g. "scan cut short"
 
     def append(self, row: Sequence[Any]) -> None:
         for column, value in zip(self.columns, row):
@@ -109,4 +110,7 @@ class TableBuilder:
         for name, column_type, column in zip(self.names, self.types, self.columns):
             data, valid, dictionary = column.buffers()
             buffers.append(ColumnBuffers(name, column_type, data, valid, dictionary))
-        return encode_table(self.name, self.rows, buffers)
+        descriptor, chunks = encode_table(self.name, self.rows, buffers)
+        if self.notes:
+            descriptor["notes"] = list(self.notes)
+        return descriptor, chunks

@@ -75,6 +75,59 @@ def _eval(server: Any, params: Dict[str, Any]) -> Any:
     return run_eval(server.own_threads, params)
 
 
+def _tracer(server: Any) -> Any:
+    from . import torchtrace
+
+    try:
+        return torchtrace.tracer(server.own_threads)
+    except torchtrace.NoTorch as error:
+        raise RequestError("NoTorch", str(error)) from None
+
+
+def _int_param(params: Dict[str, Any], name: str, low: int) -> Optional[int]:
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise RequestError("BadRequest", f"{name} must be an integer >= {low}, not {value!r}")
+    return value
+
+
+def _trace(server: Any, params: Dict[str, Any]) -> Any:
+    action = params.get("action")
+    if action not in ("on", "off", "status"):
+        raise RequestError("BadRequest", f"trace action must be on, off or status, not {action!r}")
+    tracer = _tracer(server)
+    before = tracer.hook_count()
+    if action == "on":
+        patterns = params.get("modules")
+        if patterns is not None and (
+            not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns)
+        ):
+            raise RequestError("BadRequest", "modules must be a list of glob patterns")
+        try:
+            tracer.configure_trace(
+                _int_param(params, "every", 1), bool(params.get("backward")), patterns or None,
+                _int_param(params, "depth", 0), _int_param(params, "capacity", 1),
+            )  # fmt: skip
+        except ValueError as error:
+            raise RequestError("BadRequest", str(error)) from None
+    elif action == "off":
+        tracer.trace_off()
+    return {"status": tracer.status(), "hooks_before": before, "hooks_after": tracer.hook_count()}
+
+
+def _nan(server: Any, params: Dict[str, Any]) -> Any:
+    action = params.get("action")
+    if action not in ("on", "off", "status"):
+        raise RequestError("BadRequest", f"nan action must be on, off or status, not {action!r}")
+    tracer = _tracer(server)
+    before = tracer.hook_count()
+    if action != "status":
+        tracer.configure_nan(action == "on", bool(params.get("stop")))
+    return {"status": tracer.status(), "hooks_before": before, "hooks_after": tracer.hook_count()}
+
+
 def _ping(server: Any, params: Dict[str, Any]) -> Any:
     return {"pong": True}
 
@@ -93,6 +146,8 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "table": _table,
     "backtrace": _backtrace,
     "eval": _eval,
+    "trace": _trace,
+    "nan": _nan,
     "detach": _detach,
 }
 

@@ -295,6 +295,10 @@ class AgentServer:
         output = sys.modules.get(__package__ + ".output")
         if output is not None:
             output.uninstall()
+        torchtrace = sys.modules.get(__package__ + ".torchtrace")
+        tracer = torchtrace.current() if torchtrace is not None else None
+        if tracer is not None:
+            tracer.uninstall()
         thread = self._thread
         if thread is not None and thread.ident != threading.get_ident():
             thread.join(timeout=1.0)

@@ -26,7 +26,7 @@ class Table(NamedTuple):
     name: str
     doc: str
     columns: List[Column]
-    build: Callable[[Any, Dict[str, Any]], TableBuilder]
+    build: Callable[[Any, Dict[str, Any]], Any]  # returns a TableBuilder or a Ring: .encode()
 
     def new_builder(self) -> TableBuilder:
         return TableBuilder(self.name, [(column.name, column.type) for column in self.columns])
@@ -77,6 +77,45 @@ def _build_process_info(server: Any, params: Dict[str, Any]) -> TableBuilder:
         sys.implementation.name, process_start_time(), server.started_at, __version__,
     ))  # fmt: skip
     return builder
+
+
+def _build_torch_trace(server: Any, params: Dict[str, Any]) -> Any:
+    torchtrace = sys.modules.get(__package__ + ".torchtrace")
+    tracer = torchtrace.current() if torchtrace is not None else None
+    if tracer is None:
+        return TORCH_TRACE.new_builder()
+    if tracer.pending_cuda:
+        tracer.resolve_cuda()
+    return tracer.ring
+
+
+def _build_nan_events(server: Any, params: Dict[str, Any]) -> Any:
+    torchtrace = sys.modules.get(__package__ + ".torchtrace")
+    tracer = torchtrace.current() if torchtrace is not None else None
+    return tracer.nan_ring if tracer is not None else NAN_EVENTS.new_builder()
+
+
+def _build_modules(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .torchstate import fill, module_rows
+
+    return fill(MODULES.new_builder(), module_rows(server.own_threads))
+
+
+def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .torchstate import DEFAULT_TENSOR_BUDGET_S, fill, tensor_rows
+
+    budget = float(params.get("scan_budget_s") or DEFAULT_TENSOR_BUDGET_S)
+    rows, note = tensor_rows(server.own_threads, budget)
+    builder = fill(TENSORS.new_builder(), rows)
+    if note:
+        builder.notes.append(note)
+    return builder
+
+
+def _build_optimizers(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .torchstate import fill, optimizer_rows
+
+    return fill(OPTIMIZERS.new_builder(), optimizer_rows(server.own_threads))
 
 
 def python_version() -> str:
@@ -142,4 +181,108 @@ PROCESS_INFO = Table(
     _build_process_info,
 )
 
-TABLES: Dict[str, Table] = {table.name: table for table in (BACKTRACE, THREADS, PROCESS_INFO)}
+TORCH_TRACE = Table(
+    "python.torch_trace",
+    "One row per traced module call (forward, and backward with `trace on --backward`) and per "
+    "optimizer step, recorded while `probing PID trace on` (or PROBING_TORCH_TRACE=1) is in effect. "
+    "A ring buffer: the newest rows, up to `trace on --capacity` (1 M by default).",
+    [
+        Column("step", "BIGINT", "optimizer step the call belongs to, counted from 0 when tracing began"),
+        Column("seq", "BIGINT", "order of the call's start within its step (micro-batches keep counting)"),
+        Column("module", "VARCHAR", "qualified module name, e.g. model.layers.0.attn; the optimizer's for steps"),
+        Column("module_type", "VARCHAR", "class name of the module or optimizer"),
+        Column("stage", "VARCHAR", "'forward', 'backward' or 'optimizer'"),
+        Column("duration", "DOUBLE", "seconds; CPU time between the hooks, or CUDA event time on a GPU"),
+        Column("time_offset", "DOUBLE", "seconds from the start of the step to the start of the call"),
+        Column("allocated", "DOUBLE", "MB allocated by torch on the module's CUDA device after the call; NULL on CPU"),
+        Column("max_allocated", "DOUBLE", "MB, peak of allocated so far; NULL on CPU"),
+        Column("reserved", "DOUBLE", "MB held by the CUDA caching allocator; NULL on CPU"),
+        Column("rank", "BIGINT", "torch.distributed rank (RANK, or 0 when not distributed)"),
+        Column("ts", "TIMESTAMP", "when the call started (UTC)"),
+    ],
+    _build_torch_trace,
+)
+
+NAN_EVENTS = Table(
+    "python.nan_events",
+    "The first module of each step whose output (forward) or input gradient (backward) held NaN "
+    "or Inf, recorded while `probing PID nan on` is in effect.",
+    [
+        Column("step", "BIGINT", "optimizer step, as in python.torch_trace"),
+        Column("seq", "BIGINT", "order of the offending call within its step"),
+        Column("module", "VARCHAR", "qualified module name"),
+        Column("module_type", "VARCHAR", "class name of the module"),
+        Column("stage", "VARCHAR", "'forward' (its output) or 'backward' (the gradients it produced)"),
+        Column("tensor", "VARCHAR", "which tensor, its dtype, shape and device, e.g. output[0] float32[32, 10] on cpu"),
+        Column("nan_count", "BIGINT", "NaN values in that tensor"),
+        Column("inf_count", "BIGINT", "Inf values in that tensor"),
+        Column("input_finite", "BOOLEAN", "whether what came in (inputs, or the output gradient) was finite: "
+               "true means this module made the NaN/Inf"),
+        Column("rank", "BIGINT", "torch.distributed rank"),
+        Column("ts", "TIMESTAMP", "when it was seen (UTC)"),
+    ],
+    _build_nan_events,
+)
+
+MODULES = Table(
+    "python.modules",
+    "Every module of the job's top-level models (found in __main__, in its threads' frames, or by "
+    "gc), read at the time of the query.",
+    [
+        Column("name", "VARCHAR", "qualified name: the model's variable name, then the submodule path"),
+        Column("root", "VARCHAR", "name of the top-level module it belongs to"),
+        Column("type", "VARCHAR", "class name"),
+        Column("depth", "BIGINT", "0 for a top-level module, 1 for its children, ..."),
+        Column("params", "BIGINT", "parameters (elements) of the module and its submodules"),
+        Column("trainable_params", "BIGINT", "of those, the ones with requires_grad"),
+        Column("device", "VARCHAR", "device of its first parameter; NULL without parameters"),
+        Column("dtype", "VARCHAR", "dtype of its first parameter"),
+        Column("training", "BOOLEAN", "module.training"),
+        Column("grad_norm", "DOUBLE", "L2 norm of the gradients of its own parameters; NULL when none has one"),
+        Column("has_nonfinite_grad", "BOOLEAN", "whether those gradients hold NaN or Inf"),
+        Column("traced", "BOOLEAN", "whether `trace on` or `nan on` hooks are on it"),
+    ],
+    _build_modules,
+)
+
+TENSORS = Table(
+    "python.tensors",
+    "Live tensors: the models' parameters, gradients and buffers by name, then every other tensor "
+    "gc finds, until a time budget (1 s) runs out; the query then says it was cut short.",
+    [
+        Column("name", "VARCHAR", "qualified parameter or buffer name (.grad for a gradient); NULL for others"),
+        Column("kind", "VARCHAR", "'parameter', 'gradient', 'buffer' or 'tensor'"),
+        Column("shape", "VARCHAR", "e.g. [32, 256]"),
+        Column("dtype", "VARCHAR", "e.g. float32"),
+        Column("device", "VARCHAR", "e.g. cpu, cuda:0"),
+        Column("bytes", "BIGINT", "elements times element size (views count the part they see)"),
+        Column("requires_grad", "BOOLEAN", "tensor.requires_grad"),
+        Column("is_param", "BOOLEAN", "whether it is an nn.Parameter"),
+        Column("grad_fn", "VARCHAR", "autograd node that made it, e.g. AddmmBackward0; NULL for leaves"),
+    ],
+    _build_tensors,
+)
+
+OPTIMIZERS = Table(
+    "python.optimizers",
+    "One row per parameter group of every optimizer in the job, read at the time of the query.",
+    [
+        Column("optimizer", "VARCHAR", "the variable that holds it, e.g. optimizer (or its class name)"),
+        Column("type", "VARCHAR", "class name, e.g. AdamW"),
+        Column("param_group", "BIGINT", "index of the parameter group"),
+        Column("lr", "DOUBLE", "learning rate now (after any scheduler)"),
+        Column("momentum", "DOUBLE", "momentum; NULL for optimizers without one"),
+        Column("beta1", "DOUBLE", "betas[0] (Adam family); NULL otherwise"),
+        Column("beta2", "DOUBLE", "betas[1]"),
+        Column("weight_decay", "DOUBLE", "weight decay"),
+        Column("params", "BIGINT", "parameters (tensors) in the group"),
+        Column("numel", "BIGINT", "elements in those parameters"),
+        Column("steps", "BIGINT", "steps taken, from the optimizer's state; NULL when it keeps no count"),
+    ],
+    _build_optimizers,
+)
+
+TABLES: Dict[str, Table] = {
+    table.name: table
+    for table in (BACKTRACE, THREADS, PROCESS_INFO, TORCH_TRACE, NAN_EVENTS, MODULES, TENSORS, OPTIMIZERS)
+}

@@ -337,7 +337,7 @@ def evaluate(context: Context, code: str, frame: Optional[str], timeout: float) 
     return ExitCode.OK
 
 
-def query(context: Context, sql: str, format: str, timeout: float) -> int:
+def query(context: Context, sql: str, format: str, timeout: float, scan_budget: float = 1.0) -> int:
     from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
     from ..sql import SqlSession
 
@@ -348,7 +348,10 @@ def query(context: Context, sql: str, format: str, timeout: float) -> int:
             session = SqlSession(described["tables"])
             for name in session.referenced_tables(text):
                 context.log(f"fetching {name}")
-                session.load(client.fetch_table(name))
+                table = client.fetch_table(name, {"scan_budget_s": scan_budget})
+                for note in table.notes:
+                    sys.stderr.write(f"probing: {note}\n")
+                session.load(table)
     except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
         # A query over python.backtrace alone is answered from outside, as backtrace is.
         session = _backtrace_only_session(context, text, error.message)
@@ -376,6 +379,21 @@ def _backtrace_only_session(context: Context, text: str, why: str) -> Any:
     session.load(decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks))))
     sys.stderr.write(f"probing: {why}; python.backtrace read from outside the process (py-spy)\n")
     return session
+
+
+def switch(context: Context, feature: str, params: Dict[str, Any], format: str, timeout: float) -> int:
+    """trace / nan: turn a torch feature of the agent on or off, or report on it."""
+    with context.connect(timeout) as client:
+        result, _ = client.call(feature, params)
+        pid = client.info.get("pid")
+    if format == "json":
+        import json
+
+        sys.stdout.write(json.dumps(dict(result["status"], pid=pid, hooks_before=result["hooks_before"],
+                                         hooks_after=result["hooks_after"])) + "\n")  # fmt: skip
+    else:
+        render.write_switch(feature, params["action"], pid, result, sys.stdout)
+    return ExitCode.OK
 
 
 def tables(context: Context, format: str, timeout: float) -> int:

@@ -206,10 +206,80 @@ def eval_command(ctx: click.Context, code: str, frame: Optional[str], timeout: f
     "--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
     metavar="S", help="Seconds to wait for each table.",
 )  # fmt: skip
+@click.option(
+    "--scan-budget", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True, metavar="S",
+    help="Seconds the agent may spend walking live objects for python.tensors.",
+)
 @click.pass_context
-def query(ctx: click.Context, sql: str, format: str, timeout: float) -> int:
+def query(ctx: click.Context, sql: str, format: str, timeout: float, scan_budget: float) -> int:
     """Run DuckDB SQL over the process's tables ('-' reads it from stdin)."""
-    return actions.query(_context(ctx), sql, format, timeout)
+    return actions.query(_context(ctx), sql, format, timeout, scan_budget)
+
+
+_SWITCH = click.Choice(("on", "off", "status"))
+
+
+@cli.command()
+@click.argument("action", type=_SWITCH, default="status")
+@click.option(
+    "--every", type=click.IntRange(min=1), metavar="N",
+    help="Trace one step in N. Default: chosen after each traced step so tracing costs under 1% of the step time.",
+)  # fmt: skip
+@click.option("--backward", is_flag=True, help="Time each module's backward pass too.")
+@click.option(
+    "--modules", "patterns", multiple=True, metavar="GLOB",
+    help="Only modules whose qualified name matches, e.g. 'model.layers.*' (repeatable).",
+)  # fmt: skip
+@click.option(
+    "--depth", type=click.IntRange(min=0), metavar="D",
+    help="Only modules at most D levels below a top-level module (0: the models themselves).",
+)  # fmt: skip
+@click.option(
+    "--capacity", type=click.IntRange(min=1000), metavar="ROWS",
+    help="Rows python.torch_trace keeps, newest first out last.  [default: 1000000]",
+)  # fmt: skip
+@click.option("--format", type=click.Choice(("text", "json")), default="text", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, metavar="S")
+@click.pass_context
+def trace(
+    ctx: click.Context, action: str, every: Optional[int], backward: bool, patterns: Sequence[str],
+    depth: Optional[int], capacity: Optional[int], format: str, timeout: float,
+) -> int:  # fmt: skip
+    """Time the job's modules and optimizer steps into python.torch_trace: on, off or status.
+
+    \b
+      probing PID trace on                        hook the live job's models and optimizers
+      probing PID trace on --every 10 --backward  every 10th step, backward timed too
+      probing PID trace status
+      probing PID trace off                       every hook removed
+    """
+    given = [name for name, value in (("--every", every), ("--backward", backward or None),
+             ("--modules", patterns or None), ("--depth", depth), ("--capacity", capacity)) if value is not None]  # fmt: skip
+    if given and action != "on":
+        raise click.UsageError(f"{', '.join(given)} only go with 'trace on'")
+    params = {"action": action, "every": every, "backward": backward, "modules": list(patterns) or None,
+              "depth": depth, "capacity": capacity}  # fmt: skip
+    return actions.switch(_context(ctx), "trace", params, format, timeout)
+
+
+@cli.command()
+@click.argument("action", type=_SWITCH, default="status")
+@click.option(
+    "--stop", is_flag=True,
+    help="Raise NonFiniteError in the training thread at the first NaN/Inf, so the job's own error "
+    "handling and checkpointing run.",
+)  # fmt: skip
+@click.option("--format", type=click.Choice(("text", "json")), default="text", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, metavar="S")
+@click.pass_context
+def nan(ctx: click.Context, action: str, stop: bool, format: str, timeout: float) -> int:
+    """Check module outputs and gradients for NaN/Inf into python.nan_events: on, off or status.
+
+    Each step, the first module whose output (or input gradient) holds NaN or Inf is recorded.
+    """
+    if stop and action != "on":
+        raise click.UsageError("--stop only goes with 'nan on'")
+    return actions.switch(_context(ctx), "nan", {"action": action, "stop": stop}, format, timeout)
 
 
 @cli.command()

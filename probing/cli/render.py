@@ -297,3 +297,60 @@ def stdout_is_closed() -> None:
     """After a BrokenPipeError (`probing ... | head`): silence the flush at exit."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def write_switch(feature: str, action: str, pid: Any, result: Dict[str, Any], out: IO[str]) -> None:
+    """What `trace` and `nan` did, and where things stand now."""
+    status = result["status"]
+    added = result["hooks_after"] - result["hooks_before"]
+    models = ", ".join(status["models"]) or "none found yet"
+    optimizers = ", ".join(status["optimizers"]) or "none seen yet"
+    if status["trace"]:
+        if status["every_auto"]:
+            every = (
+                f"{'every step' if status['every'] == 1 else 'one step in ' + str(status['every'])} (chosen to keep tracing under 1% of the step time; "
+                f"{status['call_cost_us']} us per traced call here)"
+            )
+        else:
+            every = "every step" if status["every"] == 1 else f"one step in {status['every']}"
+        narrowed = []
+        if status["modules"]:
+            narrowed.append("modules " + " ".join(status["modules"]))
+        if status["depth"] is not None:
+            narrowed.append(f"depth <= {status['depth']}")
+        tracing = f"on, {every}, forward{' and backward' if status['backward'] else ' only'}"
+        tracing += f" ({'; '.join(narrowed)})" if narrowed else ""
+    else:
+        tracing = "off"
+    nan = "off"
+    if status["nan"]:
+        nan = "on" + (", --stop: raise at the first NaN/Inf" if status["stop_on_nan"] else "")
+    if status["stopped_at_step"] is not None:
+        nan += f" (stopped the job at step {status['stopped_at_step']})"
+    if action == "on":
+        out.write(f"PID {pid}: {feature} on; {_plural(added, 'hook')} added\n")
+    elif action == "off":
+        removed = -added
+        kept = result["hooks_after"]
+        out.write(f"PID {pid}: {feature} off; {_plural(removed, 'hook')} removed")
+        out.write(f", {_plural(kept, 'hook')} kept for {'nan' if feature == 'trace' else 'trace'}\n" if kept else "\n")
+    else:
+        out.write(f"PID {pid}:\n")
+    out.write(f"  tracing:    {tracing}\n")
+    out.write(f"  nan checks: {nan}\n")
+    out.write(
+        f"  models:     {models} ({_plural(status['hooked_modules'], 'module')} hooked, "
+        f"{_plural(status['hooks'], 'hook')} in all)\n"
+    )
+    out.write(f"  optimizers: {optimizers}\n")
+    dropped = f" ({status['dropped_rows']} older rows dropped)" if status["dropped_rows"] else ""
+    out.write(
+        f"  step {status['step']}; python.torch_trace holds {status['rows']} of {status['capacity']} rows"
+        f"{dropped}; python.nan_events {status['nan_events']}\n"
+    )
+    if status["error"]:
+        out.write(f"  stopped after an error in a hook (nothing was raised in the job): {status['error']}\n")

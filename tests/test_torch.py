@@ -1,0 +1,289 @@
+"""Torch features against real training jobs: trace, nan, and the model tables (CPU; the CUDA
+paths run where a GPU is present and skip cleanly elsewhere)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from probing.errors import ExitCode
+
+from support import Target, probing, wait_until
+
+torch = pytest.importorskip("torch")
+
+SEED_QUERY = (
+    "SELECT module, stage, avg(duration) as avg_time FROM python.torch_trace "
+    "WHERE step > (SELECT max(step) - 5 FROM python.torch_trace) "
+    "GROUP BY module, stage ORDER BY avg_time DESC LIMIT 10;"
+)
+
+# Every hook container torch has, per module and global; after `trace off` all must be as before.
+HOOKS_LEFT = """
+import torch
+from torch.nn.modules import module as m
+from torch.optim import optimizer as o
+names = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks',
+         '_forward_hooks_always_called', '_forward_hooks_with_kwargs', '_forward_pre_hooks_with_kwargs')
+per_module = sum(len(getattr(mod, n, {})) for mod in [*model.modules(), loss_fn] for n in names)
+per_optimizer = sum(len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks) for opt in optimizers)
+glob = (len(m._global_forward_hooks) + len(m._global_forward_pre_hooks) + len(m._global_backward_hooks)
+        + len(o._global_optimizer_pre_hooks) + len(o._global_optimizer_post_hooks))
+print(per_module, per_optimizer, glob)
+"""
+
+
+def rows(pid: int, sql: str) -> List[Dict[str, Any]]:
+    result = probing(str(pid), "query", sql, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    found: List[Dict[str, Any]] = json.loads(result.stdout)
+    return found
+
+
+def status(pid: int, feature: str = "trace") -> Dict[str, Any]:
+    result = probing(str(pid), feature, "status", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    found: Dict[str, Any] = json.loads(result.stdout)
+    return found
+
+
+def wait_for_step(pid: int, step: int, timeout: float = 60.0) -> None:
+    assert wait_until(lambda: status(pid)["step"] >= step, timeout, 0.2), status(pid)
+
+
+@pytest.fixture
+def slow_job() -> Iterator[Target]:
+    # Started without the agent: the first probing command attaches.
+    with Target("torch_job.py", via="plain", args=["--slow"]) as job:
+        yield job
+
+
+def test_seed_query_on_an_attached_job_ranks_the_slow_submodule_first(slow_job: Target) -> None:
+    result = probing(str(slow_job.pid), "trace", "on")
+    assert result.returncode == 0, result.stderr
+    assert "trace on; 14 hooks added" in result.stdout  # 6 modules x 2 + 2 global optimizer hooks
+    assert "models:     loss_fn, model (6 modules hooked" in result.stdout
+    wait_for_step(slow_job.pid, 8)
+    ranked = rows(slow_job.pid, SEED_QUERY)
+    # model contains model.2, so it is slower still; the submodule is the first leaf.
+    assert [row["module"] for row in ranked[:2]] == ["model", "model.2"]
+    assert ranked[1]["stage"] == "forward" and ranked[1]["avg_time"] >= 0.019
+    assert all(row["avg_time"] < 0.01 for row in ranked[2:])
+    steps = rows(slow_job.pid, "SELECT step, count(*) AS n FROM python.torch_trace GROUP BY step ORDER BY step")
+    numbers = [row["step"] for row in steps]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    # a full step: 5 module forwards, loss_fn, the optimizer
+    assert {row["n"] for row in steps[2:-1]} == {7}  # the first may be partial
+    table = rows(slow_job.pid, "SELECT * FROM python.torch_trace WHERE module = 'optimizer' LIMIT 1")[0]
+    assert table["module_type"] == "AdamW" and table["stage"] == "optimizer" and table["rank"] == 0
+    assert table["allocated"] is None and table["reserved"] is None  # CPU: no CUDA memory figures
+    assert slow_job.alive()
+
+
+def test_trace_off_leaves_zero_hooks_and_the_job_runs_on(slow_job: Target) -> None:
+    before = probing(str(slow_job.pid), "eval", HOOKS_LEFT)
+    assert before.stdout == "0 0 0\n", before.stderr
+    assert probing(str(slow_job.pid), "trace", "on", "--backward").returncode == 0
+    assert probing(str(slow_job.pid), "nan", "on").returncode == 0
+    during = probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout.split()
+    assert during[0] != "0" and during[2] == "2"
+    wait_for_step(slow_job.pid, 3)
+    off = probing(str(slow_job.pid), "trace", "off")
+    assert "hooks kept for nan" in off.stdout
+    off = probing(str(slow_job.pid), "nan", "off")
+    assert off.returncode == 0 and "14 hooks removed" in off.stdout
+    assert probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout == "0 0 0\n"
+    # on again, then detach: the agent removes what it added on its way out
+    assert probing(str(slow_job.pid), "trace", "on").returncode == 0
+    assert probing(str(slow_job.pid), "detach").returncode == 0
+    assert probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout == "0 0 0\n"
+    step = int(probing(str(slow_job.pid), "eval", "model[2].calls").stdout)
+    assert wait_until(lambda: int(probing(str(slow_job.pid), "eval", "model[2].calls").stdout) > step, 10)
+
+
+def test_backward_timing_nests_inside_the_parent() -> None:
+    with Target("torch_job.py", via="plain", args=["--slow"]) as job:
+        assert probing(str(job.pid), "trace", "on", "--backward", "--every", "2").returncode == 0
+        wait_for_step(job.pid, 8)
+        found = rows(
+            job.pid,
+            "SELECT step, module, duration FROM python.torch_trace WHERE stage = 'backward' ORDER BY step, seq",
+        )
+        steps = {row["step"] for row in found}
+        assert steps and all(step % 2 == 0 for step in steps)  # --every 2
+        last = max(steps)
+        durations = {row["module"]: row["duration"] for row in found if row["step"] == last}
+        assert set(durations) == {"model", "model.0", "model.1", "model.2", "model.3", "loss_fn"}
+        assert all(value > 0 for value in durations.values())
+        assert durations["model"] >= max(durations[f"model.{i}"] for i in range(4))
+
+
+def test_gradient_accumulation_and_two_optimizers_share_a_step() -> None:
+    args = ["--accumulate", "3", "--two-optimizers"]
+    with Target("torch_job.py", via="plain", args=args) as job:
+        assert probing(str(job.pid), "trace", "on", "--every", "1").returncode == 0
+        wait_for_step(job.pid, 5)
+        found = rows(
+            job.pid,
+            "SELECT step, list(seq ORDER BY seq) AS seqs, count(*) FILTER (module = 'model') AS micro, "
+            "list(module ORDER BY seq) FILTER (stage = 'optimizer') AS optimizers "
+            "FROM python.torch_trace GROUP BY step ORDER BY step",
+        )
+        full = found[2:-1]  # the first steps may be partial: hooks went in mid-step
+        assert full and all(row["micro"] == 3 for row in full)
+        assert all(row["optimizers"] == ["optimizer", "head_optimizer"] for row in full)
+        assert all(row["seqs"] == list(range(len(row["seqs"]))) for row in full)
+
+
+def test_loss_is_bit_identical_traced_and_untraced() -> None:
+    args = ["--steps", "40", "--print-losses"]
+    with Target("torch_job.py", via="plain", args=args) as plain:
+        assert wait_until(lambda: "done" in plain.stdout_lines, 60, 0.1)
+        untraced = [line for line in plain.stdout_lines if line.startswith("loss")]
+    environment = {"PROBING_TORCH_TRACE": "every=1,backward"}
+    with Target("torch_job.py", via="env", args=args, env=environment) as job:
+        assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1)
+        traced = [line for line in job.stdout_lines if line.startswith("loss")]
+        assert probing(str(job.pid), "nan", "status").returncode == 0
+        counted = rows(job.pid, "SELECT count(DISTINCT step) AS steps, count(*) AS n FROM python.torch_trace")[0]
+    assert len(untraced) == 40 and traced == untraced
+    assert counted["steps"] == 40 and counted["n"] > 40 * 10
+
+
+def test_nan_events_name_the_layer_at_its_step_and_nothing_earlier() -> None:
+    with Target("torch_job.py", via="plain", args=["--poison", "forward", "--gate", "--steps", "40"]) as job:
+        result = probing(str(job.pid), "nan", "on")
+        assert result.returncode == 0 and "nan checks: on" in result.stdout
+        job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
+        job.process.stdin.flush()  # type: ignore[union-attr]
+        assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1), job.output()
+        events = rows(job.pid, "SELECT step, module, stage, nan_count, inf_count, input_finite, tensor "
+                      "FROM python.nan_events ORDER BY step, seq")  # fmt: skip
+        first = events[0]
+        # Middle's 30th call is step 29, counted from 0; it alone made the NaN (its input was finite).
+        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (29, "model.2", "forward", True)
+        assert first["nan_count"] == 32 * 16 and first["inf_count"] == 0
+        assert first["tensor"] == "output[0] float32[32, 16] on cpu"
+        assert len({event["step"] for event in events}) == len(events)  # the first event of each step only
+        seed = rows(job.pid, "SELECT step, module, stage, nan_count FROM python.nan_events ORDER BY step, seq LIMIT 5")
+        assert seed[0] == {"step": 29, "module": "model.2", "stage": "forward", "nan_count": 512}
+        assert status(job.pid, "nan")["nan_events"] == len(events)
+        assert job.alive()
+
+
+def test_nan_in_backward_is_blamed_on_the_module_that_made_it() -> None:
+    with Target("torch_job.py", via="plain", args=["--poison", "backward", "--gate", "--steps", "35"]) as job:
+        assert probing(str(job.pid), "nan", "on").returncode == 0
+        job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
+        job.process.stdin.flush()  # type: ignore[union-attr]
+        assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1), job.output()
+        first = rows(job.pid, "SELECT * FROM python.nan_events ORDER BY step, seq LIMIT 1")[0]
+        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (29, "model.2", "backward", True)
+        assert first["tensor"].startswith("grad_input[0] float32[32, 16]")
+
+
+def test_nan_stop_raises_in_the_training_thread_so_the_job_handles_it() -> None:
+    with Target("torch_job.py", via="plain", args=["--poison", "forward", "--gate"]) as job:
+        result = probing(str(job.pid), "nan", "on", "--stop")
+        assert "--stop: raise at the first NaN/Inf" in result.stdout
+        job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
+        job.process.stdin.flush()  # type: ignore[union-attr]
+        assert wait_until(lambda: any(line.startswith("stopped") for line in job.stdout_lines), 60, 0.1)
+        line = next(line for line in job.stdout_lines if line.startswith("stopped"))
+        assert line.startswith("stopped at step 29: checkpoint saved; NonFiniteError: probing: 512 NaN")
+        assert "of model.2 (Middle) at step 29" in line
+        assert status(job.pid, "nan")["stopped_at_step"] == 29
+        assert job.alive()  # the job's own handler chose to stop training, not to die
+
+
+def test_model_tables_match_the_known_model() -> None:
+    with Target("torch_job.py", via="plain", args=["--two-optimizers"]) as job:
+        modules = {row["name"]: row for row in rows(job.pid, "SELECT * FROM python.modules")}
+        assert set(modules) == {"model", "model.0", "model.1", "model.2", "model.3", "loss_fn"}
+        assert modules["model"]["params"] == (8 * 16 + 16) + (16 * 4 + 4)
+        assert modules["model.0"] | {"grad_norm": None} == {
+            "name": "model.0", "root": "model", "type": "Linear", "depth": 1, "params": 144,
+            "trainable_params": 144, "device": "cpu", "dtype": "float32", "training": True,
+            "grad_norm": None, "has_nonfinite_grad": False, "traced": False,
+        }  # fmt: skip
+        assert modules["model.0"]["grad_norm"] > 0
+        assert modules["model.1"]["grad_norm"] is None and modules["model.1"]["params"] == 0
+        seed = rows(job.pid, "SELECT name, type, params, grad_norm FROM python.modules ORDER BY params DESC")
+        assert [row["name"] for row in seed[:2]] == ["model", "model.0"]
+
+        optimizers = rows(job.pid, "SELECT * FROM python.optimizers ORDER BY optimizer")
+        assert [row["optimizer"] for row in optimizers] == ["head_optimizer", "optimizer"]
+        head, sgd = optimizers
+        assert (head["type"], head["lr"], head["beta1"], head["beta2"], head["weight_decay"]) == (
+            "AdamW", 0.001, 0.9, 0.95, 0.01,
+        )  # fmt: skip
+        assert (head["params"], head["numel"], head["momentum"]) == (2, 68, None) and head["steps"] > 0
+        assert (sgd["type"], sgd["lr"], sgd["momentum"], sgd["beta1"], sgd["params"], sgd["numel"]) == (
+            "SGD", 0.01, 0.9, None, 2, 144,
+        )  # fmt: skip
+
+        tensors = rows(job.pid, "SELECT * FROM python.tensors")
+        named = {row["name"]: row for row in tensors if row["name"]}
+        assert named["model.0.weight"] == {
+            "name": "model.0.weight", "kind": "parameter", "shape": "[16, 8]", "dtype": "float32",
+            "device": "cpu", "bytes": 512, "requires_grad": True, "is_param": True, "grad_fn": None,
+        }  # fmt: skip
+        assert named["model.0.weight.grad"]["kind"] == "gradient"
+        marker = [row for row in tensors if row["shape"] == "[123, 45]"]
+        assert len(marker) == 1 and marker[0]["kind"] == "tensor" and marker[0]["bytes"] == 123 * 45 * 4
+        seed = rows(
+            job.pid,
+            "SELECT shape, dtype, device, count(*) AS n, sum(bytes) AS bytes FROM python.tensors "
+            "GROUP BY ALL ORDER BY bytes DESC",
+        )
+        assert seed[0]["shape"] == "[123, 45]"
+
+
+def test_a_tensor_scan_cut_short_says_so() -> None:
+    with Target("torch_job.py", via="plain") as job:
+        probing(str(job.pid), "eval", "junk = [object() for _ in range(300000)]")
+        result = probing(str(job.pid), "query", "SELECT count(*) FROM python.tensors", "--scan-budget", "0.000001")
+        assert result.returncode == 0
+        assert "python.tensors: stopped after 1e-06 s" in result.stderr
+
+
+def test_torch_commands_on_a_job_without_torch_and_bad_options() -> None:
+    with Target("sleeper.py", via="plain") as job:
+        for command in (["trace", "on"], ["nan", "on"], ["trace", "status"]):
+            result = probing(str(job.pid), *command)
+            assert result.returncode == ExitCode.NO_TORCH, result.stderr
+            assert "has not imported torch" in result.stderr and "Traceback" not in result.stderr
+        # the torch tables exist, and are empty
+        assert rows(job.pid, "SELECT count(*) AS n FROM python.torch_trace")[0]["n"] == 0
+        assert rows(job.pid, "SELECT count(*) AS n FROM python.modules")[0]["n"] == 0
+        usage = probing(str(job.pid), "trace", "off", "--every", "3")
+        assert usage.returncode == ExitCode.USAGE and "only go with 'trace on'" in usage.stderr
+        assert probing(str(job.pid), "trace", "sideways").returncode == ExitCode.USAGE
+        assert probing(str(job.pid), "trace", "on", "--every", "0").returncode == ExitCode.USAGE
+        assert probing(str(job.pid), "nan", "off", "--stop").returncode == ExitCode.USAGE
+        assert job.alive()
+
+
+def test_modules_and_depth_narrow_what_is_hooked() -> None:
+    with Target("torch_job.py", via="plain") as job:
+        result = probing(str(job.pid), "trace", "on", "--modules", "model.[23]", "--format", "json")
+        assert json.loads(result.stdout)["hooked_modules"] == 2
+        wait_for_step(job.pid, 3)
+        assert {r["module"] for r in rows(job.pid, "SELECT DISTINCT module FROM python.torch_trace")} == {
+            "model.2", "model.3", "optimizer",
+        }  # fmt: skip
+        result = probing(str(job.pid), "trace", "on", "--depth", "0", "--format", "json")
+        assert json.loads(result.stdout)["models"] == ["loss_fn", "model"]
+        assert json.loads(result.stdout)["hooked_modules"] == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_durations_and_memory_columns() -> None:
+    with Target("torch_job.py", via="plain", args=["--device", "cuda", "--slow"]) as job:
+        assert probing(str(job.pid), "trace", "on", "--every", "1", "--backward").returncode == 0
+        wait_for_step(job.pid, 6)
+        found = rows(job.pid, "SELECT * FROM python.torch_trace WHERE module = 'model.0' AND stage = 'forward'")
+        assert found and all(row["duration"] > 0 and row["allocated"] is not None for row in found)
+        assert all(row["reserved"] >= row["allocated"] for row in found)
