@@ -147,11 +147,12 @@ def query_million(repeats: int) -> Dict[str, Any]:
     log = os.path.join("/tmp", f"bench_torch_gaps_{os.getpid()}.log")
     job = subprocess.Popen(
         [*PROBING, "run", "--", sys.executable, os.path.join(HERE, "torch_target.py"), log],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert job.stdout is not None
-        pid = int(job.stdout.readline().split()[1])
+        assert job.stdout is not None and job.stderr is not None
+        pid = int(job.stderr.readline().split()[3].rstrip(":"))  # probing: started PID N: ...
+        job.stdout.readline()  # ready
         status = _probing(str(pid), "trace", "on", "--every", "1", "--format", "json")
         if status.returncode != 0:
             raise SystemExit(f"trace on failed: {status.stderr}")
@@ -209,7 +210,9 @@ def _read_gaps(path: str) -> List[tuple[float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=5)
@@ -232,7 +235,10 @@ def main() -> None:
         )
     if not args.skip_query:
         result = query_million(args.repeats)
-        print(f"seed query over {result['rows']} rows of python.torch_trace (filled in {result['fill_seconds']} s):")
+        print(
+            f"seed query over {result['rows']} rows of python.torch_trace "
+            f"(filled in {result['fill_seconds']} s):"
+        )
         print(f"  end to end: median {result['query_median_s']} s  (runs: {result['query_seconds']})")
         print(
             f"  longest training-step gap during the queries: {result['longest_step_gap_during_query_ms']} ms"

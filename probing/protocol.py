@@ -459,6 +459,8 @@ def decode_table(descriptor: Dict[str, Any], payload: ByteChunk) -> DecodedTable
                     dictionary.append(blob[start : start + size].decode("utf-8", "replace"))
                     start += size
             columns.append(DecodedColumn(entry["name"], entry["type"], encoding, data, valid, dictionary))
-        return DecodedTable(descriptor["name"], rows, columns, [str(n) for n in descriptor.get("notes") or ()])
+        return DecodedTable(
+            descriptor["name"], rows, columns, [str(n) for n in descriptor.get("notes") or ()]
+        )
     except (KeyError, TypeError, ValueError) as error:
         raise FrameError(f"malformed table in reply: {error}", fatal=False) from None

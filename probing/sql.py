@@ -2,6 +2,12 @@
 
 Every table the agent documents exists in the session (so information_schema and `DESCRIBE`
 see them all); only the tables a query names are fetched and filled.
+
+A fetched table is not copied into DuckDB: its columns stay where the reply put them, mapped by
+numpy, and the table becomes a view over them; strings arrive as codes into a dictionary and are
+looked up when a query reads them. Copying a million-row python.torch_trace into a DuckDB table
+took half a second; the view costs a few milliseconds and the query reads only its columns.
+The registered columns show in information_schema under the `temp` catalog, as __probing_part*.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any, Dict, List, NamedTuple, Tuple
 from .errors import BadSQL
 from .protocol import DecodedColumn, DecodedTable
 
-_STAGING = "__probing_incoming"
+_STAGING = "__probing_part"
 
 
 class QueryResult(NamedTuple):
@@ -29,9 +35,13 @@ def _qualified(name: str) -> str:
     return ".".join(_quote(part) for part in name.split("."))
 
 
-def _column_expression(column: DecodedColumn, data: str, valid: str) -> str:
+def _column_expression(column: DecodedColumn, data: str, valid: str, words: str) -> str:
     """SQL that turns a staged numpy column back into its typed, NULL-aware value."""
     kind = column.type
+    if column.encoding == "dict":
+        # Codes index the dictionary from 0; -1 (NULL) becomes index 0, which list_extract
+        # answers with NULL.
+        data = f"list_extract((SELECT list(word ORDER BY code) FROM {words}), {data} + 1)"
     if kind == "BOOLEAN":
         return f"CASE WHEN {data} < 0 THEN NULL ELSE {data} <> 0 END"
     if kind == "JSON":
@@ -41,7 +51,7 @@ def _column_expression(column: DecodedColumn, data: str, valid: str) -> str:
     if kind == "TIMESTAMP":
         value = f"make_timestamp(CAST(round({data} * 1000000) AS BIGINT))"
     else:
-        value = data
+        value = f"CAST({data} AS {kind})"
     if column.valid is not None:
         return f"CASE WHEN {valid} = 1 THEN {value} END"
     return value
@@ -51,11 +61,7 @@ def _numpy_column(column: DecodedColumn) -> Any:
     import numpy
 
     data: Any = column.data
-    if column.encoding == "dict":
-        # Code -1 means NULL: it indexes the None appended after the dictionary.
-        words = numpy.array([*(column.dictionary or []), None], dtype=object)
-        return words[numpy.frombuffer(data, dtype=numpy.int32)]
-    dtype = {"i64": numpy.int64, "f64": numpy.float64, "bool": numpy.int8}[column.encoding]
+    dtype = {"i64": numpy.int64, "f64": numpy.float64, "bool": numpy.int8, "dict": numpy.int32}[column.encoding]
     return numpy.frombuffer(data, dtype=dtype)
 
 
@@ -75,6 +81,8 @@ class SqlSession:
         # Unqualified names work too: SELECT * FROM backtrace.
         search_path = ",".join([*schemas, "main"])
         self.connection.execute(f"SET search_path = '{search_path}'")
+        self.parts: Dict[str, List[str]] = {}  # table -> SELECTs over its staged parts
+        self.staged = 0
 
     def referenced_tables(self, sql: str) -> List[str]:
         """Tables whose name appears in the query (one too many is cheap, one too few wrong)."""
@@ -86,28 +94,35 @@ class SqlSession:
         return found
 
     def load(self, table: DecodedTable) -> None:
+        """Make the rows of a fetched table what its name shows (a second load adds rows)."""
         if table.rows == 0:
             return
+        import numpy
+
+        self.staged += 1
+        part = f"{_STAGING}{self.staged}"
         staged: Dict[str, Any] = {}
-        names, expressions = [], []
+        expressions = []
         for index, column in enumerate(table.columns):
-            data, valid = f"c{index}", f"v{index}"
+            data, valid, words = f"c{index}", f"v{index}", f"{part}_words{index}"
             staged[data] = _numpy_column(column)
             if column.valid is not None:
-                import numpy
-
                 validity: Any = column.valid
                 staged[valid] = numpy.frombuffer(validity, dtype=numpy.int8)
-            names.append(_quote(column.name))
-            expressions.append(_column_expression(column, data, valid))
-        self.connection.register(_STAGING, staged)
-        try:
-            self.connection.execute(
-                f"INSERT INTO {_qualified(table.name)} ({', '.join(names)}) "
-                f"SELECT {', '.join(expressions)} FROM {_STAGING}"
-            )
-        finally:
-            self.connection.unregister(_STAGING)
+            if column.encoding == "dict":
+                dictionary = column.dictionary or []
+                self.connection.register(
+                    words,
+                    {"code": numpy.arange(len(dictionary)), "word": numpy.array(dictionary, dtype=object)},
+                )
+            expressions.append(f"{_column_expression(column, data, valid, words)} AS {_quote(column.name)}")
+        self.connection.register(part, staged)
+        selects = self.parts.setdefault(table.name, [])
+        selects.append(f"SELECT {', '.join(expressions)} FROM {part}")
+        qualified = _qualified(table.name)
+        if len(selects) == 1:
+            self.connection.execute(f"DROP TABLE {qualified}")
+        self.connection.execute(f"CREATE OR REPLACE VIEW {qualified} AS {' UNION ALL '.join(selects)}")
 
     def run(self, sql: str) -> QueryResult:
         try:

@@ -79,7 +79,12 @@ def test_information_schema_sees_every_table(target: Target) -> None:
     assert [json.loads(line)["t"] for line in result.stdout.splitlines()] == [
         "process.info",
         "python.backtrace",
+        "python.modules",
+        "python.nan_events",
+        "python.optimizers",
+        "python.tensors",
         "python.threads",
+        "python.torch_trace",
     ]
 
 
@@ -109,5 +114,10 @@ def test_tables_describes_every_column(target: Target) -> None:
         "python.backtrace",
         "python.threads",
         "process.info",
+        "python.torch_trace",
+        "python.nan_events",
+        "python.modules",
+        "python.tensors",
+        "python.optimizers",
     ]
     assert all(column["doc"] for table in described for column in table["columns"])

@@ -24,13 +24,13 @@ SEED_QUERY = (
 HOOKS_LEFT = """
 import torch
 from torch.nn.modules import module as m
-from torch.optim import optimizer as o
+from torch.optim import optimizer as opt
 names = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks',
          '_forward_hooks_always_called', '_forward_hooks_with_kwargs', '_forward_pre_hooks_with_kwargs')
 per_module = sum(len(getattr(mod, n, {})) for mod in [*model.modules(), loss_fn] for n in names)
-per_optimizer = sum(len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks) for opt in optimizers)
+per_optimizer = sum(len(o._optimizer_step_pre_hooks) + len(o._optimizer_step_post_hooks) for o in optimizers)
 glob = (len(m._global_forward_hooks) + len(m._global_forward_pre_hooks) + len(m._global_backward_hooks)
-        + len(o._global_optimizer_pre_hooks) + len(o._global_optimizer_post_hooks))
+        + len(opt._global_optimizer_pre_hooks) + len(opt._global_optimizer_post_hooks))
 print(per_module, per_optimizer, glob)
 """
 
@@ -71,7 +71,9 @@ def test_seed_query_on_an_attached_job_ranks_the_slow_submodule_first(slow_job: 
     assert [row["module"] for row in ranked[:2]] == ["model", "model.2"]
     assert ranked[1]["stage"] == "forward" and ranked[1]["avg_time"] >= 0.019
     assert all(row["avg_time"] < 0.01 for row in ranked[2:])
-    steps = rows(slow_job.pid, "SELECT step, count(*) AS n FROM python.torch_trace GROUP BY step ORDER BY step")
+    steps = rows(
+        slow_job.pid, "SELECT step, count(*) AS n FROM python.torch_trace GROUP BY step ORDER BY step"
+    )
     numbers = [row["step"] for row in steps]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
     # a full step: 5 module forwards, loss_fn, the optimizer
@@ -109,7 +111,8 @@ def test_backward_timing_nests_inside_the_parent() -> None:
         wait_for_step(job.pid, 8)
         found = rows(
             job.pid,
-            "SELECT step, module, duration FROM python.torch_trace WHERE stage = 'backward' ORDER BY step, seq",
+            "SELECT step, module, duration FROM python.torch_trace WHERE stage = 'backward' "
+            "ORDER BY step, seq",
         )
         steps = {row["step"] for row in found}
         assert steps and all(step % 2 == 0 for step in steps)  # --every 2
@@ -147,7 +150,9 @@ def test_loss_is_bit_identical_traced_and_untraced() -> None:
         assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1)
         traced = [line for line in job.stdout_lines if line.startswith("loss")]
         assert probing(str(job.pid), "nan", "status").returncode == 0
-        counted = rows(job.pid, "SELECT count(DISTINCT step) AS steps, count(*) AS n FROM python.torch_trace")[0]
+        counted = rows(
+            job.pid, "SELECT count(DISTINCT step) AS steps, count(*) AS n FROM python.torch_trace"
+        )[0]
     assert len(untraced) == 40 and traced == untraced
     assert counted["steps"] == 40 and counted["n"] > 40 * 10
 
@@ -163,11 +168,18 @@ def test_nan_events_name_the_layer_at_its_step_and_nothing_earlier() -> None:
                       "FROM python.nan_events ORDER BY step, seq")  # fmt: skip
         first = events[0]
         # Middle's 30th call is step 29, counted from 0; it alone made the NaN (its input was finite).
-        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (29, "model.2", "forward", True)
+        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (
+            29,
+            "model.2",
+            "forward",
+            True,
+        )
         assert first["nan_count"] == 32 * 16 and first["inf_count"] == 0
         assert first["tensor"] == "output[0] float32[32, 16] on cpu"
         assert len({event["step"] for event in events}) == len(events)  # the first event of each step only
-        seed = rows(job.pid, "SELECT step, module, stage, nan_count FROM python.nan_events ORDER BY step, seq LIMIT 5")
+        seed = rows(
+            job.pid, "SELECT step, module, stage, nan_count FROM python.nan_events ORDER BY step, seq LIMIT 5"
+        )
         assert seed[0] == {"step": 29, "module": "model.2", "stage": "forward", "nan_count": 512}
         assert status(job.pid, "nan")["nan_events"] == len(events)
         assert job.alive()
@@ -180,7 +192,12 @@ def test_nan_in_backward_is_blamed_on_the_module_that_made_it() -> None:
         job.process.stdin.flush()  # type: ignore[union-attr]
         assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1), job.output()
         first = rows(job.pid, "SELECT * FROM python.nan_events ORDER BY step, seq LIMIT 1")[0]
-        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (29, "model.2", "backward", True)
+        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (
+            29,
+            "model.2",
+            "backward",
+            True,
+        )
         assert first["tensor"].startswith("grad_input[0] float32[32, 16]")
 
 
@@ -244,7 +261,9 @@ def test_model_tables_match_the_known_model() -> None:
 def test_a_tensor_scan_cut_short_says_so() -> None:
     with Target("torch_job.py", via="plain") as job:
         probing(str(job.pid), "eval", "junk = [object() for _ in range(300000)]")
-        result = probing(str(job.pid), "query", "SELECT count(*) FROM python.tensors", "--scan-budget", "0.000001")
+        result = probing(
+            str(job.pid), "query", "SELECT count(*) FROM python.tensors", "--scan-budget", "0.000001"
+        )
         assert result.returncode == 0
         assert "python.tensors: stopped after 1e-06 s" in result.stderr
 
@@ -284,6 +303,8 @@ def test_cuda_durations_and_memory_columns() -> None:
     with Target("torch_job.py", via="plain", args=["--device", "cuda", "--slow"]) as job:
         assert probing(str(job.pid), "trace", "on", "--every", "1", "--backward").returncode == 0
         wait_for_step(job.pid, 6)
-        found = rows(job.pid, "SELECT * FROM python.torch_trace WHERE module = 'model.0' AND stage = 'forward'")
+        found = rows(
+            job.pid, "SELECT * FROM python.torch_trace WHERE module = 'model.0' AND stage = 'forward'"
+        )
         assert found and all(row["duration"] > 0 and row["allocated"] is not None for row in found)
         assert all(row["reserved"] >= row["allocated"] for row in found)

@@ -4,8 +4,8 @@ Rows go into blocks of typed arrays, one array per column. A full block is froze
 writes to it again, so shipping the table sends the frozen blocks' memory as it is, without
 copying or joining it, and only the block being filled is copied. When the ring is full its
 oldest block (a sixteenth of the capacity) is dropped whole, so it holds between 15/16 of
-`capacity` and `capacity` rows. Strings are stored as codes into one dictionary per ring (`code()`), which only grows:
-module names and stage names repeat millions of times and are few.
+`capacity` and `capacity` rows. Strings are stored as codes into one dictionary per ring
+(`code()`), which only grows: module and stage names repeat millions of times and are few.
 
 Writers append from the job's threads, the agent reads from its own: a lock guards the
 block list and the block being filled, and is held only to append one row or to copy the
@@ -122,11 +122,13 @@ class Ring:
         for index, (name, column_type) in enumerate(zip(self.names, self.types)):
             data: List[ByteChunk] = [memoryview(columns[index]).cast("B") for columns, _, _ in pieces]
             valid: Optional[List[ByteChunk]] = None
-            if ENCODING_OF_TYPE[column_type] in ("i64", "f64") and any(v[index] is not None for _, v, _ in pieces):
-                valid = [
-                    memoryview(v[index]).cast("B") if v[index] is not None else bytes([1]) * rows
-                    for _, v, rows in pieces
-                ]
+            if ENCODING_OF_TYPE[column_type] in ("i64", "f64") and any(
+                v[index] is not None for _, v, _ in pieces
+            ):
+                valid = []
+                for _, validity, rows in pieces:
+                    known = validity[index]
+                    valid.append(memoryview(known).cast("B") if known is not None else bytes([1]) * rows)
             dictionary = words if ENCODING_OF_TYPE[column_type] == "dict" else None
             buffers.append(ColumnBuffers(name, column_type, data, valid, dictionary))
         return encode_table(self.name, sum(rows for _, _, rows in pieces), buffers)

@@ -189,12 +189,18 @@ TORCH_TRACE = Table(
     [
         Column("step", "BIGINT", "optimizer step the call belongs to, counted from 0 when tracing began"),
         Column("seq", "BIGINT", "order of the call's start within its step (micro-batches keep counting)"),
-        Column("module", "VARCHAR", "qualified module name, e.g. model.layers.0.attn; the optimizer's for steps"),
+        Column(
+            "module", "VARCHAR", "qualified module name, e.g. model.layers.0.attn; the optimizer's for steps"
+        ),
         Column("module_type", "VARCHAR", "class name of the module or optimizer"),
         Column("stage", "VARCHAR", "'forward', 'backward' or 'optimizer'"),
         Column("duration", "DOUBLE", "seconds; CPU time between the hooks, or CUDA event time on a GPU"),
         Column("time_offset", "DOUBLE", "seconds from the start of the step to the start of the call"),
-        Column("allocated", "DOUBLE", "MB allocated by torch on the module's CUDA device after the call; NULL on CPU"),
+        Column(
+            "allocated",
+            "DOUBLE",
+            "MB allocated by torch on the module's CUDA device after the call; NULL on CPU",
+        ),
         Column("max_allocated", "DOUBLE", "MB, peak of allocated so far; NULL on CPU"),
         Column("reserved", "DOUBLE", "MB held by the CUDA caching allocator; NULL on CPU"),
         Column("rank", "BIGINT", "torch.distributed rank (RANK, or 0 when not distributed)"),
@@ -213,11 +219,19 @@ NAN_EVENTS = Table(
         Column("module", "VARCHAR", "qualified module name"),
         Column("module_type", "VARCHAR", "class name of the module"),
         Column("stage", "VARCHAR", "'forward' (its output) or 'backward' (the gradients it produced)"),
-        Column("tensor", "VARCHAR", "which tensor, its dtype, shape and device, e.g. output[0] float32[32, 10] on cpu"),
+        Column(
+            "tensor",
+            "VARCHAR",
+            "which tensor, its dtype, shape and device, e.g. output[0] float32[32, 10] on cpu",
+        ),
         Column("nan_count", "BIGINT", "NaN values in that tensor"),
         Column("inf_count", "BIGINT", "Inf values in that tensor"),
-        Column("input_finite", "BOOLEAN", "whether what came in (inputs, or the output gradient) was finite: "
-               "true means this module made the NaN/Inf"),
+        Column(
+            "input_finite",
+            "BOOLEAN",
+            "whether what came in (inputs, or the output gradient) was finite: "
+            "true means this module made the NaN/Inf",
+        ),
         Column("rank", "BIGINT", "torch.distributed rank"),
         Column("ts", "TIMESTAMP", "when it was seen (UTC)"),
     ],
@@ -238,7 +252,9 @@ MODULES = Table(
         Column("device", "VARCHAR", "device of its first parameter; NULL without parameters"),
         Column("dtype", "VARCHAR", "dtype of its first parameter"),
         Column("training", "BOOLEAN", "module.training"),
-        Column("grad_norm", "DOUBLE", "L2 norm of the gradients of its own parameters; NULL when none has one"),
+        Column(
+            "grad_norm", "DOUBLE", "L2 norm of the gradients of its own parameters; NULL when none has one"
+        ),
         Column("has_nonfinite_grad", "BOOLEAN", "whether those gradients hold NaN or Inf"),
         Column("traced", "BOOLEAN", "whether `trace on` or `nan on` hooks are on it"),
     ],
@@ -250,7 +266,9 @@ TENSORS = Table(
     "Live tensors: the models' parameters, gradients and buffers by name, then every other tensor "
     "gc finds, until a time budget (1 s) runs out; the query then says it was cut short.",
     [
-        Column("name", "VARCHAR", "qualified parameter or buffer name (.grad for a gradient); NULL for others"),
+        Column(
+            "name", "VARCHAR", "qualified parameter or buffer name (.grad for a gradient); NULL for others"
+        ),
         Column("kind", "VARCHAR", "'parameter', 'gradient', 'buffer' or 'tensor'"),
         Column("shape", "VARCHAR", "e.g. [32, 256]"),
         Column("dtype", "VARCHAR", "e.g. float32"),

@@ -42,7 +42,7 @@ def module_rows(own_threads: Any) -> List[Tuple[Any, ...]]:
             [p.grad for p in module.parameters(recurse=False) if p.grad is not None] for _, module in modules
         ]
         norms = _grad_norms(torch, own_grads)
-        for (name, module), grads, norm in zip(modules, own_grads, norms):
+        for (name, module), norm in zip(modules, norms):
             params = trainable = 0
             first = None
             for parameter in module.parameters():
@@ -54,7 +54,8 @@ def module_rows(own_threads: Any) -> List[Tuple[Any, ...]]:
                     first = parameter
             hooked = traced.get(id(module))
             rows.append((
-                name, root_name, type(module).__name__, name.count(".") - root_name.count("."), params, trainable,
+                name, root_name, type(module).__name__, name.count(".") - root_name.count("."),
+                params, trainable,
                 str(first.device) if first is not None else None,
                 _dtype_name(first.dtype) if first is not None else None,
                 bool(module.training), norm, (not math.isfinite(norm)) if norm is not None else None,
@@ -143,7 +144,9 @@ def optimizer_rows(own_threads: Any) -> List[Tuple[Any, ...]]:
         for index, group in enumerate(optimizer.param_groups):
             parameters = list(group.get("params", ()))
             betas = group.get("betas")
-            beta1, beta2 = (_number(betas[0]), _number(betas[1])) if isinstance(betas, (tuple, list)) else (None, None)
+            beta1, beta2 = (
+                (_number(betas[0]), _number(betas[1])) if isinstance(betas, (tuple, list)) else (None, None)
+            )
             steps = None
             for parameter in parameters:
                 state = optimizer.state.get(parameter)
@@ -151,7 +154,8 @@ def optimizer_rows(own_threads: Any) -> List[Tuple[Any, ...]]:
                     steps = int(_number(state["step"]) or 0)
                     break
             rows.append((
-                name, type(optimizer).__name__, index, _number(group.get("lr")), _number(group.get("momentum")),
+                name, type(optimizer).__name__, index, _number(group.get("lr")),
+                _number(group.get("momentum")),
                 beta1, beta2, _number(group.get("weight_decay")), len(parameters),
                 sum(parameter.numel() for parameter in parameters), steps,
             ))  # fmt: skip
@@ -171,4 +175,3 @@ def fill(builder: TableBuilder, rows: Iterable[Tuple[Any, ...]]) -> TableBuilder
     for row in rows:
         builder.append(row)
     return builder
-

@@ -48,6 +48,7 @@ import threading
 import time
 import weakref
 from time import perf_counter
+from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .ring import Ring
@@ -122,22 +123,23 @@ def describe_tensor(tensor: Any) -> str:
 # --- names -----------------------------------------------------------------------------------
 
 
-def _namespaces(own_threads: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
+def _namespaces(own_threads: Any) -> Iterator[Dict[str, Any]]:
     """Where the job keeps its objects: `__main__`, then the locals of every thread's frames,
     outermost first (the training loop's `model` before a helper's `m`)."""
     main = sys.modules.get("__main__")
     if main is not None:
-        yield "", vars(main)
-    for ident, frame in sys._current_frames().items():
+        yield vars(main)
+    for ident, innermost in sys._current_frames().items():
         if ident in own_threads:
             continue
         frames = []
+        frame: Optional[FrameType] = innermost
         while frame is not None:
             frames.append(frame)
             frame = frame.f_back
-        for frame in reversed(frames):
+        for outer in reversed(frames):
             try:
-                yield "", frame.f_locals
+                yield outer.f_locals
             except Exception:  # noqa: BLE001 - a frame that cannot show its locals
                 continue
 
@@ -148,13 +150,17 @@ def names_of(objects: Sequence[Any], own_threads: Any = ()) -> Dict[int, str]:
     wanted = {id(item) for item in objects}
     names: Dict[int, str] = {}
     holders: List[Tuple[str, Any]] = []
-    for _, namespace in _namespaces(own_threads):
+    for namespace in _namespaces(own_threads):
         for key, value in list(namespace.items()):
             if key.startswith("__"):
                 continue
             if id(value) in wanted and id(value) not in names:
                 names[id(value)] = key
-            elif hasattr(value, "__dict__") and not isinstance(value, type) and type(value).__name__ != "module":
+            elif (
+                hasattr(value, "__dict__")
+                and not isinstance(value, type)
+                and type(value).__name__ != "module"
+            ):
                 holders.append((key, value))
     for key, holder in holders:
         if len(names) == len(wanted):
@@ -205,7 +211,17 @@ def find_optimizers(torch: Any) -> List[Any]:
 class _Traced:
     """One hooked module: its handles, names, and the calls of it under way."""
 
-    __slots__ = ("module", "name", "type_name", "name_code", "type_code", "depth", "cuda", "handles", "starts")
+    __slots__ = (
+        "module",
+        "name",
+        "type_name",
+        "name_code",
+        "type_code",
+        "depth",
+        "cuda",
+        "handles",
+        "starts",
+    )
 
     def __init__(self, module: Any, name: str, depth: int, ring: Ring, cuda: bool) -> None:
         self.module = weakref.ref(module)
@@ -301,11 +317,11 @@ class Tracer:
         self.nan_stage_codes = {stage: self.nan_ring.code(stage) for stage in ("forward", "backward")}
         self.traced: Dict[int, _Traced] = {}
         self.roots: List[Tuple[str, Any]] = []  # (name, weakref)
-        self.optimizers: "weakref.WeakKeyDictionary[Any, Tuple[str, int]]" = weakref.WeakKeyDictionary()
+        self.optimizers: weakref.WeakKeyDictionary[Any, Tuple[str, int]] = weakref.WeakKeyDictionary()
         self.optimizer_starts: Dict[int, Tuple[float, int, Any]] = {}
         self.global_handles: List[Any] = []
         self.discovery_handle: Any = None
-        self.discovered: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modules under a known root
+        self.discovered: weakref.WeakSet[Any] = weakref.WeakSet()  # modules under a known root
         self.step = 0
         self.seqs = itertools.count()
         self.step_pending = False
@@ -696,7 +712,9 @@ class Tracer:
                 done += 1
             del self.pending_cuda[:done]
 
-    def watch_backward(self, traced: _Traced, step: int, timed: bool, counter: int, outputs: List[Any]) -> None:
+    def watch_backward(
+        self, traced: _Traced, step: int, timed: bool, counter: int, outputs: List[Any]
+    ) -> None:
         started = perf_counter()
         try:
             self._walk(traced, step, timed, counter, outputs)
@@ -736,7 +754,9 @@ class Tracer:
         for node in heads:
             node.register_prehook(lambda grad_outputs, b=backward: b.begin(grad_outputs))
         for node in edges:
-            node.register_hook(lambda grad_inputs, grad_outputs, b=backward: b.edge_done(grad_inputs, grad_outputs))
+            node.register_hook(
+                lambda grad_inputs, grad_outputs, b=backward: b.edge_done(grad_inputs, grad_outputs)
+            )
 
     # --- NaN/Inf -------------------------------------------------------------------------------
 
@@ -745,7 +765,8 @@ class Tracer:
         if found is None:
             return
         inputs_finite = nonfinite(_flat_tensors(args, self.torch), self.torch) is None
-        self.nan_event(traced, "forward", step, seq, f"output[{found[0]}] " + describe_tensor(outputs[found[0]]),
+        where = f"output[{found[0]}] " + describe_tensor(outputs[found[0]])
+        self.nan_event(traced, "forward", step, seq, where,
                        found[1], found[2], inputs_finite)  # fmt: skip
 
     def nan_event(
@@ -829,7 +850,13 @@ ENVIRONMENT = "PROBING_TORCH_TRACE"
 
 def parse_environment(value: str) -> Dict[str, Any]:
     """PROBING_TORCH_TRACE: `1` for the defaults, or `every=10,backward,depth=2,modules=GLOB`."""
-    options: Dict[str, Any] = {"every": None, "backward": False, "modules": None, "depth": None, "capacity": None}
+    options: Dict[str, Any] = {
+        "every": None,
+        "backward": False,
+        "modules": None,
+        "depth": None,
+        "capacity": None,
+    }
     for item in value.split(","):
         key, _, argument = item.strip().partition("=")
         if key in ("", "1", "on", "true", "yes"):
@@ -841,7 +868,9 @@ def parse_environment(value: str) -> Dict[str, Any]:
         elif key == "modules" and argument:
             options["modules"] = (options["modules"] or []) + [argument]
         else:
-            raise ValueError(f"{ENVIRONMENT}: cannot use {item!r}; e.g. every=10,backward,depth=2,modules=GLOB")
+            raise ValueError(
+                f"{ENVIRONMENT}: cannot use {item!r}; e.g. every=10,backward,depth=2,modules=GLOB"
+            )
     return options
 
 
@@ -861,7 +890,11 @@ def start_from_environment(value: str) -> None:
         try:
             active = tracer()
             active.configure_trace(
-                options["every"], options["backward"], options["modules"], options["depth"], options["capacity"]
+                options["every"],
+                options["backward"],
+                options["modules"],
+                options["depth"],
+                options["capacity"],
             )
             active.discover_at_first_call()
         except Exception as error:  # noqa: BLE001 - the job's import of torch must succeed

@@ -207,7 +207,11 @@ def eval_command(ctx: click.Context, code: str, frame: Optional[str], timeout: f
     metavar="S", help="Seconds to wait for each table.",
 )  # fmt: skip
 @click.option(
-    "--scan-budget", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True, metavar="S",
+    "--scan-budget",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    metavar="S",
     help="Seconds the agent may spend walking live objects for python.tensors.",
 )
 @click.pass_context
@@ -223,7 +227,8 @@ _SWITCH = click.Choice(("on", "off", "status"))
 @click.argument("action", type=_SWITCH, default="status")
 @click.option(
     "--every", type=click.IntRange(min=1), metavar="N",
-    help="Trace one step in N. Default: chosen after each traced step so tracing costs under 1% of the step time.",
+    help="Trace one step in N. Default: chosen after each traced step so that tracing costs under 1% "
+    "of the step time.",
 )  # fmt: skip
 @click.option("--backward", is_flag=True, help="Time each module's backward pass too.")
 @click.option(
@@ -253,8 +258,9 @@ def trace(
       probing PID trace status
       probing PID trace off                       every hook removed
     """
-    given = [name for name, value in (("--every", every), ("--backward", backward or None),
-             ("--modules", patterns or None), ("--depth", depth), ("--capacity", capacity)) if value is not None]  # fmt: skip
+    options = (("--every", every), ("--backward", backward or None), ("--modules", patterns or None),
+               ("--depth", depth), ("--capacity", capacity))  # fmt: skip
+    given = [name for name, value in options if value is not None]
     if given and action != "on":
         raise click.UsageError(f"{', '.join(given)} only go with 'trace on'")
     params = {"action": action, "every": every, "backward": backward, "modules": list(patterns) or None,

@@ -312,7 +312,8 @@ def write_switch(feature: str, action: str, pid: Any, result: Dict[str, Any], ou
     if status["trace"]:
         if status["every_auto"]:
             every = (
-                f"{'every step' if status['every'] == 1 else 'one step in ' + str(status['every'])} (chosen to keep tracing under 1% of the step time; "
+                f"{'every step' if status['every'] == 1 else 'one step in ' + str(status['every'])} "
+                "(chosen to keep tracing under 1% of the step time; "
                 f"{status['call_cost_us']} us per traced call here)"
             )
         else:
@@ -337,7 +338,11 @@ def write_switch(feature: str, action: str, pid: Any, result: Dict[str, Any], ou
         removed = -added
         kept = result["hooks_after"]
         out.write(f"PID {pid}: {feature} off; {_plural(removed, 'hook')} removed")
-        out.write(f", {_plural(kept, 'hook')} kept for {'nan' if feature == 'trace' else 'trace'}\n" if kept else "\n")
+        out.write(
+            f", {_plural(kept, 'hook')} kept for {'nan' if feature == 'trace' else 'trace'}\n"
+            if kept
+            else "\n"
+        )
     else:
         out.write(f"PID {pid}:\n")
     out.write(f"  tracing:    {tracing}\n")
