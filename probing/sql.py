@@ -61,8 +61,8 @@ def _numpy_column(column: DecodedColumn) -> Any:
     import numpy
 
     data: Any = column.data
-    dtype = {"i64": numpy.int64, "f64": numpy.float64, "bool": numpy.int8, "dict": numpy.int32}[column.encoding]
-    return numpy.frombuffer(data, dtype=dtype)
+    dtypes = {"i64": numpy.int64, "f64": numpy.float64, "bool": numpy.int8, "dict": numpy.int32}
+    return numpy.frombuffer(data, dtype=dtypes[column.encoding])
 
 
 class SqlSession:

@@ -216,7 +216,9 @@ def test_nan_stop_raises_in_the_training_thread_so_the_job_handles_it() -> None:
 
 
 def test_model_tables_match_the_known_model() -> None:
-    with Target("torch_job.py", via="plain", args=["--two-optimizers"]) as job:
+    # Trained 5 steps, then idle: gradients are there (zero_grad sets them to None each step).
+    with Target("torch_job.py", via="plain", args=["--two-optimizers", "--steps", "5"]) as job:
+        assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1), job.output()
         modules = {row["name"]: row for row in rows(job.pid, "SELECT * FROM python.modules")}
         assert set(modules) == {"model", "model.0", "model.1", "model.2", "model.3", "loss_fn"}
         assert modules["model"]["params"] == (8 * 16 + 16) + (16 * 4 + 4)

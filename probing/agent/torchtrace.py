@@ -308,6 +308,7 @@ class Tracer:
         self.call_cost = 5e-6  # seconds per traced call, measured by calibrate()
         self.step_calls = 0  # traced calls in the current step
         self.step_walk = 0.0  # seconds spent walking autograd graphs in the current step
+        self.walks: Dict[Any, List[Tuple[Any, List[Any]]]] = {}  # output node -> module's edges
         self.backward = False
         self.patterns: Optional[List[str]] = None
         self.depth: Optional[int] = None
@@ -360,45 +361,19 @@ class Tracer:
             self.every = every or 1
             self.backward = backward
             if capacity and capacity != self.ring.capacity:
+                # The hooks hold codes of the old ring's dictionary: they go, and come back below.
+                self._remove_module_hooks()
                 self.ring = Ring("python.torch_trace", _columns("python.torch_trace"), capacity)
                 self.stage_codes = {s: self.ring.code(s) for s in ("forward", "backward", "optimizer")}
-                self.traced = {}
-                self._remove_module_hooks()
             if patterns != self.patterns or depth != self.depth:
                 self._remove_module_hooks()
             self.patterns, self.depth = patterns, depth
             self.trace_on = True
             self.error = None
             if self.auto_every:
-                self.calibrate()
+                self.call_cost = calibrate(self.torch)
             self._refresh_flags()
             self._install()
-
-    def calibrate(self) -> None:
-        """Measure what one traced module call costs here: a hooked nn.Identity against a bare one."""
-        probe = self.torch.nn.Identity()
-        data = self.torch.zeros(1)
-        traced = _Traced(probe, "probing.calibration", 0, self.ring, False)
-        pre, post = self._hooks_for(traced, False)
-
-        def run(calls: int) -> float:
-            start = perf_counter()
-            for _ in range(calls):
-                probe(data)
-            return perf_counter() - start
-
-        bare = min(run(100) for _ in range(3))
-        handles = [probe.register_forward_pre_hook(pre), probe.register_forward_hook(post)]
-        saved = (self.tracing_now, self.watching, self.ring)
-        self.tracing_now = self.watching = True
-        self.ring = Ring("calibration", _columns("python.torch_trace"), 1000)
-        try:
-            hooked = min(run(100) for _ in range(3))
-        finally:
-            for handle in handles:
-                handle.remove()
-            self.tracing_now, self.watching, self.ring = saved
-        self.call_cost = max(1e-6, (hooked - bare) / 100)
 
     def configure_nan(self, on: bool, stop: bool) -> None:
         with self.lock:
@@ -561,6 +536,7 @@ class Tracer:
             self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(cost / (DEFAULT_BUDGET * work))))
         self.step_calls = 0
         self.step_walk = 0.0
+        self.walks.clear()
         self.step_pending = False
         self.stepped.clear()
         self.step += 1
@@ -719,6 +695,8 @@ class Tracer:
         try:
             self._walk(traced, step, timed, counter, outputs)
         finally:
+            if traced.depth == 0:
+                self.walks.clear()  # they hold graph nodes, and so the forward's saved tensors
             self.step_walk += perf_counter() - started
 
     def _walk(self, traced: _Traced, step: int, timed: bool, counter: int, outputs: List[Any]) -> None:
@@ -730,26 +708,37 @@ class Tracer:
                 heads.append(node)
         if not heads:
             return
+        # A submodule's forward returned before this one's, and its walk left a summary under its
+        # output node: (edge node, where gradients go from it). The walk jumps over the
+        # submodule's nodes through it, so a forward pass walks each node about once, however
+        # deep the modules nest.
+        summaries = self.walks
         seen = set(heads)
         stack = list(heads)
         edges = []
+        summary = []
         while stack:
             node = stack.pop()
-            leaves_module = False
-            for next_node, _ in node.next_functions:
-                if next_node is None:
-                    continue
-                number = next_node._sequence_nr()
-                if counter <= number < after:
-                    if next_node not in seen:
-                        seen.add(next_node)
-                        stack.append(next_node)
-                else:
-                    leaves_module = True
-            if leaves_module or not node.next_functions:
-                edges.append(node)
+            below = summaries.get(node)
+            steps = (
+                below if below is not None else [(node, [n for n, _ in node.next_functions if n is not None])]
+            )
+            for edge, targets in steps:
+                exits = []
+                for next_node in targets:
+                    if counter <= next_node._sequence_nr() < after:
+                        if next_node not in seen:
+                            seen.add(next_node)
+                            stack.append(next_node)
+                    else:
+                        exits.append(next_node)
+                if exits or not targets:
+                    edges.append(edge)
+                    summary.append((edge, exits))
             if len(seen) > MAX_WALK_NODES:
                 return
+        for node in heads:
+            summaries[node] = summary
         backward = _Backward(self, traced, step, timed, len(edges))
         for node in heads:
             node.register_prehook(lambda grad_outputs, b=backward: b.begin(grad_outputs))
@@ -821,6 +810,32 @@ class Tracer:
                 "rank": self.rank,
                 "error": self.error or start_error,
             }
+
+
+def calibrate(torch: Any) -> float:
+    """Seconds one traced module call costs here: a hooked nn.Identity against a bare one, with
+    a tracer of its own, so that the job's tracing goes on untouched meanwhile."""
+    probe = torch.nn.Identity()
+    data = torch.zeros(1)
+    scratch = Tracer(torch)
+    scratch.ring = Ring("calibration", _columns("python.torch_trace"), 1000)
+    scratch.tracing_now = scratch.watching = True
+    pre, post = scratch._hooks_for(_Traced(probe, "calibration", 0, scratch.ring, False), False)
+
+    def run(calls: int) -> float:
+        start = perf_counter()
+        for _ in range(calls):
+            probe(data)
+        return perf_counter() - start
+
+    bare = min(run(100) for _ in range(3))
+    handles = [probe.register_forward_pre_hook(pre), probe.register_forward_hook(post)]
+    try:
+        hooked = min(run(100) for _ in range(3))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return max(1e-6, (hooked - bare) / 100)
 
 
 def _columns(table: str) -> List[Tuple[str, str]]:
