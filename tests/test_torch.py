@@ -116,7 +116,7 @@ def test_backward_timing_nests_inside_the_parent() -> None:
         )
         steps = {row["step"] for row in found}
         assert steps and all(step % 2 == 0 for step in steps)  # --every 2
-        last = max(steps)
+        last = sorted(steps)[-2]  # the newest may be in the middle of its backward pass
         durations = {row["module"]: row["duration"] for row in found if row["step"] == last}
         assert set(durations) == {"model", "model.0", "model.1", "model.2", "model.3", "loss_fn"}
         assert all(value > 0 for value in durations.values())

@@ -494,7 +494,8 @@ class Tracer:
             return removed
 
     def hook_count(self) -> int:
-        return sum(len(traced.handles) for traced in self.traced.values()) + len(self.global_handles)
+        hooks = sum(len(traced.handles) for traced in self.traced.values()) + len(self.global_handles)
+        return hooks + (self.discovery_handle is not None)
 
     def discover_at_first_call(self) -> None:
         """PROBING_TORCH_TRACE: hook each top-level module when it is first called, until the first
