@@ -75,18 +75,21 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
     hooks_per_step: Dict[str, float] = {}
     for _ in range(3):
         step()  # warm up
-    # Modes alternate step by step (the switch itself is outside the timed step), so that the
-    # machine's drift falls on every mode alike; each mode's figure is the median of its steps.
-    for _ in range(rounds * steps):
+    # Modes take turns in short blocks, round after round, so that the machine's drift falls on
+    # every mode alike; each mode's figure is the median of its steps. The first step after a
+    # switch is not timed: `trace on` walks the heap with gc to find the models, which leaves
+    # the next step slower whatever it traces.
+    for _ in range(rounds):
         for mode, options in modes.items():
             if options is None:
                 tracer.trace_off()
             else:
                 tracer.configure_trace(options["every"], options["backward"], None, None, None)
+            step()
             rows_before = len(tracer.ring)
-            times[mode].append(step())
+            times[mode] += [step() for _ in range(steps)]
             if options is not None:
-                hooks_per_step[mode] = len(tracer.ring) - rows_before
+                hooks_per_step[mode] = (len(tracer.ring) - rows_before) / steps
     tracer.trace_off()
     base = statistics.median(times["untraced"])
     report: Dict[str, Any] = {
@@ -230,7 +233,7 @@ def main() -> None:
         costs = per_call()
         print(
             f"step-time overhead, small transformer on {report['device']} ({report['modules']} modules), "
-            f"median of {report['steps_per_mode']} steps per mode, modes alternating step by step:"
+            f"median of {report['steps_per_mode']} steps per mode, modes taking turns:"
         )
         for mode, entry in report["modes"].items():
             extra = ""
