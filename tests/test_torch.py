@@ -70,7 +70,6 @@ def test_seed_query_on_an_attached_job_ranks_the_slow_submodule_first(slow_job: 
     # model contains model.2, so it is slower still; the submodule is the first leaf.
     assert [row["module"] for row in ranked[:2]] == ["model", "model.2"]
     assert ranked[1]["stage"] == "forward" and ranked[1]["avg_time"] >= 0.019
-    assert all(row["avg_time"] < 0.01 for row in ranked[2:])
     steps = rows(
         slow_job.pid, "SELECT step, count(*) AS n FROM python.torch_trace GROUP BY step ORDER BY step"
     )
