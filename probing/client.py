@@ -224,6 +224,8 @@ def error_from_reply(error: Dict[str, Any]) -> ProbingError:
             message, hint="torch features work once the job has imported torch; "
             "PROBING=1 PROBING_TORCH_TRACE=1 python train.py traces from the first step",
         )  # fmt: skip
+    if kind == "NoCuda":
+        return NoTorch(message, hint="the job keeps its tensors on the CPU: see `probing PID memory`")
     if kind == "InternalError":
         return ProbingError(f"the agent failed: {message}", hint="this is a bug in probing; please report it")
     return ProbingError(message)

@@ -297,6 +297,7 @@ ENCODING_OF_TYPE = {
     "VARCHAR": "dict",
     "JSON": "dict",  # JSON text
     "VARCHAR[]": "dict",  # a JSON array of strings
+    "BIGINT[]": "dict",  # a JSON array of integers
 }
 
 TYPECODE_OF_ENCODING = {"i64": "q", "f64": "d", "bool": "b", "dict": "i"}

@@ -46,8 +46,8 @@ def _column_expression(column: DecodedColumn, data: str, valid: str, words: str)
         return f"CASE WHEN {data} < 0 THEN NULL ELSE {data} <> 0 END"
     if kind == "JSON":
         return f"CAST({data} AS JSON)"
-    if kind == "VARCHAR[]":
-        return f"from_json({data}, '[\"VARCHAR\"]')"
+    if kind in ("VARCHAR[]", "BIGINT[]"):
+        return f"from_json({data}, '[\"{kind[:-2]}\"]')"
     if kind == "TIMESTAMP":
         value = f"make_timestamp(CAST(round({data} * 1000000) AS BIGINT))"
     else:

@@ -78,13 +78,18 @@ def test_information_schema_sees_every_table(target: Target) -> None:
     result = probing(str(target.pid), "query", "--format", "jsonl", sql)
     assert [json.loads(line)["t"] for line in result.stdout.splitlines()] == [
         "process.info",
+        "process.memory",
+        "process.stats",
         "python.backtrace",
+        "python.gc",
+        "python.gc_generations",
         "python.modules",
         "python.nan_events",
         "python.optimizers",
         "python.tensors",
         "python.threads",
         "python.torch_trace",
+        "torch.cuda_memory",
     ]
 
 
@@ -114,10 +119,15 @@ def test_tables_describes_every_column(target: Target) -> None:
         "python.backtrace",
         "python.threads",
         "process.info",
+        "process.memory",
         "python.torch_trace",
         "python.nan_events",
         "python.modules",
         "python.tensors",
         "python.optimizers",
+        "python.gc",
+        "python.gc_generations",
+        "torch.cuda_memory",
+        "process.stats",
     ]
     assert all(column["doc"] for table in described for column in table["columns"])

@@ -8,6 +8,7 @@ the first connection. See DESIGN.md, "Agent rules".
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Optional
 
@@ -44,6 +45,12 @@ def start(socket_dir: Optional[str] = None) -> bool:
             return False
         _server = server
         last_error = None
+    try:
+        from .memory import start_sampling
+
+        start_sampling(server.own_threads)
+    except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
+        last_error = f"memory sampling: {type(error).__name__}: {error}"
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
         try:
@@ -82,6 +89,9 @@ def _forget_after_fork() -> None:
     server, _server = _server, None
     if server is not None:
         server.abandon_in_child()
+    memory = sys.modules.get(__package__ + ".memory")
+    if memory is not None:
+        memory.forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

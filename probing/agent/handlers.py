@@ -128,6 +128,61 @@ def _nan(server: Any, params: Dict[str, Any]) -> Any:
     return {"status": tracer.status(), "hooks_before": before, "hooks_after": tracer.hook_count()}
 
 
+def _float_param(params: Dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = params.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise RequestError("BadRequest", f"{name} must be a number from {low:g} to {high:g}, not {value!r}")
+    return float(value)
+
+
+def _memory(server: Any, params: Dict[str, Any]) -> Any:
+    action = params.get("action") or "summary"
+    budget = _float_param(params, "scan_budget_s", 1.0, 0.001, 3600.0)
+    top = _int_param(params, "top", 1) or 20
+    if action == "summary":
+        from .memory import summary
+
+        return summary(budget, top)
+    if action == "growth":
+        from .growth import watch
+        from .server import client_gone
+
+        return watch(_float_param(params, "seconds", 10.0, 0.01, 86400.0), budget, top, client_gone)
+    if action == "interval":
+        from .memory import start_sampling
+
+        sampler = start_sampling(server.own_threads, _float_param(params, "interval_s", 1.0, 0.0, 86400.0))
+        return {"sampler": sampler.status() if sampler is not None else None}
+    if action == "cuda_snapshot":
+        return _cuda_snapshot()
+    raise RequestError(
+        "BadRequest", f"memory action must be summary, growth, interval or cuda_snapshot, not {action!r}"
+    )
+
+
+def _cuda_snapshot() -> Reply:
+    import pickle
+
+    from .memory import cuda_module
+
+    cuda = cuda_module()
+    if cuda is None:
+        imported = "torch" in sys.modules
+        raise RequestError(
+            "NoCuda" if imported else "NoTorch",
+            "the process has not initialised CUDA" if imported else "the process has not imported torch",
+        )
+    snapshot = cuda.memory._snapshot()
+    data = pickle.dumps(snapshot)
+    segments = snapshot.get("segments", []) if isinstance(snapshot, dict) else []
+    history = bool(isinstance(snapshot, dict) and any(snapshot.get("device_traces") or ())) or any(
+        block.get("frames") for segment in segments for block in segment.get("blocks", ())
+    )
+    return {"bytes": len(data), "segments": len(segments), "has_history": history}, [data]
+
+
 def _ping(server: Any, params: Dict[str, Any]) -> Any:
     return {"pong": True}
 
@@ -148,6 +203,7 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "eval": _eval,
     "trace": _trace,
     "nan": _nan,
+    "memory": _memory,
     "detach": _detach,
 }
 

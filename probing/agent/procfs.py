@@ -42,3 +42,42 @@ def process_start_time() -> Optional[float]:
     except OSError:
         return None
     return None
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def memory_bytes() -> Tuple[Optional[int], Optional[int]]:
+    """(resident, virtual) bytes of this process, from /proc/self/statm."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            fields = handle.read().split()
+        return int(fields[1]) * _PAGE_SIZE, int(fields[0]) * _PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return None, None
+
+
+def thread_count() -> Optional[int]:
+    fields = _stat_fields("/proc/self/stat")
+    if fields is None or len(fields) < 18:
+        return None
+    return int(fields[17])  # field 20 of stat(5)
+
+
+def open_descriptor_count() -> Optional[int]:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def peak_resident_bytes() -> Optional[int]:
+    """The most this process has ever had resident (VmHWM)."""
+    try:
+        with open("/proc/self/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

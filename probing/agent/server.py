@@ -29,6 +29,27 @@ MAX_CONNECTIONS = 16
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
 
+# The connection a connection thread serves, for handlers that wait long (memory --growth).
+_serving = threading.local()
+
+
+def client_gone() -> bool:
+    """Whether the client of the connection this thread serves has closed its end."""
+    conn = getattr(_serving, "connection", None)
+    if conn is None:
+        return False
+    import select
+
+    try:
+        poller = select.poll()  # not select(): a training job may have more than 1024 descriptors
+        poller.register(conn.fileno(), select.POLLIN)
+        if not poller.poll(0):
+            return False
+        return bool(conn.recv(1, socket.MSG_PEEK) == b"")
+    except OSError:
+        return True
+
+
 def default_socket_dir() -> str:
     return os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
 
@@ -210,6 +231,7 @@ class AgentServer:
 
     def _serve_connection(self, conn: socket.socket) -> None:
         self.own_threads.add(threading.get_ident())
+        _serving.connection = conn
         try:
             from .. import protocol
 
@@ -292,6 +314,12 @@ class AgentServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        memory = sys.modules.get(__package__ + ".memory")
+        if memory is not None:
+            memory.stop_sampling()
+        growth = sys.modules.get(__package__ + ".growth")
+        if growth is not None:
+            growth.cancel()
         output = sys.modules.get(__package__ + ".output")
         if output is not None:
             output.uninstall()

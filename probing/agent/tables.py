@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Dict, List, NamedTuple
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 from .. import __version__
 from .columns import TableBuilder
@@ -28,8 +28,11 @@ class Table(NamedTuple):
     columns: List[Column]
     build: Callable[[Any, Dict[str, Any]], Any]  # returns a TableBuilder or a Ring: .encode()
 
+    def column_types(self) -> List[Tuple[str, str]]:
+        return [(column.name, column.type) for column in self.columns]
+
     def new_builder(self) -> TableBuilder:
-        return TableBuilder(self.name, [(column.name, column.type) for column in self.columns])
+        return TableBuilder(self.name, self.column_types())
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -116,6 +119,55 @@ def _build_optimizers(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .torchstate import fill, optimizer_rows
 
     return fill(OPTIMIZERS.new_builder(), optimizer_rows(server.own_threads))
+
+
+def _build_process_memory(server: Any, params: Dict[str, Any]) -> Any:
+    memory = sys.modules.get(__package__ + ".memory")
+    sampler = memory.current() if memory is not None else None
+    if sampler is None or sampler.ring is None:
+        builder = PROCESS_MEMORY.new_builder()
+        builder.notes.append(
+            "process.memory is empty: sampling is off (probing PID memory --interval 1 starts it)"
+        )
+        return builder
+    return sampler.ring
+
+
+def _build_gc(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .memory import take_census
+
+    census = take_census(float(params.get("scan_budget_s") or 1.0))
+    builder = PYTHON_GC.new_builder()
+    for row in census.rows():
+        builder.append(row)
+    note = census.note()
+    if note:
+        builder.notes.append(f"python.gc: {note}")
+    return builder
+
+
+def _build_gc_generations(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .memory import generation_rows
+
+    builder = GC_GENERATIONS.new_builder()
+    for row in generation_rows():
+        builder.append(row)
+    return builder
+
+
+def _build_cuda_memory(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .memory import cuda_device_stats
+
+    builder = CUDA_MEMORY.new_builder()
+    found = cuda_device_stats()
+    for device, stats in found:
+        for key in sorted(stats):
+            value = stats[key]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                builder.append((device, key, int(value)))
+    if not found:
+        builder.notes.append("torch.cuda_memory is empty: the process has not initialised CUDA")
+    return builder
 
 
 def python_version() -> str:
@@ -300,7 +352,97 @@ OPTIMIZERS = Table(
     _build_optimizers,
 )
 
+PROCESS_MEMORY = Table(
+    "process.memory",
+    "The process's memory over time: one row per sample, taken by the agent from /proc/self every "
+    "second (PROBING_MEMORY_INTERVAL, or `probing PID memory --interval S`) since it started, the "
+    "last 24 hours kept (PROBING_MEMORY_HISTORY).",
+    [
+        Column("ts", "TIMESTAMP", "when the sample was taken (UTC)"),
+        Column("rss_mb", "DOUBLE", "resident set size, MB"),
+        Column("vms_mb", "DOUBLE", "virtual memory size, MB"),
+        Column(
+            "cpu_percent",
+            "DOUBLE",
+            "CPU used by the whole process since the previous sample, in % of one core (the first: "
+            "since the process started)",
+        ),
+        Column("num_threads", "BIGINT", "OS threads of the process"),
+        Column("num_fds", "BIGINT", "open file descriptors"),
+        Column(
+            "gc_objects",
+            "BIGINT",
+            "objects tracked by gc; counted only as often as keeps counting under 0.05% of the time "
+            "(every sample for small jobs), NULL in the samples between",
+        ),
+        Column("cuda_allocated_mb", "DOUBLE", "MB allocated by torch on all CUDA devices; NULL without CUDA"),
+        Column("cuda_reserved_mb", "DOUBLE", "MB held by torch's CUDA caching allocator; NULL without CUDA"),
+    ],
+    _build_process_memory,
+)
+
+PYTHON_GC = Table(
+    "python.gc",
+    "Live objects by type: every object the garbage collector tracks (containers and class "
+    "instances; numbers and strings count only in their containers' size), counted at the time of "
+    "the query until a time budget (query --scan-budget, 1 s) runs out; the query then says it was "
+    "cut short. gc generations are in python.gc_generations.",
+    [
+        Column("type", "VARCHAR", "qualified class name, e.g. torch.Tensor, __main__.Batch, dict"),
+        Column("count", "BIGINT", "live objects of that type"),
+        Column(
+            "size_mb",
+            "DOUBLE",
+            "approximate MB: sys.getsizeof of each object (not what it refers to), plus the CPU "
+            "storage of tensors, each storage counted once",
+        ),
+        Column(
+            "cuda_mb", "DOUBLE", "tensor types: MB of their CUDA storage (each counted once); NULL otherwise"
+        ),
+    ],
+    _build_gc,
+)
+
+GC_GENERATIONS = Table(
+    "python.gc_generations",
+    "The garbage collector's generations: what each holds and how often it was collected.",
+    [
+        Column("generation", "BIGINT", "0 (youngest), 1 or 2"),
+        Column("objects", "BIGINT", "objects in the generation now"),
+        Column("threshold", "BIGINT", "gc.get_threshold() for the generation"),
+        Column(
+            "pending",
+            "BIGINT",
+            "gc.get_count(): allocations (generation 0) or younger collections since its last collection",
+        ),
+        Column("collections", "BIGINT", "collections of the generation since the process started"),
+        Column("collected", "BIGINT", "objects those collections freed"),
+        Column("uncollectable", "BIGINT", "objects found uncollectable (left in gc.garbage)"),
+        Column("enabled", "BOOLEAN", "gc.isenabled()"),
+    ],
+    _build_gc_generations,
+)
+
+CUDA_MEMORY = Table(
+    "torch.cuda_memory",
+    "torch.cuda.memory_stats() of every CUDA device, one row per counter; empty until the job has "
+    "initialised CUDA (probing never initialises it).",
+    [
+        Column("device", "BIGINT", "CUDA device index"),
+        Column(
+            "stat",
+            "VARCHAR",
+            "counter name, e.g. allocated_bytes.all.current, reserved_bytes.all.peak, num_ooms",
+        ),
+        Column("value", "BIGINT", "its value (bytes for *_bytes counters)"),
+    ],
+    _build_cuda_memory,
+)
+
 TABLES: Dict[str, Table] = {
     table.name: table
-    for table in (BACKTRACE, THREADS, PROCESS_INFO, TORCH_TRACE, NAN_EVENTS, MODULES, TENSORS, OPTIMIZERS)
-}
+    for table in (
+        BACKTRACE, THREADS, PROCESS_INFO, PROCESS_MEMORY, TORCH_TRACE, NAN_EVENTS, MODULES, TENSORS,
+        OPTIMIZERS, PYTHON_GC, GC_GENERATIONS, CUDA_MEMORY,
+    )
+}  # fmt: skip

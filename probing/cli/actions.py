@@ -339,44 +339,139 @@ def evaluate(context: Context, code: str, frame: Optional[str], timeout: float) 
 
 def query(context: Context, sql: str, format: str, timeout: float, scan_budget: float = 1.0) -> int:
     from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
+    from ..process_stats import LOCAL_TABLES
     from ..sql import SqlSession
 
     text = _read_argument(sql, "SQL")
-    try:
-        with context.connect(timeout, attach_budget=timeout, give_up_early=True) as client:
-            described, _ = _ask(client, "tables", {}, timeout, parse_target(context.target).pid)
-            session = SqlSession(described["tables"])
-            for name in session.referenced_tables(text):
-                context.log(f"fetching {name}")
-                table = client.fetch_table(name, {"scan_budget_s": scan_budget})
-                for note in table.notes:
-                    sys.stderr.write(f"probing: {note}\n")
-                session.load(table)
-    except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
-        # A query over python.backtrace alone is answered from outside, as backtrace is.
-        session = _backtrace_only_session(context, text, error.message)
-    except Fallback as fallback:
-        session = _backtrace_only_session(context, text, str(fallback))
+    target = parse_target(context.target)
+    session = _static_session()
+    wanted = session.referenced_tables(text)
+    local = [name for name in wanted if name in LOCAL_TABLES]
+    pid = target.pid
+    if target.pid is None or not wanted or len(local) < len(wanted):
+        try:
+            with context.connect(timeout, attach_budget=timeout, give_up_early=True) as client:
+                described, _ = _ask(client, "tables", {}, timeout, target.pid)
+                session = SqlSession(described["tables"] + _local_described())
+                pid = client.info.get("pid", pid)
+                for name in session.referenced_tables(text):
+                    if name in LOCAL_TABLES:
+                        continue
+                    context.log(f"fetching {name}")
+                    table = client.fetch_table(name, {"scan_budget_s": scan_budget})
+                    for note in table.notes:
+                        sys.stderr.write(f"probing: {note}\n")
+                    session.load(table)
+        except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
+            # A query over python.backtrace (and process.stats) is answered from outside.
+            session = _outside_session(context, text, error.message)
+        except Fallback as fallback:
+            session = _outside_session(context, text, str(fallback))
+    for name in local:
+        from ..process_stats import build_local_table
+
+        context.log(f"reading {name} with psutil")
+        _load_builder(session, build_local_table(name, pid or 0))
     result = session.run(text)
     render.write_rows(result.columns, result.types, result.rows, format, sys.stdout)
     return ExitCode.OK
 
 
-def _backtrace_only_session(context: Context, text: str, why: str) -> Any:
-    from ..agent.tables import BACKTRACE, TABLES
-    from ..errors import AgentTimeout
+def memory(
+    context: Context, growth: Optional[float], cuda_snapshot: Optional[str], interval: Optional[float],
+    top: int, format: str, timeout: float, scan_budget: float,
+) -> int:  # fmt: skip
+    params: Dict[str, Any] = {"top": top, "scan_budget_s": scan_budget}
+    wait = timeout
+    if growth is not None:
+        params.update(action="growth", seconds=growth)
+        wait = growth + 2 * scan_budget + timeout  # the window, two object scans, the rest
+    elif cuda_snapshot is not None:
+        params["action"] = "cuda_snapshot"
+    elif interval is not None:
+        params.update(action="interval", interval_s=interval)
+    else:
+        params["action"] = "summary"
+    with context.connect(min(timeout, 10.0)) as client:
+        result, payload = client.call("memory", params, timeout=wait)
+        result.setdefault("pid", client.info.get("pid"))
+        command = " ".join(client.info.get("argv") or [])
+    from . import memory_report
+
+    if cuda_snapshot is not None:
+        with open(cuda_snapshot, "wb") as handle:
+            handle.write(payload)
+        memory_report.write_cuda_snapshot(result, cuda_snapshot, sys.stdout)
+        return ExitCode.OK
+    if params["action"] == "summary":
+        result["outside"] = _outside_memory(int(result["pid"]))
+    if format == "json":
+        import json
+
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    elif params["action"] == "growth":
+        memory_report.write_growth(result, render.SourceLines(int(result["pid"])), sys.stdout)
+    elif params["action"] == "interval":
+        memory_report.write_sampler(result, sys.stdout)
+    else:
+        memory_report.write_memory(result, command, sys.stdout)
+    for note in result.get("notes") or ():
+        sys.stderr.write(f"probing: {note}\n")
+    return ExitCode.OK
+
+
+def _outside_memory(pid: int) -> Dict[str, Any]:
+    """USS, PSS and swap from /proc/PID/smaps (psutil): what the process alone holds."""
+    import psutil
+
+    try:
+        info = psutil.Process(pid).memory_full_info()
+    except (psutil.Error, OSError) as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    mb = 1024.0 * 1024.0
+    return {"uss_mb": info.uss / mb, "pss_mb": info.pss / mb, "swap_mb": info.swap / mb}
+
+
+def _local_described() -> List[Dict[str, Any]]:
+    from ..process_stats import local_tables_described
+
+    return local_tables_described()
+
+
+def _static_session() -> Any:
+    """A session with the tables this CLI knows (the agent's own list may differ by version)."""
+    from ..agent.tables import TABLES
     from ..sql import SqlSession
 
+    return SqlSession([table.describe() for table in TABLES.values()] + _local_described())
+
+
+def _load_builder(session: Any, builder: Any) -> None:
+    descriptor, chunks = builder.encode()
+    session.load(decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks))))
+
+
+def _outside_session(context: Context, text: str, why: str) -> Any:
+    from ..agent.tables import BACKTRACE
+    from ..errors import AgentTimeout
+    from ..process_stats import LOCAL_TABLES
+
     pid = parse_target(context.target).pid
-    session = SqlSession([table.describe() for table in TABLES.values()])
-    if pid is None or session.referenced_tables(text) != [BACKTRACE.name]:
-        raise AgentTimeout(why, hint="only queries over python.backtrace alone can be answered from outside")
+    session = _static_session()
+    wanted = session.referenced_tables(text)
+    if (
+        pid is None
+        or BACKTRACE.name not in wanted
+        or any(name != BACKTRACE.name and name not in LOCAL_TABLES for name in wanted)
+    ):
+        raise AgentTimeout(
+            why, hint="only queries over python.backtrace (and process.stats) can be answered from outside"
+        )
     rows, _ = _backtrace_from_outside(pid, False, None, why)
     builder = BACKTRACE.new_builder()
     for row in rows:
         builder.append(tuple(row[column.name] for column in BACKTRACE.columns))
-    descriptor, chunks = builder.encode()
-    session.load(decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks))))
+    _load_builder(session, builder)
     sys.stderr.write(f"probing: {why}; python.backtrace read from outside the process (py-spy)\n")
     return session
 
@@ -398,7 +493,7 @@ def switch(context: Context, feature: str, params: Dict[str, Any], format: str, 
 
 def tables(context: Context, format: str, timeout: float) -> int:
     with context.connect(timeout) as client:
-        described = client.describe_tables()
+        described = client.describe_tables() + _local_described()
     if format == "json":
         import json
 

@@ -111,6 +111,7 @@ def cli(
       probing PID backtrace        where every thread is, right now
       probing PID eval "CODE"      run Python inside the process
       probing PID query "SQL"      DuckDB SQL over python.backtrace, python.threads, ...
+      probing PID memory           RSS/USS, Python objects by type, torch memory, growth
       probing list                 Python processes, and which have an agent
       probing run -- CMD ...       start CMD with the agent in it
 
@@ -212,7 +213,7 @@ def eval_command(ctx: click.Context, code: str, frame: Optional[str], timeout: f
     default=1.0,
     show_default=True,
     metavar="S",
-    help="Seconds the agent may spend walking live objects for python.tensors.",
+    help="Seconds the agent may spend walking live objects for python.tensors and python.gc.",
 )
 @click.pass_context
 def query(ctx: click.Context, sql: str, format: str, timeout: float, scan_budget: float) -> int:
@@ -286,6 +287,49 @@ def nan(ctx: click.Context, action: str, stop: bool, format: str, timeout: float
     if stop and action != "on":
         raise click.UsageError("--stop only goes with 'nan on'")
     return actions.switch(_context(ctx), "nan", {"action": action, "stop": stop}, format, timeout)
+
+
+@cli.command()
+@click.option(
+    "--growth", type=click.FloatRange(min=0.01, max=86400), metavar="S",
+    help="Watch S seconds: the allocation sites (tracemalloc, on for the window only) and object types "
+    "that grew, and CUDA allocator deltas.",
+)  # fmt: skip
+@click.option(
+    "--cuda-snapshot", type=click.Path(dir_okay=False, writable=True), metavar="FILE",
+    help="Save torch.cuda.memory._snapshot() to FILE, for https://pytorch.org/memory_viz.",
+)  # fmt: skip
+@click.option(
+    "--interval", type=click.FloatRange(min=0, max=86400), metavar="S",
+    help="Sample process.memory every S seconds from now on (0: stop sampling).",
+)  # fmt: skip
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Rows per list.")
+@click.option(
+    "--scan-budget", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+    metavar="S", help="Seconds each walk over the live objects may take.",
+)  # fmt: skip
+@click.option("--format", type=click.Choice(("text", "json")), default="text", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, metavar="S")
+@click.pass_context
+def memory(
+    ctx: click.Context, growth: Optional[float], cuda_snapshot: Optional[str], interval: Optional[float],
+    top: int, scan_budget: float, format: str, timeout: float,
+) -> int:  # fmt: skip
+    """Where the process's memory is: RSS/USS, Python objects by type, torch's CPU and CUDA memory,
+    growth since the agent started.
+
+    \b
+      probing PID memory                     the summary
+      probing PID memory --growth 30         what grew in the next 30 s, and where it was allocated
+      probing PID memory --cuda-snapshot F   CUDA allocator snapshot for PyTorch's memory viewer
+    """
+    chosen = [name for name, value in (("--growth", growth), ("--cuda-snapshot", cuda_snapshot),
+                                       ("--interval", interval)) if value is not None]  # fmt: skip
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join(chosen)} do not go together")
+    if format == "json" and cuda_snapshot is not None:
+        raise click.UsageError("--cuda-snapshot writes a file; --format json does not apply")
+    return actions.memory(_context(ctx), growth, cuda_snapshot, interval, top, format, timeout, scan_budget)
 
 
 @cli.command()

@@ -1,0 +1,194 @@
+"""How `probing PID memory` prints: the summary, the --growth report, the sampler's state."""
+
+from __future__ import annotations
+
+from typing import IO, Any, Dict, List, Optional
+
+from .render import SourceLines
+
+
+def size(mb: Optional[float], signed: bool = False) -> str:
+    """MB as people read it: '812.4 MB', '+312 KB', '1.52 GB'."""
+    if mb is None:
+        return "?"
+    sign = "+" if signed and mb >= 0 else "-" if mb < 0 else ""
+    value = abs(mb)
+    if value >= 1024:
+        return f"{sign}{value / 1024:.2f} GB"
+    if value >= 1 or value == 0:
+        return f"{sign}{value:.1f} MB"
+    if value >= 1 / 1024:
+        return f"{sign}{value * 1024:.0f} KB"
+    return f"{sign}{value * 1024 * 1024:.0f} B"
+
+
+def _signed(count: Optional[float]) -> str:
+    return "?" if count is None else f"{count:+,.0f}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"
+
+
+def _table(header: List[str], rows: List[List[str]], right: List[bool], out: IO[str]) -> None:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        cells = [cell.rjust(width) if r else cell.ljust(width) for cell, width, r in zip(row, widths, right)]
+        out.write("  " + "  ".join(cells).rstrip() + "\n")
+
+
+def write_memory(result: Dict[str, Any], command: str, out: IO[str]) -> None:
+    outside = result.get("outside") or {}
+    parts = [f"RSS {size(result['rss_mb'])} (peak {size(result.get('rss_peak_mb'))})"]
+    if "uss_mb" in outside:
+        parts += [
+            f"USS {size(outside['uss_mb'])}",
+            f"PSS {size(outside['pss_mb'])}",
+            f"swap {size(outside['swap_mb'])}",
+        ]
+    out.write(f"PID {result['pid']} ({command}): {', '.join(parts)}; virtual {size(result['vms_mb'])}\n")
+    out.write(f"  {result.get('num_threads')} threads, {result.get('num_fds')} open file descriptors\n")
+    if "error" in outside:
+        out.write(f"  USS unknown: {outside['error']}\n")
+    growth, sampler = result.get("growth"), result.get("sampler")
+    if growth is not None:
+        changes = [f"RSS {size(growth['rss_mb'], True)}", f"gc objects {_signed(growth['gc_objects'])}"]
+        if growth.get("cuda_allocated_mb") is not None:
+            changes.append(f"CUDA allocated {size(growth['cuda_allocated_mb'], True)}")
+        out.write(f"Since the agent started {duration(growth['seconds'])} ago: {', '.join(changes)}\n")
+    if sampler is not None and sampler["running"]:
+        out.write(
+            f"  process.memory: a sample every {sampler['interval_s']:g} s, {sampler['rows']:,} kept; "
+            f"sampling has used {100 * sampler['cpu_share']:.4f}% of a core\n"
+        )
+    else:
+        out.write("  process.memory: sampling is off (probing PID memory --interval 1 turns it on)\n")
+    gc = result["gc"]
+    counted = "" if not gc["cut_short"] else f", {gc['counted']:,} of them"
+    out.write(
+        f"\nPython objects: {gc['objects']:,} tracked by gc{counted} counted in {gc['elapsed_s']:.2f} s; "
+        f"collections by generation {' / '.join(str(c) for c in gc['collections'])}"
+        f"{'' if gc['enabled'] else ' (gc is disabled)'}\n"
+    )
+    rows = [[entry["type"], f"{entry['count']:,}", f"{entry['size_mb']:.1f}"] for entry in gc["types"]]
+    _table(["type", "count", "size_mb"], rows, [False, True, True], out)
+    torch = result.get("torch")
+    if torch is None:
+        out.write("\ntorch: not imported\n")
+        return
+    storage = ", ".join(f"{size(mb)} on {device}" for device, mb in torch["storage_mb"].items()) or "nothing"
+    out.write(f"\ntorch: {torch['tensors']:,} tensors visible to Python hold {storage}\n")
+    if not torch["cuda_initialised"]:
+        out.write("  CUDA: not initialised in this process\n")
+    for device in torch["cuda"]:
+        out.write(
+            f"  cuda:{device['device']}: allocated {size(device['allocated_mb'])} "
+            f"(peak {size(device['max_allocated_mb'])}), reserved {size(device['reserved_mb'])} "
+            f"(peak {size(device['max_reserved_mb'])}), {device['ooms']} OOMs, "
+            f"{device['alloc_retries']} allocation retries\n"
+        )
+
+
+def _where(sources: SourceLines, file: Optional[str], line: Optional[int]) -> str:
+    if file is None:
+        return "?"
+    text = sources.line(file, line)
+    return f"{file}:{line}" + (f"  {text}" if text else "")
+
+
+def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+    watched = result["watched_s"]
+    ended = "" if result["completed"] else " (ended early)"
+    before, after = result["rss_mb_before"], result["rss_mb_after"]
+    change = None if before is None or after is None else after - before
+    rss = f"RSS {size(before)} -> {size(after)} ({size(change, True)})"
+    objects = result["objects_after"] - result["objects_before"]
+    out.write(f"PID {result['pid']} watched for {watched:.1f} s{ended}: {rss}, gc objects {objects:+,}\n")
+    storage = []
+    old, new = result["tensor_storage_mb_before"], result["tensor_storage_mb_after"]
+    for device in sorted(set(old) | set(new)):
+        storage.append(f"{size(new.get(device, 0.0) - old.get(device, 0.0), True)} on {device}")
+    if storage:
+        out.write(f"  tensor storage: {', '.join(storage)}\n")
+    for device in result["cuda"]:
+        mb = 1024.0 * 1024.0
+        out.write(
+            f"  cuda:{device['device']}: allocated {size(device['allocated_bytes.all.current'] / mb, True)}, "
+            f"reserved {size(device['reserved_bytes.all.current'] / mb, True)}, "
+            f"{device['num_ooms']:+} OOMs, {device['num_alloc_retries']:+} allocation retries\n"
+        )
+    overhead = result["overhead"]
+    sites = result["sites"]
+    out.write(f"\nAllocation sites that grew (tracemalloc, {overhead['frames']} frames):\n")
+    if not sites:
+        out.write("  none: no Python allocation made in the window is still alive\n")
+    for site in sites:
+        out.write(f"  {size(site['size_diff_mb'], True):>10} {site['count_diff']:>+9,} blocks  ")
+        job = (site["job_file"], site["job_line"])
+        allocated = (site["file"], site["line"])
+        if job[0] is None:
+            out.write(f"{_where(sources, *allocated)}\n")
+            continue
+        out.write(f"{_where(sources, *job)}\n")
+        if job != allocated:
+            out.write(f"{'':>33}allocated at {_where(sources, *allocated)}\n")
+    if result["site_count"] > len(sites):
+        out.write(f"  ... and {result['site_count'] - len(sites):,} more sites\n")
+    out.write("\nObject types that grew:\n")
+    rows = [
+        [
+            t["type"],
+            f"{t['count_diff']:+,}",
+            f"{t['count_before']:,} -> {t['count_after']:,}",
+            size(t["size_diff_mb"], True),
+        ]
+        for t in result["types"]
+    ]
+    if rows:
+        _table(["type", "count", "", "size"], rows, [False, True, True, True], out)
+    else:
+        out.write("  none\n")
+    if overhead["tracemalloc_started"]:
+        bare, traced = overhead["allocation_us"], overhead["traced_allocation_us"]
+        cost = (
+            f"it added {traced - bare:.2f} us to each Python allocation ({traced / bare:.0f}x a bare one), "
+            if bare and traced
+            else ""
+        )
+        out.write(
+            f"\nOverhead: tracemalloc ran for this window only (started and stopped by probing): {cost}"
+            f"its traces held {size(overhead['tracemalloc_mb'])}; "
+        )
+    else:
+        out.write(
+            f"\nOverhead: tracemalloc was already running in the job and is left running; "
+            f"its traces hold {size(overhead['tracemalloc_mb'])}; "
+        )
+    out.write(f"probing's object scans and snapshots used {overhead['agent_cpu_s']:.2f} s of CPU.\n")
+
+
+def write_sampler(result: Dict[str, Any], out: IO[str]) -> None:
+    sampler = result.get("sampler")
+    if sampler is None or not sampler["running"]:
+        out.write("process.memory: sampling is off\n")
+        return
+    out.write(
+        f"process.memory: a sample every {sampler['interval_s']:g} s; {sampler['rows']:,} samples kept\n"
+    )
+
+
+def write_cuda_snapshot(result: Dict[str, Any], path: str, out: IO[str]) -> None:
+    history = (
+        "with allocation stacks"
+        if result["has_history"]
+        else "without allocation stacks (the job has not called torch.cuda.memory._record_memory_history())"
+    )
+    out.write(
+        f"PID {result['pid']}: wrote the CUDA memory snapshot ({result['segments']} segments, "
+        f"{size(result['bytes'] / 1024.0 / 1024.0)}) {history} to {path}\n"
+        "  open it at https://pytorch.org/memory_viz\n"
+    )
