@@ -42,6 +42,7 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_attach.py
 	$(BIN)/python benchmarks/bench_backtrace.py
 	$(BIN)/python benchmarks/bench_torch.py
+	$(BIN)/python benchmarks/bench_memory.py
 
 demo: install ## Start a small training job with the agent and run probing against it
 	bash docs/examples/demo.sh

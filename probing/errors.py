@@ -46,7 +46,7 @@ class ExitCode:
         BAD_SQL: "the SQL query failed",
         ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
         HUNG: "hang / run --hang-timeout: the job's main thread made no progress",
-        NO_TORCH: "trace / nan: the process has not imported torch",
+        NO_TORCH: "trace / nan / memory --cuda-snapshot: the process has not imported torch (or CUDA)",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }

@@ -372,7 +372,7 @@ PROCESS_MEMORY = Table(
         Column(
             "gc_objects",
             "BIGINT",
-            "objects tracked by gc; counted only as often as keeps counting under 0.05% of the time "
+            "objects tracked by gc; counted only as often as keeps counting under 0.03% of the time "
             "(every sample for small jobs), NULL in the samples between",
         ),
         Column("cuda_allocated_mb", "DOUBLE", "MB allocated by torch on all CUDA devices; NULL without CUDA"),
