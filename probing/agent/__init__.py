@@ -39,18 +39,28 @@ def start(socket_dir: Optional[str] = None) -> bool:
             return True
         try:
             server = AgentServer.bind(socket_dir)
-            server.start()
         except Exception as error:  # noqa: BLE001 - reported through last_error, never raised
             last_error = f"{type(error).__name__}: {error}"
             return False
-        _server = server
-        last_error = None
-    try:
-        from .memory import start_sampling
+        # The sampler starts before the socket serves: a backtrace must never catch its thread
+        # before it is known as the agent's own.
+        sampling_error = None
+        try:
+            from .memory import start_sampling
 
-        start_sampling(server.own_threads)
-    except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
-        last_error = f"memory sampling: {type(error).__name__}: {error}"
+            start_sampling(server.own_threads)
+        except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
+            sampling_error = f"memory sampling: {type(error).__name__}: {error}"
+        try:
+            server.start()
+        except Exception as error:  # noqa: BLE001 - can't start new thread, say
+            last_error = f"{type(error).__name__}: {error}"
+            from .memory import stop_sampling
+
+            stop_sampling()
+            return False
+        _server = server
+        last_error = sampling_error
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
         try:

@@ -225,7 +225,9 @@ def start_sampling(own_threads: Set[int], interval: Optional[float] = None) -> O
         fresh = Sampler(interval, history, own_threads)
         if sampler is not None:  # restarted after `--interval 0`: keep what was recorded
             fresh.ring, fresh.first, fresh.samples = sampler.ring, sampler.first, sampler.samples
-        fresh.thread.start()
+        fresh.thread.start()  # returns once the thread runs, so its ident is known
+        if fresh.thread.ident is not None:
+            own_threads.add(fresh.thread.ident)
         _sampler = fresh
         return fresh
 

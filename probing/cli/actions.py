@@ -353,7 +353,7 @@ def query(context: Context, sql: str, format: str, timeout: float, scan_budget: 
             with context.connect(timeout, attach_budget=timeout, give_up_early=True) as client:
                 described, _ = _ask(client, "tables", {}, timeout, target.pid)
                 session = SqlSession(described["tables"] + _local_described())
-                pid = client.info.get("pid", pid)
+                pid = pid or client.info.get("pid")  # ours: the agent's may be a container's
                 for name in session.referenced_tables(text):
                     if name in LOCAL_TABLES:
                         continue
@@ -382,7 +382,7 @@ def memory(
     top: int, format: str, timeout: float, scan_budget: float,
 ) -> int:  # fmt: skip
     params: Dict[str, Any] = {"top": top, "scan_budget_s": scan_budget}
-    wait = timeout
+    wait = timeout + scan_budget
     if growth is not None:
         params.update(action="growth", seconds=growth)
         wait = growth + 2 * scan_budget + timeout  # the window, two object scans, the rest
@@ -392,9 +392,12 @@ def memory(
         params.update(action="interval", interval_s=interval)
     else:
         params["action"] = "summary"
+    # The PID as this side sees it: the agent's own may be another PID namespace's (a container).
+    pid = parse_target(context.target).pid
     with context.connect(min(timeout, 10.0)) as client:
         result, payload = client.call("memory", params, timeout=wait)
-        result.setdefault("pid", client.info.get("pid"))
+        pid = pid or client.info.get("pid")
+        result["pid"] = pid
         command = " ".join(client.info.get("argv") or [])
     from . import memory_report
 
@@ -404,7 +407,7 @@ def memory(
         memory_report.write_cuda_snapshot(result, cuda_snapshot, sys.stdout)
         return ExitCode.OK
     if params["action"] == "summary":
-        result["outside"] = _outside_memory(int(result["pid"]))
+        result["outside"] = _outside_memory(int(pid or 0))
     if format == "json":
         import json
 
