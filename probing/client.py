@@ -21,6 +21,7 @@ from .errors import (
     PermissionDenied,
     ProbingError,
     RemoteError,
+    SessionGone,
 )
 from .processes import python_version_of, require_process, socket_candidates
 
@@ -224,6 +225,8 @@ def error_from_reply(error: Dict[str, Any]) -> ProbingError:
             message, hint="torch features work once the job has imported torch; "
             "PROBING=1 PROBING_TORCH_TRACE=1 python train.py traces from the first step",
         )  # fmt: skip
+    if kind == "NoSession":
+        return SessionGone(message)
     if kind == "InternalError":
         return ProbingError(f"the agent failed: {message}", hint="this is a bug in probing; please report it")
     return ProbingError(message)

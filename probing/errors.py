@@ -102,6 +102,10 @@ class AgentUnreachable(ProbingError):
     exit_code = ExitCode.ERROR
 
 
+class SessionGone(ProbingError):
+    """The agent no longer holds a repl session (16 newer ones opened, or the agent restarted)."""
+
+
 class AttachFailed(ProbingError):
     """The agent could not be put into the process (the process is left as it was)."""
 
