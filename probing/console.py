@@ -45,6 +45,9 @@ class RemoteConsole:
         self._reconnect = reconnect
         self.session = ""
         self.info: Dict[str, Any] = {}
+        # Set when the user stopped waiting for a statement: the next push first makes sure
+        # the agent knows to let it go (the connection's close may not have reached it yet).
+        self.gave_up = False
         self.open()
 
     def open(self) -> None:
@@ -54,6 +57,9 @@ class RemoteConsole:
         self.info = dict(self._client.info if self._client is not None else {}, **opened)
 
     def push(self, line: str, keep_waiting: Optional[KeepWaiting] = None) -> Dict[str, Any]:
+        if self.gave_up:
+            self._request("interrupt", {}, keep_waiting)
+            self.gave_up = False
         return self._request("push", {"line": line}, keep_waiting)
 
     def poll(self, keep_waiting: Optional[KeepWaiting] = None) -> Dict[str, Any]:
@@ -120,6 +126,7 @@ class RemoteConsole:
         while not client.answered(WAIT_SLICE_S):
             if keep_waiting is not None and not keep_waiting(time.monotonic() - started):
                 self.drop_connection()
+                self.gave_up = request["action"] in ("push", "poll", "interrupt")
                 raise StoppedWaiting()
         result, _ = client.receive("repl", timeout=REPLY_TIMEOUT_S)
         reply: Dict[str, Any] = result

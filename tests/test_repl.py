@@ -90,6 +90,19 @@ class Terminal:
         self.output += data.decode("utf-8", "replace")
         return bool(data)
 
+    def ctrl_c_at_the_prompt(self) -> str:
+        """Ctrl-C while readline waits for a line. CPython's readline loop looks at signals only
+        when its select() is interrupted: a SIGINT that comes as the prompt is being drawn,
+        before the select, waits for the next one (Python's own REPL does the same)."""
+        deadline = time.monotonic() + 10
+        while True:
+            self.send("\x03")
+            try:
+                return self.expect("KeyboardInterrupt", timeout=0.5)
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+
     def wait(self, timeout: float = 10.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -157,8 +170,8 @@ def test_a_session_at_a_terminal(stepper: Target, terminal: Terminal, tmp_path: 
     # Ctrl-C at a continuation prompt drops the incomplete statement, as Python's console does.
     terminal.send("if True:\n")
     terminal.expect("... ")
-    terminal.send("\x03")
-    assert "KeyboardInterrupt" in terminal.expect(">>> ")
+    terminal.ctrl_c_at_the_prompt()
+    terminal.expect(">>> ")
     terminal.send("a\n")
     assert "\n5\n" in terminal.expect(">>> ")
 
@@ -259,6 +272,28 @@ def test_a_killed_client_leaves_nothing_running(stepper: Target) -> None:
     assert stepper.alive()
 
 
+def test_ctrl_c_stops_a_piped_script_as_it_would_stop_python(stepper: Target) -> None:
+    client = subprocess.Popen(
+        [PROBING, str(stepper.pid), "repl"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert client.stdin is not None
+        client.stdin.write("while True: pass\n\nprint('not run')\n")
+        client.stdin.close()
+        assert wait_until(lambda: repl_threads(stepper), timeout=10)
+        client.send_signal(signal.SIGINT)
+        assert client.wait(15) == 130
+        assert client.stdout is not None and client.stderr is not None
+        out, err = client.stdout.read(), client.stderr.read()
+    finally:
+        client.kill()
+        client.wait()
+    assert out == ""
+    assert "while True: pass" in err and err.rstrip().endswith("KeyboardInterrupt")
+    assert wait_until(lambda: not repl_threads(stepper))
+
+
 def test_errors_are_shown_and_the_session_goes_on(stepper: Target) -> None:
     result = piped(stepper, "def broken(:\n1 / 0\nraise SystemExit(3)\nprint('still here')\n")
     assert result.stdout == "still here\n"
@@ -296,6 +331,24 @@ def test_the_session_survives_the_agent_closing_an_idle_connection(stepper: Targ
         assert client.wait(15) == 0
     finally:
         evaluate(stepper, "import probing.agent.server as server; server.IDLE_TIMEOUT_S = 600.0")
+
+
+def test_a_session_dropped_by_the_agent_is_replaced(stepper: Target) -> None:
+    client = subprocess.Popen(
+        [PROBING, str(stepper.pid), "repl"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert client.stdin is not None and client.stdout is not None and client.stderr is not None
+    client.stdin.write("x = 41\nx\n")
+    client.stdin.flush()
+    assert client.stdout.readline() == "41\n"
+    # As if nobody had used it for two hours: the agent drops it at the next request.
+    evaluate(stepper, "import probing.agent.repl as r\nfor s in r._sessions.values(): s.last_used -= 7200")
+    client.stdin.write("'x' in dir()\n")
+    client.stdin.close()
+    assert client.stdout.readline() == "False\n"
+    assert client.wait(15) == 0
+    assert "the agent dropped this repl session (unused for an hour" in client.stderr.read()
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,8 @@ from .output import captured
 from .statements import FUTURE_FLAGS, Statement, command_compiler, compile_statement, is_blank
 
 MAX_SESSIONS = 16
+# A session nobody has used for this long is dropped, with the names it holds.
+SESSION_IDLE_S = 3600.0
 # How long a reply waits for the running statement before it carries what it has.
 REPLY_WAIT_S = 0.3
 # Once output arrives, gather a little more, so a loop printing line by line sends a few
@@ -57,6 +59,7 @@ class Session:
         self.running: Optional[Statement] = None
         self.sources: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.lock = threading.Lock()
+        self.last_used = time.monotonic()
 
     def push(self, line: str, owner: int) -> Dict[str, Any]:
         """code.InteractiveConsole.push: buffer the line; run the source once it is complete."""
@@ -181,26 +184,45 @@ def _open(own_threads: Any) -> Dict[str, Any]:
     session = Session(os.urandom(8).hex(), own_threads)
     with _sessions_lock:
         _sessions[session.token] = session
-        dropped = []
-        while len(_sessions) > MAX_SESSIONS:
-            dropped.append(_sessions.popitem(last=False)[1])
-    for old in dropped:
-        old.drop()
+    _sweep()
     return {"session": session.token, "pid": os.getpid(), "python_version": python_version(),
             "argv": list(sys.argv)}  # fmt: skip
+
+
+def _sweep() -> None:
+    """Drop the least recently used sessions beyond MAX_SESSIONS, and sessions nobody used for
+    SESSION_IDLE_S: a client killed without saying goodbye must not pin its names' memory
+    (a tensor it made) in the job forever. Done on requests: the agent keeps no timer."""
+    now = time.monotonic()
+    with _sessions_lock:
+        dropped = [
+            session
+            for session in _sessions.values()
+            if now - session.last_used > SESSION_IDLE_S and session.running is None
+        ]
+        for session in dropped:
+            del _sessions[session.token]
+        while len(_sessions) > MAX_SESSIONS:
+            dropped.append(_sessions.popitem(last=False)[1])
+    for session in dropped:
+        session.drop()
 
 
 def _session(params: Dict[str, Any]) -> Session:
     from .handlers import RequestError
 
+    _sweep()
     token = params.get("session")
     with _sessions_lock:
         session = _sessions.get(token) if isinstance(token, str) else None
         if session is not None:
             _sessions.move_to_end(token)  # type: ignore[arg-type]
+            session.last_used = time.monotonic()
     if session is None:
         raise RequestError(
-            "NoSession", f"no repl session {token!r} in this process (closed, or dropped for a newer one)"
+            "NoSession",
+            f"no repl session {token!r} in this process (closed, unused for an hour, or dropped "
+            "for a newer one)",
         )
     return session
 

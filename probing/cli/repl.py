@@ -31,6 +31,8 @@ PS2 = "... "
 HISTORY_LENGTH = 1000
 # When the agent has not answered for this long, say why it may be (and how to stop waiting).
 SLOW_REPLY_S = 10.0
+# A script stopped by Ctrl-C exits as a shell reports it: 128 + SIGINT.
+STOPPED_BY_CTRL_C = 130
 # After the agent vanished: how long to wait for its process to be gone too (it is exiting).
 EXIT_GRACE_S = 1.0
 
@@ -161,13 +163,14 @@ def run_statement(console: RemoteConsole, line: str) -> Dict[str, Any]:
             while True:
                 render.write_repl_reply(reply, sys.stdout, sys.stderr)
                 if reply.get("done") or reply.get("more"):
-                    return reply
+                    return dict(reply, ctrl_c=interrupts.count > 0)
                 if interrupts.count and interrupted_at is None:
                     console.interrupt(keep_waiting)
                     interrupted_at = polls
                 elif interrupts.count >= 2 and interrupted_at is not None and polls > interrupted_at:
                     # The interrupt was sent and a reply came back since: the statement is not
                     # running Python code, where the interrupt would have landed at once.
+                    console.gave_up = True
                     break
                 reply = console.poll(keep_waiting)
                 polls += 1
@@ -179,7 +182,7 @@ def run_statement(console: RemoteConsole, line: str) -> Dict[str, Any]:
         "still running in the target, blocked outside Python; "
         "it will be interrupted when it returns to Python"
     )
-    return {"more": False, "done": True}
+    return {"more": False, "done": True, "ctrl_c": True}
 
 
 def _read(interactive: bool, more: bool) -> str:
@@ -191,17 +194,18 @@ def _read(interactive: bool, more: bool) -> str:
     return line[:-1] if line.endswith("\n") else line
 
 
-def _forgiving(console: RemoteConsole, request: Callable[[], Any]) -> Any:
-    """Run a request; when the agent has dropped the session, say so and open a new one."""
+def _forgiving(console: RemoteConsole, request: Callable[[], Any], retry: bool) -> Any:
+    """Run a request; when the agent has dropped the session, say so, open a new one and (for
+    a line that starts a statement) run the request again there."""
     try:
         return request()
     except SessionGone:
         render.repl_note(
-            "the agent dropped this repl session (16 newer ones were opened, or the agent "
-            "restarted); a new session starts: names assigned before are gone"
+            "the agent dropped this repl session (unused for an hour, 16 newer ones opened, or "
+            "the agent restarted); a new session starts: names assigned before are gone"
         )
         console.open()
-        return {}
+        return request() if retry else {}
 
 
 def run_repl(context: Context, timeout: float) -> int:
@@ -224,17 +228,21 @@ def run_repl(context: Context, timeout: float) -> int:
                 break
             except KeyboardInterrupt:
                 render.write_repl_keyboard_interrupt(sys.stderr)
+                if not interactive:
+                    return STOPPED_BY_CTRL_C
                 if more:
-                    _forgiving(console, console.reset)
+                    _forgiving(console, console.reset, False)
                     more = False
                 continue
             if not more and not line.strip():
                 continue
-            reply = _forgiving(console, functools.partial(run_statement, console, line)) or {}
+            reply = _forgiving(console, functools.partial(run_statement, console, line), not more) or {}
             more = bool(reply.get("more"))
             failed |= bool(reply.get("exception"))
             if reply.get("leave"):
                 break
+            if reply.get("ctrl_c") and not interactive:
+                return STOPPED_BY_CTRL_C  # a script stops at Ctrl-C, as Python's would
     finally:
         if editing is not None:
             editing.save()
