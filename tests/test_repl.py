@@ -8,13 +8,18 @@ import os
 import pty
 import select
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
+from probing import protocol
+from probing.agent import repl
+from probing.agent.server import AgentServer
 from probing.errors import ExitCode
 
 from support import PROBING, Target, interpreter_params, probing, wait_until
@@ -152,6 +157,10 @@ def test_a_session_at_a_terminal(stepper: Target, terminal: Terminal, tmp_path: 
     # Tab completion runs rlcompleter in the target: `ste` can only be the job's `step`.
     terminal.send("ste\t > 0\n")
     assert "step > 0\nTrue\n" in terminal.expect(">>> ")
+    # ... from a copy of rlcompleter: the real one would import readline into the job.
+    assert evaluate(stepper, "import sys; 'readline' in sys.modules or 'rlcompleter' in sys.modules") == (
+        "False\n"
+    )
 
     terminal.send("while True: pass\n")
     terminal.expect("... ")
@@ -203,6 +212,85 @@ def test_a_statement_blocked_in_c_is_let_go_at_the_second_ctrl_c(stepper: Target
     assert wait_until(lambda: not repl_threads(stepper))
     terminal.send("6 * 7\n")
     assert "\n42\n" in terminal.expect(">>> ")
+
+
+AgentEnd = Tuple[socket.socket, threading.Thread]
+
+
+@pytest.fixture
+def agent_end(tmp_path: Path) -> Iterator[AgentEnd]:
+    """One end of a socketpair served by a real agent connection loop in this process."""
+    server = AgentServer.bind(str(tmp_path))
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.settimeout(10)
+    thread = threading.Thread(target=server._serve_connection, args=(theirs,), daemon=True)
+    thread.start()
+    yield ours, thread
+    ours.close()
+    server.stop()
+    thread.join(5)
+
+
+def call(sock: socket.socket, params: Dict[str, Any]) -> Dict[str, Any]:
+    protocol.send_frame(sock, protocol.request(1, "repl", params))
+    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    assert frame is not None
+    return frame.header
+
+
+def test_bad_repl_requests_get_error_replies(agent_end: AgentEnd) -> None:
+    sock, _ = agent_end
+    assert call(sock, {"action": "dance"})["error"]["type"] == "BadRequest"
+    assert call(sock, {"action": "poll", "session": "nope"})["error"]["type"] == "NoSession"
+    token = call(sock, {"action": "open"})["result"]["session"]
+    assert call(sock, {"action": "push", "session": token})["error"]["type"] == "BadRequest"
+    reply = call(sock, {"action": "push", "session": token, "line": "6 * 7"})
+    assert reply["ok"] and reply["result"]["stdout"] == "42\n"
+
+
+def test_the_least_recently_used_session_goes_first(agent_end: AgentEnd) -> None:
+    sock, _ = agent_end
+    tokens = [call(sock, {"action": "open"})["result"]["session"] for _ in range(repl.MAX_SESSIONS)]
+    assert call(sock, {"action": "poll", "session": tokens[0]})["ok"]  # now the most recent
+    call(sock, {"action": "open"})
+    assert call(sock, {"action": "poll", "session": tokens[1]})["error"]["type"] == "NoSession"
+    assert call(sock, {"action": "poll", "session": tokens[0]})["ok"]
+    for token in tokens:
+        call(sock, {"action": "close", "session": token})
+
+
+def test_a_closed_connection_interrupts_its_statement(agent_end: AgentEnd) -> None:
+    sock, thread = agent_end
+    token = call(sock, {"action": "open"})["result"]["session"]
+    assert call(sock, {"action": "push", "session": token, "line": "while True: pass"})["result"]["more"]
+    assert not call(sock, {"action": "push", "session": token, "line": ""})["result"]["done"]
+    assert [t for t in threading.enumerate() if t.name.startswith("probing-repl")]
+    sock.close()
+    thread.join(5)
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("probing-repl")])
+    assert token in repl._sessions  # the session outlives its connection, for a reconnect
+    repl.handle(set(), {"action": "close", "session": token})
+
+
+def test_deciding_whether_a_statement_is_complete_leaves_the_warnings_filters_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """codeop's trial compiles switch the process-wide filters ("error" on 3.8 and 3.9): a
+    training thread warning at that moment would get an exception."""
+    import warnings
+
+    from probing.agent.statements import command_compiler
+
+    def touched(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the process-wide warnings filters were changed")
+
+    compiler = command_compiler()
+    monkeypatch.setattr(warnings, "catch_warnings", touched)
+    monkeypatch.setattr(warnings, "simplefilter", touched)
+    assert compiler("if True:", "<t>", "single") is None
+    assert compiler("if True:\n    x = 1\n", "<t>", "single") is not None
+    with pytest.raises(SyntaxError):
+        compiler("def (:", "<t>", "single")
 
 
 def test_names_assigned_stay_in_the_session_and_main_is_read_live(stepper: Target) -> None:

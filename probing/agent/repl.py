@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from .namespace import SessionNamespace
 from .output import captured
-from .statements import FUTURE_FLAGS, Statement, command_compiler, compile_statement, is_blank
+from .statements import FUTURE_FLAGS, Statement, command_compiler, compile_statement, completer, is_blank
 
 MAX_SESSIONS = 16
 # A session nobody has used for this long is dropped, with the names it holds.
@@ -69,7 +69,7 @@ class Session:
             running = self.running
             if running is not None and not running.done.is_set():
                 if not running.interrupted:
-                    raise RequestError("Busy", "a statement is still running in this session")
+                    raise RequestError("StatementRunning", "a statement is still running in this session")
                 # The client stopped waiting for a statement blocked outside Python, which ends
                 # when it returns to Python; what it prints from now on is not shown.
                 self.running = None
@@ -85,7 +85,7 @@ class Session:
                     return {"more": True}
                 with captured() as (_, warned):
                     code = None if is_blank(source) else compile_statement(source, filename, self._flags())
-            except (SyntaxError, OverflowError, ValueError) as error:
+            except Exception as error:  # noqa: BLE001 - SyntaxError mostly; RecursionError for deep nesting
                 self._reset()
                 text = "".join(traceback.format_exception_only(type(error), error))
                 return _finished_reply(type(error).__name__, text)
@@ -149,16 +149,14 @@ class Session:
 
     def complete(self, text: str) -> List[str]:
         """What rlcompleter offers for `text` over the session's names and __main__'s."""
-        import rlcompleter
-
         main = sys.modules.get("__main__")
         names: Dict[str, Any] = dict(getattr(main, "__dict__", {}))
         names.update(self.namespace)
-        completer = rlcompleter.Completer(names)
         found: List[str] = []
-        with captured():  # a property run by the completer may print
+        with captured():  # a property the completer reads may print
+            offer = completer(names)
             for state in range(1000):
-                match = completer.complete(text, state)
+                match = offer.complete(text, state)
                 if match is None:
                     break
                 found.append(match)

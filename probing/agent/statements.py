@@ -11,6 +11,7 @@ call is interrupted only when it returns to Python).
 from __future__ import annotations
 
 import ast
+import builtins
 import ctypes
 import importlib.util
 import linecache
@@ -63,21 +64,51 @@ class _WarningsLeftAlone:
         return getattr(self._real, name)
 
 
+def _private_copy(name: str, imports: Optional[Dict[str, Any]] = None) -> Any:
+    """A fresh copy of standard module `name`, not in sys.modules: patching it touches nobody
+    else. `imports` overrides what the copy's own import statements get."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no spec for {name}")
+    module = importlib.util.module_from_spec(spec)
+    if imports is not None:
+
+        def importer(wanted: str, *args: Any, **kwargs: Any) -> Any:
+            if wanted in imports:
+                found = imports[wanted]
+                if found is None:
+                    raise ImportError(f"{wanted} is not for this copy of {name}")
+                return found
+            return builtins.__import__(wanted, *args, **kwargs)
+
+        module.__dict__["__builtins__"] = dict(builtins.__dict__, __import__=importer)
+    spec.loader.exec_module(module)
+    return module
+
+
 def command_compiler() -> Any:
     """A codeop.CommandCompiler of the target's own Python, from a private copy of codeop."""
     import codeop
     import warnings
 
     try:
-        spec = importlib.util.find_spec("codeop")
-        if spec is None or spec.loader is None:
-            raise ImportError("no spec for codeop")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        module.warnings = _WarningsLeftAlone(warnings)  # type: ignore[attr-defined]
+        module = _private_copy("codeop", {"warnings": _WarningsLeftAlone(warnings)})
         return module.CommandCompiler()
     except Exception:  # noqa: BLE001 - no source for codeop: the stock one still works
         return codeop.CommandCompiler()
+
+
+def completer(namespace: Dict[str, Any]) -> Any:
+    """An rlcompleter.Completer over `namespace`, from a private copy of rlcompleter: importing
+    the real one would import readline into the job (which may write terminal set-up to its
+    stdout) and replace the job's own readline completer."""
+    global _rlcompleter
+    if _rlcompleter is None:
+        _rlcompleter = _private_copy("rlcompleter", {"readline": None})
+    return _rlcompleter.Completer(namespace)
+
+
+_rlcompleter: Any = None
 
 
 class _ShowExpressions(ast.NodeTransformer):

@@ -13,6 +13,7 @@ import functools
 import os
 import signal
 import sys
+import time
 
 from ..client import Client, locate_socket
 from ..console import RemoteConsole, StoppedWaiting
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 PS1 = ">>> "
 PS2 = "... "
 HISTORY_LENGTH = 1000
+# A reply normally comes within ~0.35 s; after this long the agent is not answering (a thread
+# holds the GIL), and a second Ctrl-C stops waiting for it.
+QUIET_AGENT_S = 1.0
 # When the agent has not answered for this long, say why it may be (and how to stop waiting).
 SLOW_REPLY_S = 10.0
 # A script stopped by Ctrl-C exits as a shell reports it: 128 + SIGINT.
@@ -128,8 +132,6 @@ def reconnect_to(context: Context, timeout: float) -> Callable[[], Client]:
 
 
 def _exits(pid: int) -> bool:
-    import time
-
     deadline = time.monotonic() + EXIT_GRACE_S
     while process_alive(pid):
         if time.monotonic() > deadline:
@@ -146,7 +148,7 @@ def run_statement(console: RemoteConsole, line: str) -> Dict[str, Any]:
 
         def keep_waiting(waited: float) -> bool:
             nonlocal noted_slow
-            if interrupts.count >= 2:
+            if interrupts.count >= 2 and waited > QUIET_AGENT_S:
                 return False
             if waited > SLOW_REPLY_S and not noted_slow:
                 noted_slow = True
@@ -174,14 +176,12 @@ def run_statement(console: RemoteConsole, line: str) -> Dict[str, Any]:
                     break
                 reply = console.poll(keep_waiting)
                 polls += 1
+            why = "still running in the target, blocked outside Python"
         except StoppedWaiting:
-            pass
+            why = "the agent did not answer (a thread holds the GIL?); the statement may still be running"
     if sys.stdin.isatty():
         sys.stderr.write("\n")  # after the ^C the terminal echoed
-    render.repl_note(
-        "still running in the target, blocked outside Python; "
-        "it will be interrupted when it returns to Python"
-    )
+    render.repl_note(f"{why}; it will be interrupted when it returns to Python")
     return {"more": False, "done": True, "ctrl_c": True}
 
 
