@@ -284,4 +284,12 @@ def drop_all() -> None:
         statement.done.wait(max(0.0, deadline - time.monotonic()))
 
 
-os.register_at_fork(after_in_child=_sessions.clear)
+def _forget_after_fork() -> None:
+    # A forked child (a DataLoader worker) has none of the statements' threads, and the lock
+    # may have been held by a thread that does not exist there.
+    global _sessions_lock
+    _sessions_lock = threading.Lock()
+    _sessions.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
