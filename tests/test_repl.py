@@ -513,3 +513,6 @@ def test_bad_targets_are_clear_errors() -> None:
         refused = probing("--no-attach", str(plain.pid), "repl", input="1\n")
         assert refused.returncode == ExitCode.NO_AGENT and "has no probing agent" in refused.stderr
         assert plain.alive()
+        # Without --no-attach, a process without an agent is attached to first.
+        attached = probing(str(plain.pid), "repl", input="type(stop).__name__\n")
+        assert (attached.returncode, attached.stdout) == (0, "'Event'\n"), attached.stderr
