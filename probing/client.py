@@ -21,6 +21,7 @@ from .errors import (
     PermissionDenied,
     ProbingError,
     RemoteError,
+    SessionGone,
 )
 from .processes import python_version_of, require_process, socket_candidates
 
@@ -226,6 +227,8 @@ def error_from_reply(error: Dict[str, Any]) -> ProbingError:
         )  # fmt: skip
     if kind == "NoCuda":
         return NoTorch(message, hint="the job keeps its tensors on the CPU: see `probing PID memory`")
+    if kind == "NoSession":
+        return SessionGone(message)
     if kind == "InternalError":
         return ProbingError(f"the agent failed: {message}", hint="this is a bug in probing; please report it")
     return ProbingError(message)

@@ -42,7 +42,7 @@ class ExitCode:
         PERMISSION_DENIED: "not allowed to reach that process (another user's)",
         NO_AGENT: "the process has no probing agent",
         AGENT_TIMEOUT: "the agent did not answer in time (or eval ran past --timeout)",
-        REMOTE_ERROR: "the code run by eval raised an exception",
+        REMOTE_ERROR: "the code run by eval (or a statement piped into repl) raised an exception",
         BAD_SQL: "the SQL query failed",
         ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
         HUNG: "hang / run --hang-timeout: the job's main thread made no progress",
@@ -100,6 +100,10 @@ class AgentUnreachable(ProbingError):
     """The socket exists but the conversation failed (agent gone mid-request, protocol clash)."""
 
     exit_code = ExitCode.ERROR
+
+
+class SessionGone(ProbingError):
+    """The agent no longer holds a repl session (16 newer ones opened, or the agent restarted)."""
 
 
 class AttachFailed(ProbingError):

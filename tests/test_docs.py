@@ -73,7 +73,7 @@ def test_documented_commands_print_what_the_docs_say(
 
 def test_every_documented_command_runs_somewhere() -> None:
     commands = [command for _, steps in console_examples() for command, _ in steps]
-    for needed in ("backtrace", "eval", "query", "tables", "list", "inject", "detach"):
+    for needed in ("backtrace", "eval", "repl", "query", "tables", "list", "inject", "detach"):
         assert any(f"probing {needed}" in c or f" {needed}" in c for c in commands), needed
 
 

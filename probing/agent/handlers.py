@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
@@ -73,6 +74,12 @@ def _eval(server: Any, params: Dict[str, Any]) -> Any:
     from .evaluate import run_eval
 
     return run_eval(server.own_threads, params)
+
+
+def _repl(server: Any, params: Dict[str, Any]) -> Any:
+    from .repl import handle
+
+    return handle(server.own_threads, params)
 
 
 def _tracer(server: Any) -> Any:
@@ -201,6 +208,7 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "table": _table,
     "backtrace": _backtrace,
     "eval": _eval,
+    "repl": _repl,
     "trace": _trace,
     "nan": _nan,
     "memory": _memory,
@@ -242,3 +250,10 @@ class Dispatcher:
         if isinstance(result, tuple):
             return protocol.ok_reply(request_id, result[0]), result[1]
         return protocol.ok_reply(request_id, result), []
+
+    def close(self) -> None:
+        """The connection is gone (its client may have been killed): a repl statement it was
+        waiting on must not run on, a `while True: pass` burning the job's CPU."""
+        repl = sys.modules.get(__package__ + ".repl")
+        if repl is not None:
+            repl.connection_closed(threading.get_ident())

@@ -93,10 +93,14 @@ def uninstall() -> None:
 
 
 @contextmanager
-def captured(ident: Optional[int] = None) -> Iterator[Tuple[CaptureBuffer, CaptureBuffer]]:
-    """Capture what the current thread (or thread `ident`) writes to sys.stdout/sys.stderr."""
+def captured(
+    ident: Optional[int] = None, out: Optional[CaptureBuffer] = None, err: Optional[CaptureBuffer] = None
+) -> Iterator[Tuple[CaptureBuffer, CaptureBuffer]]:
+    """Capture what the current thread (or thread `ident`) writes to sys.stdout/sys.stderr,
+    into new buffers or the ones given."""
     ident = threading.get_ident() if ident is None else ident
-    out, err = CaptureBuffer(), CaptureBuffer()
+    out = CaptureBuffer() if out is None else out
+    err = CaptureBuffer() if err is None else err
     _install()
     _stdout_routes[ident] = out
     _stderr_routes[ident] = err
@@ -105,3 +109,9 @@ def captured(ident: Optional[int] = None) -> Iterator[Tuple[CaptureBuffer, Captu
     finally:
         _stdout_routes.pop(ident, None)
         _stderr_routes.pop(ident, None)
+
+
+def release(ident: int) -> None:
+    """Forget thread `ident`'s capture, had an exception cut `captured` short in it."""
+    _stdout_routes.pop(ident, None)
+    _stderr_routes.pop(ident, None)

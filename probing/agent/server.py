@@ -232,6 +232,7 @@ class AgentServer:
     def _serve_connection(self, conn: socket.socket) -> None:
         self.own_threads.add(threading.get_ident())
         _serving.connection = conn
+        dispatcher: Any = None
         try:
             from .. import protocol
 
@@ -282,6 +283,11 @@ class AgentServer:
                 conn.close()
             except OSError:
                 pass
+            if dispatcher is not None:
+                try:
+                    dispatcher.close()
+                except Exception:  # noqa: BLE001, S110 - closing must not take the agent down
+                    pass
             self.own_threads.discard(threading.get_ident())
 
     @staticmethod
@@ -320,6 +326,10 @@ class AgentServer:
         growth = sys.modules.get(__package__ + ".growth")
         if growth is not None:
             growth.cancel()
+        # Before the streams go back: an interrupted statement's last words stay captured.
+        repl = sys.modules.get(__package__ + ".repl")
+        if repl is not None:
+            repl.drop_all()
         output = sys.modules.get(__package__ + ".output")
         if output is not None:
             output.uninstall()

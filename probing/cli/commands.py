@@ -110,6 +110,7 @@ def cli(
     \b
       probing PID backtrace        where every thread is, right now
       probing PID eval "CODE"      run Python inside the process
+      probing PID repl             an interactive console inside the process
       probing PID query "SQL"      DuckDB SQL over python.backtrace, python.threads, ...
       probing PID memory           RSS/USS, Python objects by type, torch memory, growth
       probing list                 Python processes, and which have an agent
@@ -198,6 +199,25 @@ def eval_command(ctx: click.Context, code: str, frame: Optional[str], timeout: f
     What the code prints comes back; a final expression's value is shown as the REPL would.
     """
     return actions.evaluate(_context(ctx), code, frame, timeout)
+
+
+@cli.command()
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+    metavar="S", help="Seconds to wait for the agent to connect (statements may run as long as they like).",
+)  # fmt: skip
+@click.pass_context
+def repl(ctx: click.Context, timeout: float) -> int:
+    """Interactive Python console inside the process, as `python -i` would give.
+
+    Names of the job's __main__ are visible (read live); names you assign stay in the session
+    and never change the job's. Ctrl-C interrupts the running statement, Ctrl-D leaves; line
+    editing and history (~/.probing_history, or $PROBING_HISTORY) when stdin is a terminal.
+    Lines piped in run as a script would: exit 8 if any statement raised.
+    """
+    from .repl import run_repl
+
+    return run_repl(_context(ctx), timeout)
 
 
 @cli.command()

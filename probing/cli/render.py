@@ -265,6 +265,40 @@ def write_eval_result(result: Dict[str, Any], out: IO[str], err: IO[str]) -> Non
         out.write(result["value"] + "\n")
 
 
+# --- repl -------------------------------------------------------------------------------------
+
+
+def write_repl_banner(info: Dict[str, Any], err: IO[str]) -> None:
+    executable = os.path.basename(str(info.get("executable") or "python"))
+    command = " ".join([executable, *(info.get("argv") or [])])
+    err.write(
+        f"Python {info.get('python_version')} in PID {info.get('pid')} ({command}): names from __main__ "
+        "are visible, names you assign stay in this session. Ctrl-C interrupts, Ctrl-D leaves.\n"
+    )
+    err.flush()
+
+
+def write_repl_reply(reply: Dict[str, Any], out: IO[str], err: IO[str]) -> None:
+    """What a statement printed since the last reply (flushed: it streams), then its traceback."""
+    if reply.get("stdout"):
+        out.write(reply["stdout"])
+        out.flush()
+    for text in (reply.get("stderr"), reply.get("traceback")):
+        if text:
+            err.write(text)
+            err.flush()
+
+
+def write_repl_keyboard_interrupt(err: IO[str]) -> None:
+    err.write("\nKeyboardInterrupt\n")
+    err.flush()
+
+
+def repl_note(message: str) -> None:
+    sys.stderr.write(f"probing: {message}\n")
+    sys.stderr.flush()
+
+
 def report_error(error: ProbingError, err: Optional[IO[str]] = None) -> int:
     """The single place an expected failure becomes a message; returns the exit code."""
     err = err or sys.stderr
