@@ -61,9 +61,10 @@ def write_memory(result: Dict[str, Any], command: str, out: IO[str]) -> None:
             changes.append(f"CUDA allocated {size(growth['cuda_allocated_mb'], True)}")
         out.write(f"Since the agent started {duration(growth['seconds'])} ago: {', '.join(changes)}\n")
     if sampler is not None and sampler["running"]:
+        used = f"{1000 * sampler['cpu_s']:.0f} ms of CPU ({100 * sampler['cpu_share']:.3f}% of a core)"
         out.write(
             f"  process.memory: a sample every {sampler['interval_s']:g} s, {sampler['rows']:,} kept; "
-            f"sampling has used {100 * sampler['cpu_share']:.4f}% of a core\n"
+            f"sampling has used {used}\n"
         )
     else:
         out.write("  process.memory: sampling is off (probing PID memory --interval 1 turns it on)\n")
