@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -108,22 +107,6 @@ def output_matches(expected: str, actual: str) -> bool:
     return re.fullmatch("".join(pattern), text) is not None
 
 
-def _kill_tree(job: Target) -> None:
-    """Kill a job and its descendants (a DataLoader worker stuck in a read never exits by itself)."""
-    import psutil
-
-    try:
-        descendants = psutil.Process(job.pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    for process in descendants:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    job.kill()
-
-
 class Jobs:
     """The jobs of the marked blocks, started when a block first needs one."""
 
@@ -154,7 +137,7 @@ class Jobs:
         """Kill a job whose last block has run: it would only take CPU from the others."""
         job = self.started.pop(marker, None)
         if job is not None:
-            _kill_tree(job)
+            job.kill()  # with its descendants (DataLoader workers)
 
     def close(self) -> None:
         for marker in list(self.started):
