@@ -39,7 +39,7 @@ class ExitCode:
         USAGE: "bad command line",
         NO_SUCH_PROCESS: "no process with that PID",
         NOT_PYTHON: "the process is not a Python process probing supports (CPython 3.8+)",
-        PERMISSION_DENIED: "not allowed to reach that process (another user's)",
+        PERMISSION_DENIED: "not allowed to reach that process (another user's, or ptrace refused)",
         NO_AGENT: "the process has no probing agent",
         AGENT_TIMEOUT: "the agent did not answer in time (or eval ran past --timeout)",
         REMOTE_ERROR: "the code run by eval (or a statement piped into repl) raised an exception",

@@ -70,10 +70,16 @@ def python_version_of(pid: int) -> Optional[str]:
     except FileNotFoundError:
         raise ProcessNotFound(f"no process with PID {pid}") from None
     except PermissionError:
-        raise PermissionDenied(
-            f"not allowed to inspect PID {pid}",
-            hint="run probing as the user that owns the process, or as root",
-        ) from None
+        if os.geteuid() == 0:
+            # Root that may not look: CAP_SYS_PTRACE dropped (a container's default) or Yama.
+            hint = (
+                "probing runs as root without the right to ptrace it: in a container, start it with "
+                "`docker run --cap-add=SYS_PTRACE`; or start the job with the agent: "
+                "`probing run -- python train.py`"
+            )
+        else:
+            hint = "run probing as the user that owns the process, or as root"
+        raise PermissionDenied(f"not allowed to inspect PID {pid}", hint=hint) from None
     except OSError:  # a kernel thread has no executable
         return None
     exe = exe.replace(" (deleted)", "")

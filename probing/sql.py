@@ -35,8 +35,9 @@ def _qualified(name: str) -> str:
     return ".".join(_quote(part) for part in name.split("."))
 
 
-def _column_expression(column: DecodedColumn, data: str, valid: str, words: str) -> str:
-    """SQL that turns a staged numpy column back into its typed, NULL-aware value."""
+def _column_expression(column: DecodedColumn, data: str, valid: str, words: str, nan: str = "") -> str:
+    """SQL that turns a staged numpy column back into its typed, NULL-aware value. `nan`: the
+    staged mask of NaN values, for a DOUBLE column that holds any."""
     kind = column.type
     if column.encoding == "dict":
         # Codes index the dictionary from 0; -1 (NULL) becomes index 0, which list_extract
@@ -52,6 +53,10 @@ def _column_expression(column: DecodedColumn, data: str, valid: str, words: str)
         value = f"make_timestamp(CAST(round({data} * 1000000) AS BIGINT))"
     else:
         value = f"CAST({data} AS {kind})"
+    if nan:
+        # DuckDB reads a NaN in a registered numpy array as NULL (pandas' convention); a NaN
+        # gradient norm or duration must stay NaN, which is not the same as "none".
+        value = f"CASE WHEN {nan} = 1 THEN CAST('nan' AS DOUBLE) ELSE {value} END"
     if column.valid is not None:
         return f"CASE WHEN {valid} = 1 THEN {value} END"
     return value
@@ -109,13 +114,21 @@ class SqlSession:
             if column.valid is not None:
                 validity: Any = column.valid
                 staged[valid] = numpy.frombuffer(validity, dtype=numpy.int8)
+            nan = ""
+            if column.type == "DOUBLE":
+                is_nan = numpy.isnan(staged[data])
+                if is_nan.any():
+                    nan = f"n{index}"
+                    staged[nan] = is_nan.astype(numpy.int8)
             if column.encoding == "dict":
                 dictionary = column.dictionary or []
                 self.connection.register(
                     words,
                     {"code": numpy.arange(len(dictionary)), "word": numpy.array(dictionary, dtype=object)},
                 )
-            expressions.append(f"{_column_expression(column, data, valid, words)} AS {_quote(column.name)}")
+            expressions.append(
+                f"{_column_expression(column, data, valid, words, nan)} AS {_quote(column.name)}"
+            )
         self.connection.register(part, staged)
         selects = self.parts.setdefault(table.name, [])
         selects.append(f"SELECT {', '.join(expressions)} FROM {part}")

@@ -139,6 +139,19 @@ class Target:
         return code
 
     def kill(self) -> None:
+        """Kill the target and its descendants: a DataLoader worker stuck in __getitem__ never
+        looks at whether its parent is alive, and would outlive the test."""
+        import psutil
+
+        try:
+            descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        for process in descendants:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
         if self.process.poll() is None:
             try:
                 os.kill(self.pid, signal.SIGKILL)

@@ -290,3 +290,34 @@ def test_ptrace_refused_is_reported_with_what_to_change(tmp_path: object) -> Non
         job.kill()
         job.wait()
     assert "probing run -- python train.py" in ptrace_hint(os.getpid())
+
+
+def test_root_without_cap_sys_ptrace_is_told_which_capability_it_lacks() -> None:
+    """Root in a container without CAP_SYS_PTRACE may not even read another user's
+    /proc/PID/exe: the hint names the capability rather than telling root to be root."""
+    import shutil
+
+    from support import PROBING
+
+    capsh, setpriv = shutil.which("capsh"), shutil.which("setpriv")
+    python = shutil.which("python3", path="/usr/bin")
+    if os.geteuid() != 0 or capsh is None or setpriv is None or python is None:
+        pytest.skip("needs root, capsh, setpriv and a system python to act as another user")
+    job = subprocess.Popen(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
+         "import sys; print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert job.stdout is not None and job.stdout.readline() == b"ready\n"
+        result = subprocess.run(
+            [capsh, "--drop=cap_sys_ptrace", "--", "-c", f"exec {PROBING} {job.pid} backtrace"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == ExitCode.PERMISSION_DENIED, result.stderr
+        assert f"not allowed to inspect PID {job.pid}" in result.stderr
+        assert "--cap-add=SYS_PTRACE" in result.stderr and "probing run --" in result.stderr
+        assert job.poll() is None
+    finally:
+        job.kill()
+        job.wait()

@@ -56,6 +56,10 @@ def test_hang_points_at_the_dataloader_worker_holding_the_batch() -> None:
         assert "The DataLoader is waiting for worker PID " in result.stdout
         assert "stuck in __getitem__ (dataloader_stuck.py:" in result.stdout and "index 5" in result.stdout
         assert "in __getitem__\n    threading.Event().wait()" in result.stdout
+        # The worker's header names its Python; locals only where they say something (the
+        # innermost frames, __getitem__'s index), not the DataLoader machinery's.
+        assert "(Python 3." in result.stdout and "(Python None)" not in result.stdout
+        assert "      index = 5" in result.stdout and "possibly_batched_index =" not in result.stdout
 
 
 def test_the_watchdog_ends_a_job_that_deadlocks(tmp_path: Path) -> None:

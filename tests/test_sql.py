@@ -104,6 +104,20 @@ def test_types_and_nulls_survive_the_trip() -> None:
     ]
 
 
+def test_nan_stays_nan_and_is_not_null() -> None:
+    """DuckDB reads NaN in a numpy array as NULL; a NaN gradient norm must not look like none."""
+    columns = [("f", "DOUBLE")]
+    spec = {"name": "python.sample", "doc": "", "columns": [{"name": "f", "type": "DOUBLE", "doc": ""}]}
+    session = SqlSession([spec])
+    nan, inf = float("nan"), float("inf")
+    session.load(shipped("python.sample", columns, [(1.5,), (nan,), (inf,), (None,)]))
+    result = session.run("SELECT f IS NULL, isnan(f), f FROM sample")
+    assert result.rows[0] == (False, False, 1.5)
+    assert result.rows[1][:2] == (False, True)
+    assert result.rows[2] == (False, False, inf)
+    assert result.rows[3] == (True, None, None)
+
+
 def test_bad_sql_is_one_line_plus_duckdbs_hint(session: SqlSession) -> None:
     with pytest.raises(BadSQL) as raised:
         session.run("SELECT * FROM python.backtraces")

@@ -304,9 +304,11 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
     sources = render.SourceLines(pid)
     report = watch(pid, sample, duration, samples, lambda frame: sources.line(frame["file"], frame["lineno"]))
     worker_rows: Dict[int, List[Dict[str, Any]]] = {}
+    commands: Dict[int, str] = {}
     main = next((thread for thread in report.threads if thread.is_main), None)
     if main is not None and main.state == "waiting for a DataLoader worker":
-        for child, _ in _descendants(pid):
+        for child, command in _descendants(pid):
+            commands[child] = command
             try:
                 worker_rows[child] = rows_from_dump(child, dump(child, locals=True))
             except ProbingError:
@@ -321,10 +323,18 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
     else:
         render.write_hang(report, sys.stdout)
         if report.worker is not None:
-            rows = worker_rows[report.worker["pid"]]
-            render.write_backtrace_text(
-                rows, {"pid": report.worker["pid"], "argv": []}, sys.stdout, report.worker["pid"]
-            )
+            from ..processes import python_version_of
+
+            worker = report.worker["pid"]
+            # Locals of the innermost frames and of __getitem__ only (the index, the path being
+            # read), as the CI watchdog shows them: every frame's locals would bury them.
+            rows = [
+                dict(row, locals=row["locals"] if row["depth"] == 0 or row["func"] == "__getitem__" else None)
+                for row in worker_rows[worker]
+            ]
+            info = {"pid": worker, "python_version": python_version_of(worker),
+                    "argv": commands.get(worker, "").split()[1:]}  # fmt: skip
+            render.write_backtrace_text(rows, info, sys.stdout, worker)
     return ExitCode.HUNG if report.hung else ExitCode.OK
 
 
