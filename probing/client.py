@@ -195,8 +195,10 @@ class Client:
             raise error_from_reply(body)
         return body, frame.payload
 
-    def fetch_table(self, name: str, params: Optional[Dict[str, Any]] = None) -> protocol.DecodedTable:
-        result, payload = self.call("table", dict(params or {}, name=name))
+    def fetch_table(
+        self, name: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
+    ) -> protocol.DecodedTable:
+        result, payload = self.call("table", dict(params or {}, name=name), timeout)
         return protocol.decode_table(result["table"], payload)
 
     def describe_tables(self) -> List[Dict[str, Any]]:

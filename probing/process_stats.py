@@ -117,7 +117,7 @@ def stats_row(pid: int) -> Tuple[Any, ...]:
         switches, io = read(process.num_ctx_switches), read(process.io_counters)
     files = read(process.open_files)
     # net_connections() is psutil 6's name for connections().
-    connections = read(lambda: getattr(process, "net_connections", process.connections)(kind="all"))
+    connections = read(lambda: (getattr(process, "net_connections", None) or process.connections)(kind="all"))
     children = read(lambda: process.children(recursive=True))
 
     def field(record: Any, attribute: str, scale: float = 1.0) -> Optional[float]:

@@ -82,7 +82,9 @@ class FakeClient:
     def describe_tables(self) -> List[Dict[str, Any]]:
         return [table.describe() for table in TABLES.values()]
 
-    def fetch_table(self, name: str, params: Optional[Dict[str, Any]] = None) -> protocol.DecodedTable:
+    def fetch_table(
+        self, name: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
+    ) -> protocol.DecodedTable:
         self.calls.append(("fetch", name))
         if name == "python.backtrace":
             return backtrace_table()
@@ -284,3 +286,20 @@ def test_fast_path_parses_as_click_does(monkeypatch: pytest.MonkeyPatch, args: L
 )
 def test_fast_path_leaves_everything_else_to_click(args: List[str]) -> None:
     assert parse_backtrace(args) is None
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_json_rows_are_valid_json_even_with_nan(fmt: str) -> None:
+    """JSON has no NaN or Infinity: they are written as null, which every parser reads."""
+    import io
+    import json
+
+    from probing.cli.render import write_rows
+
+    out = io.StringIO()
+    rows = [(float("nan"), float("inf"), -float("inf"), 1.5)]
+    write_rows(["a", "b", "c", "d"], ["DOUBLE"] * 4, rows, fmt, out)
+    text = out.getvalue()
+    assert "NaN" not in text and "Infinity" not in text
+    parsed = json.loads(text) if fmt == "json" else [json.loads(line) for line in text.splitlines()]
+    assert parsed == [{"a": None, "b": None, "c": None, "d": 1.5}]

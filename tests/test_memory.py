@@ -172,11 +172,10 @@ def test_process_stats_from_outside(leaky_job: Target) -> None:
 def test_process_stats_needs_no_agent() -> None:
     """psutil reads it from outside: it answers for a process probing may not attach to."""
     with Target("sleeper.py", via="plain") as job:
-        result = probing(
-            "--no-attach", str(job.pid), "query", "SELECT pid, rss_mb > 0 AS ok FROM process.stats"
-        )
+        sql = "SELECT pid, rss_mb > 0 AS ok FROM process.stats"
+        result = probing("--no-attach", str(job.pid), "query", sql, "--format", "json")
         assert result.returncode == 0, result.stderr
-        assert result.stdout.split() == ["pid", "ok", "-----", "----", str(job.pid), "true"]
+        assert json.loads(result.stdout) == [{"pid": job.pid, "ok": True}]
         # A query that also needs the agent still needs it.
         needs_agent = probing("--no-attach", str(job.pid), "query", "SELECT * FROM process.memory")
         assert needs_agent.returncode == ExitCode.NO_AGENT
@@ -201,6 +200,9 @@ def test_sampling_interval_can_change_and_stop() -> None:
         assert wait_until(lambda: "probing-memory" not in evaluate(job.pid, threads), timeout=5)
         kept = len(rows(job.pid, "SELECT ts FROM process.memory"))
         assert kept >= 5  # what was recorded stays queryable
+        # Started again, it goes on in the same ring.
+        assert probing(str(job.pid), "memory", "--interval", "0.1").returncode == 0
+        assert wait_until(lambda: len(rows(job.pid, "SELECT ts FROM process.memory")) >= kept + 3, timeout=10)
         assert probing(str(job.pid), "detach").returncode == 0
         assert job.alive()
 
@@ -252,6 +254,8 @@ def test_memory_on_every_interpreter(python: str) -> None:
         assert (Path(top["job_file"]).name, top["job_line"]) == ("leaky.py", 18), report["sites"][:3]
         grown = [change["type"] for change in report["types"][:2]]
         assert set(grown) == {"dict", "list"}, report["types"][:4]
+        # The agent's own objects (its census, its snapshots) are not the job's growth.
+        assert not [change for change in report["types"] if change["type"].startswith("probing.")]
         summary = json.loads(probing(str(job.pid), "memory", "--format", "json").stdout)
         assert summary["torch"] is None and summary["gc"]["objects"] > 100
         assert wait_until(lambda: len(rows(job.pid, "SELECT ts FROM process.memory")) >= 3, timeout=10)
@@ -264,6 +268,7 @@ def test_memory_on_every_interpreter(python: str) -> None:
         (["--growth", "1", "--interval", "1"], "--growth and --interval do not go together"),
         (["--growth", "0"], "Invalid value for '--growth'"),
         (["--interval", "-1"], "Invalid value for '--interval'"),
+        (["--interval", "0.01"], "--interval is 0 (stop sampling) or at least 0.1 s"),
         (["--cuda-snapshot", "x", "--format", "json"], "--format json does not apply"),
     ],
 )
@@ -292,3 +297,30 @@ def test_cuda_memory_on_a_gpu(tmp_path: Path) -> None:
         assert snapshot.stat().st_size > 0
         growth = json.loads(probing(str(job.pid), "memory", "--growth", "2", "--format", "json").stdout)
         assert growth["cuda"][0]["allocated_bytes.all.current"] > 0
+
+
+def test_a_process_forked_during_growth_does_not_inherit_tracemalloc(tmp_path: Path) -> None:
+    """A DataLoader forks its workers whenever it starts an epoch: one forked during a window
+    must not trace every allocation of its life."""
+    with Target("leaky.py") as job:
+        client = subprocess.Popen([PROBING, str(job.pid), "memory", "--growth", "20"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            tracing = "import tracemalloc; tracemalloc.is_tracing()"
+            assert wait_until(lambda: evaluate(job.pid, tracing) == "True", timeout=20)
+            report = tmp_path / "child"
+            fork = (
+                "import os, tracemalloc\n"
+                "child = os.fork()\n"
+                "if child == 0:\n"
+                f"    open({str(report)!r}, 'w').write(str(tracemalloc.is_tracing()))\n"
+                "    os._exit(0)\n"
+                "os.waitpid(child, 0)\n"
+                "tracemalloc.is_tracing()"
+            )
+            assert evaluate(job.pid, fork) == "True"  # the parent's window goes on
+            assert report.read_text() == "False"
+        finally:
+            client.kill()
+            client.wait(10)
+        assert wait_until(lambda: evaluate(job.pid, tracing) == "False", timeout=5)

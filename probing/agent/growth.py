@@ -8,7 +8,6 @@ measured and reported with the answer.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import threading
 import time
@@ -26,12 +25,25 @@ CUDA_COUNTERS = (
 
 _busy = threading.Lock()
 _cancel = threading.Event()
+_tracing_for_window = False  # tracemalloc is on because a window started it
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def cancel() -> None:
     """End a window now (the agent is stopping)."""
     _cancel.set()
+
+
+def _after_fork_in_child() -> None:
+    # A DataLoader worker forked during a window inherits tracemalloc switched on, and no thread
+    # of ours to switch it off: every allocation of the worker would pay for it for good.
+    global _busy, _cancel, _tracing_for_window
+    if _tracing_for_window:
+        tracemalloc.stop()
+    _busy, _cancel, _tracing_for_window = threading.Lock(), threading.Event(), False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _allocation_cost() -> float:
@@ -88,15 +100,17 @@ def _sites(
 
 def _type_changes(before: Census, after: Census, top: int) -> List[Dict[str, Any]]:
     changes: List[Dict[str, Any]] = []
-    for kind in set(before.types) | set(after.types):
-        old = before.types.get(kind, (0, 0, None))
-        new = after.types.get(kind, (0, 0, None))
-        count, size = new[0] - old[0], new[1] - old[1]
-        cuda = None if old[2] is None and new[2] is None else (new[2] or 0) - (old[2] or 0)
+    for kind in set(before.counts) | set(after.counts):
+        old_count, new_count = before.counts.get(kind, 0), after.counts.get(kind, 0)
+        count = new_count - old_count
+        size = after.sizes.get(kind, 0) - before.sizes.get(kind, 0)
+        tensor = kind in before.cuda or kind in after.cuda
+        cuda = after.cuda.get(kind, 0) - before.cuda.get(kind, 0) if tensor else None
         if count > 0 or size > 0 or (cuda or 0) > 0:
             changes.append({
-                "type": type_name(kind), "count_before": old[0], "count_after": new[0], "count_diff": count,
-                "size_diff_mb": size / MB, "cuda_diff_mb": None if cuda is None else cuda / MB,
+                "type": type_name(kind), "count_before": old_count, "count_after": new_count,
+                "count_diff": count, "size_diff_mb": size / MB,
+                "cuda_diff_mb": None if cuda is None else cuda / MB,
             })  # fmt: skip
     changes.sort(key=lambda change: (-change["size_diff_mb"], -change["count_diff"], change["type"]))
     return changes[:top]
@@ -133,38 +147,42 @@ def watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[s
 
 
 def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
+    from .handlers import RequestError
+
     cpu_started = time.thread_time()
     rss_before, _ = memory_bytes()
     cuda_before = _cuda_counters()
-    # Whatever the agent allocates while it watches is not the job's growth. The filters' patterns
-    # are compiled (and cached by fnmatch) before tracing starts, for the same reason.
+    # Whatever the agent allocates while it watches is not the job's growth.
     exclude = [
         tracemalloc.Filter(False, tracemalloc.__file__),
         tracemalloc.Filter(False, os.path.join(_AGENT_DIR, "*"), all_frames=True),
     ]
-    for trace_filter in exclude:
-        fnmatch.fnmatch(trace_filter.filename_pattern, trace_filter.filename_pattern)
     census_before = take_census(budget_s)
     started_here = not tracemalloc.is_tracing()
     bare = traced = None
-    if started_here:
-        bare = _allocation_cost()
-        tracemalloc.start(FRAMES)
-        traced = _allocation_cost()
     completed = False
+    global _tracing_for_window
     try:
-        before = tracemalloc.take_snapshot().filter_traces(exclude)
+        if started_here:
+            bare = _allocation_cost()
+            _tracing_for_window = True
+            tracemalloc.start(FRAMES)
+            traced = _allocation_cost()
+        before = tracemalloc.take_snapshot()
         window_started = time.monotonic()
         completed = _wait(seconds, client_gone)
         watched = time.monotonic() - window_started
-        after = tracemalloc.take_snapshot().filter_traces(exclude)
+        after = tracemalloc.take_snapshot()
         traced_mb = tracemalloc.get_tracemalloc_memory() / MB
         frames = tracemalloc.get_traceback_limit()
-        sites, site_count = _sites(after, before, top)
-        del before, after
     finally:
         if started_here:
-            tracemalloc.stop()
+            tracemalloc.stop()  # before the comparison: probing's own work needs no tracing
+            _tracing_for_window = False
+    if not completed and (_cancel.is_set() or client_gone()):
+        raise RequestError("Cancelled", "the window was ended early: the client left or the agent stopped")
+    sites, site_count = _sites(after.filter_traces(exclude), before.filter_traces(exclude), top)
+    del before, after
     census_after = take_census(budget_s)
     rss_after, _ = memory_bytes()
     cuda_after = _cuda_counters()

@@ -158,9 +158,12 @@ def _memory(server: Any, params: Dict[str, Any]) -> Any:
 
         return watch(_float_param(params, "seconds", 10.0, 0.01, 86400.0), budget, top, client_gone)
     if action == "interval":
-        from .memory import start_sampling
+        from .memory import MIN_INTERVAL_S, start_sampling
 
-        sampler = start_sampling(server.own_threads, _float_param(params, "interval_s", 1.0, 0.0, 86400.0))
+        interval = _float_param(params, "interval_s", 1.0, 0.0, 86400.0)
+        if 0 < interval < MIN_INTERVAL_S:
+            raise RequestError("BadRequest", f"interval_s must be 0 (off) or at least {MIN_INTERVAL_S:g} s")
+        sampler = start_sampling(server.own_threads, interval)
         return {"sampler": sampler.status() if sampler is not None else None}
     if action == "cuda_snapshot":
         return _cuda_snapshot()

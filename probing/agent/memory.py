@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from types import FunctionType
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .procfs import (
@@ -30,6 +31,11 @@ MB = 1024.0 * 1024.0
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_HISTORY_S = 24 * 3600.0
 GC_COUNT_SHARE = 0.0003  # counting gc objects may take 0.03% of the time
+# One count holds the GIL throughout; past this the sampler stops counting (gc_objects NULL) rather
+# than stall every thread of a job with tens of millions of objects that long.
+GC_COUNT_MAX_S = 0.05
+MIN_INTERVAL_S = 0.1
+MAX_RING_ROWS = 1_000_000
 SAMPLER_THREAD_NAME = "probing-memory"
 
 
@@ -43,7 +49,9 @@ def _seconds_from_environment(name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         return default
-    return value if value >= 0 and math.isfinite(value) else default
+    if not math.isfinite(value) or value < 0:
+        return default
+    return value if value == 0 else max(value, MIN_INTERVAL_S)
 
 
 def cuda_module() -> Any:
@@ -76,10 +84,13 @@ def cuda_totals() -> Tuple[Optional[float], Optional[float]]:
     cuda = cuda_module()
     if cuda is None:
         return None, None
+    allocated = reserved = 0
     try:
-        devices = range(cuda.device_count())
-        allocated = sum(cuda.memory_allocated(device) for device in devices)
-        reserved = sum(cuda.memory_reserved(device) for device in devices)
+        # memory_allocated() and memory_reserved() would each build the whole stats dict again.
+        for device in range(cuda.device_count()):
+            stats = cuda.memory_stats(device)
+            allocated += stats.get("allocated_bytes.all.current", 0)
+            reserved += stats.get("reserved_bytes.all.current", 0)
     except Exception:  # noqa: BLE001
         return None, None
     return allocated / MB, reserved / MB
@@ -103,6 +114,7 @@ class Sampler:
         self.cpu_s = 0.0  # CPU time the sampler itself used
         self.gc_every = 1
         self.gc_cost_s = 0.0
+        self.gc_counting = True
         self.error: Optional[str] = None
         self.started_at = time.time()
         self._until_gc_count = 0
@@ -118,24 +130,30 @@ class Sampler:
         ident = threading.get_ident()
         self.own_threads.add(ident)
         try:
+            self._loop()
+        except Exception as error:  # noqa: BLE001 - an exception leaving the thread would print on stderr
+            self.error = f"{type(error).__name__}: {error}"
+        finally:
+            self.own_threads.discard(ident)
+
+    def _loop(self) -> None:
+        if self.ring is None:  # a restarted sampler keeps the ring it had
             from .ring import Ring
             from .tables import PROCESS_MEMORY
 
-            rows = max(1, int(math.ceil(self.history / self.interval)))
+            rows = min(MAX_RING_ROWS, max(1, int(math.ceil(self.history / self.interval))))
             self.ring = Ring(PROCESS_MEMORY.name, PROCESS_MEMORY.column_types(), rows)
-            next_at = time.monotonic()
-            while not self._stopping:
-                started = time.thread_time()
-                try:
-                    self.sample()
-                except Exception as error:  # noqa: BLE001 - never let sampling die silently
-                    self.error = f"{type(error).__name__}: {error}"
-                self.cpu_s += time.thread_time() - started
-                next_at = max(next_at + self.interval, time.monotonic())
-                self._wake.wait(max(0.0, next_at - time.monotonic()))
-                self._wake.clear()
-        finally:
-            self.own_threads.discard(ident)
+        next_at = time.monotonic()
+        while not self._stopping:
+            started = time.thread_time()
+            try:
+                self.sample()
+            except Exception as error:  # noqa: BLE001 - never let sampling die silently
+                self.error = f"{type(error).__name__}: {error}"
+            self.cpu_s += time.thread_time() - started
+            next_at = max(next_at + self.interval, time.monotonic())
+            self._wake.wait(max(0.0, next_at - time.monotonic()))
+            self._wake.clear()
 
     def reading(self, count_objects: bool) -> Tuple[Any, ...]:
         """One row of process.memory, read now."""
@@ -158,8 +176,10 @@ class Sampler:
         )  # fmt: skip
 
     def sample(self) -> None:
-        count = self._until_gc_count <= 0
+        count = self.gc_counting and self._until_gc_count <= 0
         row = self.reading(count)
+        if count and self.gc_cost_s > GC_COUNT_MAX_S:
+            self.gc_counting = False
         if count:
             self.gc_every = max(1, int(math.ceil(self.gc_cost_s / (GC_COUNT_SHARE * self.interval))))
             self._until_gc_count = self.gc_every
@@ -190,7 +210,8 @@ class Sampler:
             "samples": self.samples,
             "rows": len(self.ring) if self.ring is not None else 0,
             "since": self.first[0] if self.first is not None else None,
-            "gc_count_every": self.gc_every,
+            "gc_count_every": self.gc_every if self.gc_counting else None,
+            "gc_count_s": self.gc_cost_s,
             "cpu_s": self.cpu_s,
             "cpu_share": self.cpu_s / alive if alive > 0 else 0.0,
             "error": self.error,
@@ -262,10 +283,12 @@ class Census:
     """Live objects gc tracks, by type; tensors' storage counted once each."""
 
     def __init__(self) -> None:
-        # type -> (count, bytes: getsizeof plus CPU tensor storage, CUDA storage bytes or None).
-        # Tuples of numbers: a second census (memory --growth) must not count a list per type of
-        # the first one as the job's growth.
-        self.types: Dict[type, Tuple[int, int, Optional[int]]] = {}
+        # type -> count, bytes (getsizeof, plus CPU tensor storage), CUDA storage bytes. Plain
+        # ints in dicts: a second census (memory --growth) must not count a container per type
+        # of the first one as the job's growth.
+        self.counts: Dict[type, int] = {}
+        self.sizes: Dict[type, int] = {}
+        self.cuda: Dict[type, int] = {}  # tensor types only
         self.generations: List[int] = []
         self.seen = 0
         self.total = 0
@@ -278,8 +301,13 @@ class Census:
     def rows(self) -> List[Tuple[str, int, float, Optional[float]]]:
         """(type, count, size_mb, cuda_mb), largest first."""
         rows = [
-            (type_name(kind), entry[0], entry[1] / MB, None if entry[2] is None else entry[2] / MB)
-            for kind, entry in self.types.items()
+            (
+                type_name(kind),
+                count,
+                self.sizes[kind] / MB,
+                self.cuda[kind] / MB if kind in self.cuda else None,
+            )
+            for kind, count in self.counts.items()
         ]
         rows.sort(key=lambda row: (-row[2], -row[1], row[0]))
         return rows
@@ -287,6 +315,11 @@ class Census:
     def note(self) -> Optional[str]:
         if not self.cut_short:
             return None
+        if self.seen == self.total:
+            return (
+                f"the object scan ran out of its {self.budget_s:g} s while summing tensor storage: "
+                "storage sizes are partial; raise --scan-budget to count them all"
+            )
         return (
             f"the object scan was cut short after {self.budget_s:g} s: {self.seen:,} of {self.total:,} "
             "objects counted; raise --scan-budget to count them all"
@@ -323,33 +356,43 @@ def _torch_types() -> Tuple[Optional[type], Tuple[type, ...]]:
 
 
 # How an object of a type is sized: as sys.getsizeof does; a tensor, whose storage is added once
-# per storage; a storage object, whose __sizeof__ would count that same memory again.
-PLAIN, TENSOR, STORAGE = 0, 1, 2
+# per storage; shallowly (object.__sizeof__): a storage object, whose __sizeof__ would count its
+# tensors' memory again, and any type whose __sizeof__ is Python code (which could take seconds,
+# or allocate, inside the job: pandas' deep memory_usage); not at all: the agent's own objects.
+PLAIN, TENSOR, SHALLOW, OWN = 0, 1, 2, 3
 
 
-def _new_entry(kind: type, tensor_type: Optional[type], storage_types: Tuple[type, ...]) -> List[Any]:
-    """[count, bytes, CUDA bytes (None: not a tensor type), how to size it]."""
+def _sizing(kind: type, tensor_type: Optional[type], storage_types: Tuple[type, ...]) -> int:
     if tensor_type is not None and _is_subclass(kind, tensor_type):
-        return [0, 0, 0, TENSOR]
+        return TENSOR
+    module = getattr(kind, "__module__", None)
+    if isinstance(module, str) and module.startswith(__package__ + "."):
+        return OWN
     if storage_types and _is_subclass(kind, storage_types):
-        return [0, 0, None, STORAGE]
-    return [0, 0, None, PLAIN]
+        return SHALLOW
+    try:
+        if isinstance(getattr(kind, "__sizeof__", None), FunctionType):
+            return SHALLOW
+    except Exception:  # noqa: BLE001
+        return SHALLOW
+    return PLAIN
 
 
 def take_census(budget_s: float) -> Census:
     """Count every object gc tracks by type, until `budget_s` runs out.
 
-    A plain Python loop: the job's threads get the GIL every switch interval, so a long scan
-    slows the job, it does not stop it.
+    A Python loop, so the job's threads get the GIL every switch interval; listing a generation
+    (gc.get_objects) is one C call that holds it throughout (~30 ms a million objects).
     """
     census = Census()
     census.budget_s = budget_s
     started = time.perf_counter()
     deadline = started + budget_s
     tensor_type, storage_types = _torch_types()
-    types: Dict[type, List[Any]] = {}  # type -> [count, bytes, CUDA bytes or None, how it is sized]
-    tensors: List[Any] = []
-    getsizeof, basic_size = sys.getsizeof, object.__sizeof__
+    counts, sizes = census.counts, census.sizes
+    sizing: Dict[type, int] = {}
+    storage = _StorageReach()
+    getsizeof, shallow_size = sys.getsizeof, object.__sizeof__
     clock = time.perf_counter
     for generation in range(3):
         objects = gc.get_objects(generation)
@@ -363,23 +406,29 @@ def take_census(budget_s: float) -> Census:
                 census.seen += index
                 break
             kind = type(obj)
-            entry = types.get(kind)
-            if entry is None:
-                entry = types[kind] = _new_entry(kind, tensor_type, storage_types)
-            entry[0] += 1
+            how = sizing.get(kind)
+            if how is None:
+                how = sizing[kind] = _sizing(kind, tensor_type, storage_types)
+                if how == OWN:
+                    census.total -= 1
+                    continue
+                counts[kind], sizes[kind] = 0, 0
+            elif how == OWN:
+                census.total -= 1
+                continue
+            counts[kind] += 1
             try:
-                entry[1] += basic_size(obj) if entry[3] == STORAGE else getsizeof(obj)
+                sizes[kind] += getsizeof(obj) if how == PLAIN else shallow_size(obj)
             except Exception:  # noqa: BLE001 - a __sizeof__ of the job's that fails
                 pass
-            if entry[3] == TENSOR:
-                tensors.append(obj)
+            if how == TENSOR:
+                storage.add(obj)
         else:
             census.seen += len(objects)
         del objects
-    census.tensors = len(tensors)
-    _add_storage(census, types, tensors, deadline)
-    del tensors
-    census.types = {kind: (entry[0], entry[1], entry[2]) for kind, entry in types.items()}
+    census.seen = min(census.seen, census.total)
+    census.tensors = storage.tensors
+    storage.settle(census)
     census.elapsed_s = time.perf_counter() - started
     return census
 
@@ -391,27 +440,29 @@ def _is_subclass(kind: type, base: Any) -> bool:
         return False
 
 
-def _add_storage(census: Census, types: Dict[type, List[Any]], tensors: List[Any], deadline: float) -> None:
+class _StorageReach:
     """Each storage once: views and parameters sharing memory are not counted twice.
 
     The storage is found from the tensor's address and offset rather than with
     tensor.untyped_storage(), which would give every storage a Python object that lives as long
     as the storage does: a census must not add objects to the job. A storage's size is the
-    furthest byte any of its tensors reaches (views count what they see).
+    furthest byte any of its live tensors reaches (views count what they see), so it is a lower
+    bound: a small slice that alone keeps a big buffer alive counts as the slice.
     """
-    reach: Dict[Tuple[str, int], int] = {}
-    owner: Dict[Tuple[str, int], type] = {}
-    for index, tensor in enumerate(tensors):
-        # The first thousand tensors always count: the walk before may have used the budget up.
-        if index and not index & 1023 and time.perf_counter() > deadline:
-            census.cut_short = True
-            break
+
+    def __init__(self) -> None:
+        self.reach: Dict[Tuple[str, int], int] = {}
+        self.owner: Dict[Tuple[str, int], type] = {}
+        self.tensors = 0
+
+    def add(self, tensor: Any) -> None:
+        self.tensors += 1
         try:
             element = tensor.element_size()
             offset = tensor.storage_offset()
             base = tensor.data_ptr() - offset * element
             if base == 0:
-                continue  # meta tensors, empty storages
+                return  # meta tensors, empty storages
             end = offset + 1
             for length, stride in zip(tensor.shape, tensor.stride()):
                 if length == 0:
@@ -420,18 +471,22 @@ def _add_storage(census: Census, types: Dict[type, List[Any]], tensors: List[Any
                 end += (length - 1) * stride
             key = (str(tensor.device), base)
         except Exception:  # noqa: BLE001 - sparse, nested or fake tensors
-            continue
-        if reach.get(key, -1) < end * element:
-            reach[key] = end * element
-            owner.setdefault(key, type(tensor))
-    for key, size in reach.items():
-        device = key[0]
-        census.storage_bytes[device] = census.storage_bytes.get(device, 0) + size
-        entry = types[owner[key]]
-        if device == "cpu":
-            entry[1] += size
-        elif device.startswith("cuda"):
-            entry[2] += size
+            return
+        if self.reach.get(key, -1) < end * element:
+            self.reach[key] = end * element
+            self.owner.setdefault(key, type(tensor))
+
+    def settle(self, census: Census) -> None:
+        for key, size in self.reach.items():
+            device = key[0]
+            census.storage_bytes[device] = census.storage_bytes.get(device, 0) + size
+            kind = self.owner[key]
+            if device == "cpu":
+                census.sizes[kind] += size
+            elif device.startswith("cuda"):
+                census.cuda[kind] = census.cuda.get(kind, 0) + size
+        for kind in self.owner.values():
+            census.cuda.setdefault(kind, 0)
 
 
 def generation_rows() -> List[Tuple[int, int, int, int, int, int, int, bool]]:

@@ -107,8 +107,7 @@ def _build_modules(server: Any, params: Dict[str, Any]) -> TableBuilder:
 def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .torchstate import DEFAULT_TENSOR_BUDGET_S, fill, tensor_rows
 
-    budget = float(params.get("scan_budget_s") or DEFAULT_TENSOR_BUDGET_S)
-    rows, note = tensor_rows(server.own_threads, budget)
+    rows, note = tensor_rows(server.own_threads, scan_budget(params, DEFAULT_TENSOR_BUDGET_S))
     builder = fill(TENSORS.new_builder(), rows)
     if note:
         builder.notes.append(note)
@@ -136,7 +135,7 @@ def _build_process_memory(server: Any, params: Dict[str, Any]) -> Any:
 def _build_gc(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .memory import take_census
 
-    census = take_census(float(params.get("scan_budget_s") or 1.0))
+    census = take_census(scan_budget(params))
     builder = PYTHON_GC.new_builder()
     for row in census.rows():
         builder.append(row)
@@ -168,6 +167,14 @@ def _build_cuda_memory(server: Any, params: Dict[str, Any]) -> TableBuilder:
     if not found:
         builder.notes.append("torch.cuda_memory is empty: the process has not initialised CUDA")
     return builder
+
+
+def scan_budget(params: Dict[str, Any], default: float = 1.0) -> float:
+    """The seconds a walk over live objects may take: a positive number, at most an hour."""
+    value = params.get("scan_budget_s")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
+        return default
+    return float(value)
 
 
 def python_version() -> str:
@@ -373,7 +380,8 @@ PROCESS_MEMORY = Table(
             "gc_objects",
             "BIGINT",
             "objects tracked by gc; counted only as often as keeps counting under 0.03% of the time "
-            "(every sample for small jobs), NULL in the samples between",
+            "(every sample for small jobs), NULL in the samples between; never when one count would hold "
+            "the GIL over 50 ms",
         ),
         Column("cuda_allocated_mb", "DOUBLE", "MB allocated by torch on all CUDA devices; NULL without CUDA"),
         Column("cuda_reserved_mb", "DOUBLE", "MB held by torch's CUDA caching allocator; NULL without CUDA"),

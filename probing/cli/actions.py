@@ -368,7 +368,7 @@ def query(context: Context, sql: str, format: str, timeout: float, scan_budget: 
                     if name in LOCAL_TABLES:
                         continue
                     context.log(f"fetching {name}")
-                    table = client.fetch_table(name, {"scan_budget_s": scan_budget})
+                    table = client.fetch_table(name, {"scan_budget_s": scan_budget}, timeout + scan_budget)
                     for note in table.notes:
                         sys.stderr.write(f"probing: {note}\n")
                     session.load(table)

@@ -347,6 +347,8 @@ def memory(
                                        ("--interval", interval)) if value is not None]  # fmt: skip
     if len(chosen) > 1:
         raise click.UsageError(f"{' and '.join(chosen)} do not go together")
+    if interval is not None and 0 < interval < 0.1:
+        raise click.UsageError("--interval is 0 (stop sampling) or at least 0.1 s")
     if format == "json" and cuda_snapshot is not None:
         raise click.UsageError("--cuda-snapshot writes a file; --format json does not apply")
     return actions.memory(_context(ctx), growth, cuda_snapshot, interval, top, format, timeout, scan_budget)

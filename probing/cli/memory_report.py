@@ -66,6 +66,8 @@ def write_memory(result: Dict[str, Any], command: str, out: IO[str]) -> None:
             f"  process.memory: a sample every {sampler['interval_s']:g} s, {sampler['rows']:,} kept; "
             f"sampling has used {used}\n"
         )
+    elif sampler is not None and sampler.get("error"):
+        out.write(f"  process.memory: sampling stopped: {sampler['error']}\n")
     else:
         out.write("  process.memory: sampling is off (probing PID memory --interval 1 turns it on)\n")
     gc = result["gc"]
@@ -75,14 +77,22 @@ def write_memory(result: Dict[str, Any], command: str, out: IO[str]) -> None:
         f"collections by generation {' / '.join(str(c) for c in gc['collections'])}"
         f"{'' if gc['enabled'] else ' (gc is disabled)'}\n"
     )
-    rows = [[entry["type"], f"{entry['count']:,}", f"{entry['size_mb']:.1f}"] for entry in gc["types"]]
-    _table(["type", "count", "size_mb"], rows, [False, True, True], out)
+    if any(entry["cuda_mb"] for entry in gc["types"]):
+        rows = [
+            [entry["type"], f"{entry['count']:,}", f"{entry['size_mb']:.1f}",
+             "" if entry["cuda_mb"] is None else f"{entry['cuda_mb']:.1f}"]
+            for entry in gc["types"]
+        ]  # fmt: skip
+        _table(["type", "count", "size_mb", "cuda_mb"], rows, [False, True, True, True], out)
+    else:
+        rows = [[entry["type"], f"{entry['count']:,}", f"{entry['size_mb']:.1f}"] for entry in gc["types"]]
+        _table(["type", "count", "size_mb"], rows, [False, True, True], out)
     torch = result.get("torch")
     if torch is None:
         out.write("\ntorch: not imported\n")
         return
     storage = ", ".join(f"{size(mb)} on {device}" for device, mb in torch["storage_mb"].items()) or "nothing"
-    out.write(f"\ntorch: {torch['tensors']:,} tensors visible to Python hold {storage}\n")
+    out.write(f"\ntorch: {torch['tensors']:,} tensors visible to Python hold at least {storage}\n")
     if not torch["cuda_initialised"]:
         out.write("  CUDA: not initialised in this process\n")
     for device in torch["cuda"]:

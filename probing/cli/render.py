@@ -106,6 +106,13 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
+def _finite_or_null(value: Any) -> Any:
+    # JSON has no NaN or Infinity: json.dumps would write tokens that jq and most parsers reject.
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    return value
+
+
 def _cell(value: Any) -> str:
     import datetime
     import json
@@ -136,7 +143,7 @@ def write_rows(
         decode = [column_type.upper() == "JSON" for column_type in types]
         objects = (
             {
-                name: (json.loads(value) if is_json and isinstance(value, str) else value)
+                name: (json.loads(value) if is_json and isinstance(value, str) else _finite_or_null(value))
                 for name, value, is_json in zip(columns, row, decode)
             }
             for row in rows
