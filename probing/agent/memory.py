@@ -33,7 +33,7 @@ DEFAULT_HISTORY_S = 24 * 3600.0
 GC_COUNT_SHARE = 0.0003  # counting gc objects may take 0.03% of the time
 # One count holds the GIL throughout; past this the sampler stops counting (gc_objects NULL) rather
 # than stall every thread of a job with tens of millions of objects that long.
-GC_COUNT_MAX_S = 0.05
+GC_COUNT_MAX_S = 0.2
 MIN_INTERVAL_S = 0.1
 MAX_RING_ROWS = 1_000_000
 SAMPLER_THREAD_NAME = "probing-memory"
@@ -389,11 +389,13 @@ def take_census(budget_s: float) -> Census:
     started = time.perf_counter()
     deadline = started + budget_s
     tensor_type, storage_types = _torch_types()
-    counts, sizes = census.counts, census.sizes
-    sizing: Dict[type, int] = {}
+    # type -> [count, bytes, how it is sized]: one lookup per object; turned into dicts of plain
+    # ints at the end, and these lists freed.
+    entries: Dict[type, List[int]] = {}
     storage = _StorageReach()
     getsizeof, shallow_size = sys.getsizeof, object.__sizeof__
     clock = time.perf_counter
+    own = 0
     for generation in range(3):
         objects = gc.get_objects(generation)
         census.generations.append(len(objects))
@@ -406,19 +408,16 @@ def take_census(budget_s: float) -> Census:
                 census.seen += index
                 break
             kind = type(obj)
-            how = sizing.get(kind)
-            if how is None:
-                how = sizing[kind] = _sizing(kind, tensor_type, storage_types)
-                if how == OWN:
-                    census.total -= 1
-                    continue
-                counts[kind], sizes[kind] = 0, 0
-            elif how == OWN:
-                census.total -= 1
+            entry = entries.get(kind)
+            if entry is None:
+                entry = entries[kind] = [0, 0, _sizing(kind, tensor_type, storage_types)]
+            how = entry[2]
+            entry[0] += 1
+            if how == OWN:
+                own += 1
                 continue
-            counts[kind] += 1
             try:
-                sizes[kind] += getsizeof(obj) if how == PLAIN else shallow_size(obj)
+                entry[1] += getsizeof(obj) if how == PLAIN else shallow_size(obj)
             except Exception:  # noqa: BLE001 - a __sizeof__ of the job's that fails
                 pass
             if how == TENSOR:
@@ -426,6 +425,12 @@ def take_census(budget_s: float) -> Census:
         else:
             census.seen += len(objects)
         del objects
+    census.total -= own
+    census.seen -= own
+    for kind, entry in entries.items():
+        if entry[2] != OWN:
+            census.counts[kind], census.sizes[kind] = entry[0], entry[1]
+    del entries
     census.seen = min(census.seen, census.total)
     census.tensors = storage.tensors
     storage.settle(census)

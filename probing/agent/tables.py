@@ -381,7 +381,7 @@ PROCESS_MEMORY = Table(
             "BIGINT",
             "objects tracked by gc; counted only as often as keeps counting under 0.03% of the time "
             "(every sample for small jobs), NULL in the samples between; never when one count would hold "
-            "the GIL over 50 ms",
+            "the GIL over 200 ms",
         ),
         Column("cuda_allocated_mb", "DOUBLE", "MB allocated by torch on all CUDA devices; NULL without CUDA"),
         Column("cuda_reserved_mb", "DOUBLE", "MB held by torch's CUDA caching allocator; NULL without CUDA"),
