@@ -82,8 +82,9 @@ def sampler_cost(name: str, args: List[str], seconds: float) -> None:
         print(f"{name}: over {elapsed:.0f} s at the default 1 s interval, {status['samples']} samples")
         every = status["gc_count_every"]
         counted = f"every {every} samples" if every else "never: one count took over 200 ms"
+        last = 1000 * status["gc_count_s"]
         print(f"  sampler thread CPU (its own clock):     {100 * thread_share:.4f}% of a core "
-              f"(gc objects counted {counted}; the last count took {1000 * status['gc_count_s']:.0f} ms)")  # fmt: skip
+              f"(gc objects counted {counted}; the last count took {last:.0f} ms)")  # fmt: skip
         print(f"  process CPU, sampling on (ticks):       {100 * used[sampling] / elapsed:.3f}% of a core")
         print(f"  process CPU, sampling off (baseline):   {100 * used[quiet] / elapsed:.3f}% of a core")
     finally:
