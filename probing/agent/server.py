@@ -307,12 +307,20 @@ class AgentServer:
             return
         self._stopping = True
         self._wake_accept()
+        # shutdown() wakes a thread blocked in accept() without freeing the descriptor: closing
+        # it first could let a new agent's listener reuse the number while the old accept thread
+        # is still about to call accept() on it, and take that agent's first client.
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        thread = self._thread
+        if thread is not None and thread.ident != threading.get_ident():
+            thread.join(timeout=1.0)
         try:
             self.listener.close()
         except OSError:
             pass
-        self._remove_socket_file()
-        atexit.unregister(self._remove_socket_file)
         with self._connections_lock:
             connections = list(self._connections)
         for conn in connections:
@@ -337,9 +345,10 @@ class AgentServer:
         tracer = torchtrace.current() if torchtrace is not None else None
         if tracer is not None:
             tracer.uninstall()
-        thread = self._thread
-        if thread is not None and thread.ident != threading.get_ident():
-            thread.join(timeout=1.0)
+        # Last: `probing PID detach` returns when the socket file is gone, and an agent attached
+        # right after must not have its sampler or hooks undone by the rest of this stop().
+        self._remove_socket_file()
+        atexit.unregister(self._remove_socket_file)
 
     def _wake_accept(self) -> None:
         # Closing a socket does not wake a thread blocked in accept() on it; a connection does.
