@@ -58,6 +58,7 @@
 #include <dirent.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/user.h>
 #endif
 
@@ -380,6 +381,13 @@ static int poke(pid_t tid, uint64_t address, uint64_t word) {
 struct borrowed {
     pid_t tid;
     struct user_regs_struct saved;
+    /* The floating-point and vector registers (x87, SSE, AVX...). A thread stopped in a system
+     * call has none live (the call is a function call), but one stopped while running in the
+     * interpreter may: dlopen's string functions use them, so they are restored too. */
+    unsigned char xstate[16384] __attribute__((aligned(64)));
+    struct iovec xstate_iov;
+    struct user_fpregs_struct fpregs;
+    int vector_state; /* 2: xstate saved, 1: fpregs saved, 0: none */
     uint64_t scratch; /* first byte we overwrite on its stack */
     uint64_t original[(PATH_MAX + 128) / 8];
     int words;
@@ -427,8 +435,21 @@ static int call_in_thread(struct borrowed *thread, uint64_t function, uint64_t f
     return 1;
 }
 
+static void save_vector_state(struct borrowed *thread) {
+    thread->xstate_iov.iov_base = thread->xstate;
+    thread->xstate_iov.iov_len = sizeof thread->xstate;
+    if (ptrace(PTRACE_GETREGSET, thread->tid, (void *)NT_X86_XSTATE, &thread->xstate_iov) == 0)
+        thread->vector_state = 2;
+    else if (ptrace(PTRACE_GETFPREGS, thread->tid, 0, &thread->fpregs) == 0)
+        thread->vector_state = 1;
+}
+
 static void restore(struct borrowed *thread) {
     for (int i = 0; i < thread->words; i++) poke(thread->tid, thread->scratch + 8u * i, thread->original[i]);
+    if (thread->vector_state == 2)
+        ptrace(PTRACE_SETREGSET, thread->tid, (void *)NT_X86_XSTATE, &thread->xstate_iov);
+    else if (thread->vector_state == 1)
+        ptrace(PTRACE_SETFPREGS, thread->tid, 0, &thread->fpregs);
     struct user_regs_struct registers = thread->saved;
     long error = -(long)registers.rax;
     if ((long)registers.orig_rax >= 0) {
@@ -484,6 +505,7 @@ static int try_thread(const struct target *target, pid_t tid, const char *dlopen
         return NOT_SAFE;
     }
     say("thread %d: %s; borrowing it", tid, where);
+    save_vector_state(&thread);
 
     /* Stack layout below the red zone: [return slot][padding][helper path]. */
     size_t path_length = strlen(dlopen_path) + 1;
