@@ -101,23 +101,28 @@ def _build_nan_events(server: Any, params: Dict[str, Any]) -> Any:
 def _build_modules(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .torchstate import fill, module_rows
 
-    return fill(MODULES.new_builder(), module_rows(server.own_threads))
+    rows, note = module_rows(server.own_threads, step_wait(params))
+    return _with_notes(fill(MODULES.new_builder(), rows), [note] if note else [])
 
 
 def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .torchstate import DEFAULT_TENSOR_BUDGET_S, fill, tensor_rows
 
-    rows, note = tensor_rows(server.own_threads, scan_budget(params, DEFAULT_TENSOR_BUDGET_S))
-    builder = fill(TENSORS.new_builder(), rows)
-    if note:
-        builder.notes.append(note)
-    return builder
+    budget = scan_budget(params, DEFAULT_TENSOR_BUDGET_S)
+    rows, notes = tensor_rows(server.own_threads, budget, step_wait(params))
+    return _with_notes(fill(TENSORS.new_builder(), rows), notes)
 
 
 def _build_optimizers(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .torchstate import fill, optimizer_rows
 
-    return fill(OPTIMIZERS.new_builder(), optimizer_rows(server.own_threads))
+    rows, note = optimizer_rows(server.own_threads, step_wait(params))
+    return _with_notes(fill(OPTIMIZERS.new_builder(), rows), [note] if note else [])
+
+
+def _with_notes(builder: TableBuilder, notes: List[str]) -> TableBuilder:
+    builder.notes.extend(notes)
+    return builder
 
 
 def _build_process_memory(server: Any, params: Dict[str, Any]) -> Any:
@@ -174,6 +179,16 @@ def scan_budget(params: Dict[str, Any], default: float = 1.0) -> float:
     value = params.get("scan_budget_s")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
         return default
+    return float(value)
+
+
+def step_wait(params: Dict[str, Any]) -> float:
+    """The seconds a torch table waits for the job's next optimizer step: 0 to 600."""
+    from .safepoint import DEFAULT_STEP_WAIT_S
+
+    value = params.get("step_wait_s")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 600:
+        return DEFAULT_STEP_WAIT_S
     return float(value)
 
 
