@@ -10,7 +10,7 @@ import stat
 import sys
 import time
 
-from ..client import Client, locate_socket
+from ..client import Client, decode_reply_table, locate_socket
 from ..errors import ExitCode, NoAgent, ProbingError, UsageError
 from ..protocol import decode_table
 from . import render
@@ -80,7 +80,7 @@ class Context:
 
             wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
             path = attach(pid, "auto", wait, self.log, give_up_early).socket
-        return Client(path, timeout, self.log)
+        return Client(path, timeout, self.log, pid=pid)
 
 
 def _quiet(message: str) -> None:
@@ -135,7 +135,7 @@ def _backtrace_from_agent(
     with client:
         remaining = max(0.5, timeout - (time.monotonic() - started))
         result, payload = _ask(client, "backtrace", params, remaining, parse_target(context.target).pid)
-        return decode_table(result["table"], payload), client.info
+        return decode_reply_table(result, payload), client.info
 
 
 # The look from outside that decided to fall back, reused for the answer itself.
@@ -264,10 +264,10 @@ def backtrace(
             if command is None:
                 raise
             # A descendant that is not Python (a shell, a compiler), or that just exited.
-            sys.stderr.write(f"probing: PID {process_context.target} ({command}): {error.message}\n")
+            render.note(f"PID {process_context.target} ({command}): {error.message}")
     for _, info, note in results:
         if note is not None:
-            sys.stderr.write(f"probing: PID {info.get('pid')}: {note}\n")
+            render.note(f"PID {info.get('pid')}: {note}")
     sys.stderr.flush()
     if format == "text":
         for index, (rows, info, _) in enumerate(results):
@@ -315,7 +315,7 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
                 continue
         report = report._replace(worker=stuck_dataloader_worker(worker_rows))
     for note in notes:
-        sys.stderr.write(f"probing: {note}\n")
+        render.note(note)
     if format == "json":
         import json
 
@@ -370,7 +370,7 @@ def query(context: Context, sql: str, format: str, timeout: float, scan_budget: 
                     context.log(f"fetching {name}")
                     table = client.fetch_table(name, {"scan_budget_s": scan_budget}, timeout + scan_budget)
                     for note in table.notes:
-                        sys.stderr.write(f"probing: {note}\n")
+                        render.note(note)
                     session.load(table)
         except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
             # A query over python.backtrace (and process.stats) is answered from outside.
@@ -423,13 +423,15 @@ def memory(
 
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     elif params["action"] == "growth":
-        memory_report.write_growth(result, render.SourceLines(int(result["pid"])), sys.stdout)
+        memory_report.write_growth(
+            result, render.SourceLines(int(result["pid"])), render.inert_stream(sys.stdout)
+        )
     elif params["action"] == "interval":
-        memory_report.write_sampler(result, sys.stdout)
+        memory_report.write_sampler(result, render.inert_stream(sys.stdout))
     else:
-        memory_report.write_memory(result, command, sys.stdout)
+        memory_report.write_memory(result, command, render.inert_stream(sys.stdout))
     for note in result.get("notes") or ():
-        sys.stderr.write(f"probing: {note}\n")
+        render.note(note)
     return ExitCode.OK
 
 
@@ -485,7 +487,7 @@ def _outside_session(context: Context, text: str, why: str) -> Any:
     for row in rows:
         builder.append(tuple(row[column.name] for column in BACKTRACE.columns))
     _load_builder(session, builder)
-    sys.stderr.write(f"probing: {why}; python.backtrace read from outside the process (py-spy)\n")
+    render.note(f"{why}; python.backtrace read from outside the process (py-spy)")
     return session
 
 
@@ -530,7 +532,8 @@ def inject(context: Context, method: str, format: str) -> int:
 
 def detach(context: Context, timeout: float) -> int:
     target = parse_target(context.target)
-    with Client(target.socket or locate_socket(target.pid or 0, context.log), timeout, context.log) as client:
+    socket_path = target.socket or locate_socket(target.pid or 0, context.log)
+    with Client(socket_path, timeout, context.log, pid=target.pid) as client:
         client.call("detach")
         pid, path = client.info.get("pid"), client.info.get("socket")
     # The agent stops right after its reply; wait until its socket is gone.
