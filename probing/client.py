@@ -125,6 +125,8 @@ class Client:
                 # EAGAIN: the agent's listen backlog is full (a storm of connections). A Unix
                 # socket with a timeout does not wait for room, so wait here, within our time.
                 sock.close()
+                if pause == 0.001:
+                    self.log(f"{path}: the agent's queue of connections is full; trying again")
                 if time.monotonic() + pause >= deadline:
                     raise AgentTimeout(
                         f"the agent at {path} did not accept a connection in {timeout:g} s "

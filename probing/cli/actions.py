@@ -100,7 +100,12 @@ EARLY_LOOK_S = 0.3
 
 
 class Fallback(Exception):
-    """The agent cannot answer: read the stacks from outside instead, and say why."""
+    """The agent cannot answer: read the stacks from outside instead, and say why.
+    `unreachable`: the agent went away (closed the connection), rather than stayed silent."""
+
+    def __init__(self, why: str, unreachable: bool = False) -> None:
+        super().__init__(why)
+        self.unreachable = unreachable
 
 
 def _ask(client: Client, method: str, params: Dict[str, Any], timeout: float, pid: Optional[int]) -> Any:
@@ -119,7 +124,7 @@ def _ask(client: Client, method: str, params: Dict[str, Any], timeout: float, pi
                 raise Fallback(f"the agent did not answer within {timeout:g} s")
         return client.receive(method, max(1.0, deadline - time.monotonic()))
     except (AgentTimeout, AgentUnreachable) as error:
-        raise Fallback(error.message) from None
+        raise Fallback(error.message, isinstance(error, AgentUnreachable)) from None
 
 
 def _backtrace_from_agent(
@@ -374,9 +379,9 @@ def query(context: Context, sql: str, format: str, timeout: float, scan_budget: 
                     session.load(table)
         except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
             # A query over python.backtrace (and process.stats) is answered from outside.
-            session = _outside_session(context, text, error.message)
+            session = _outside_session(context, text, error.message, isinstance(error, AgentUnreachable))
         except Fallback as fallback:
-            session = _outside_session(context, text, str(fallback))
+            session = _outside_session(context, text, str(fallback), fallback.unreachable)
     for name in local:
         from ..process_stats import build_local_table
 
@@ -466,9 +471,11 @@ def _load_builder(session: Any, builder: Any) -> None:
     session.load(decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks))))
 
 
-def _outside_session(context: Context, text: str, why: str) -> Any:
+def _outside_session(context: Context, text: str, why: str, unreachable: bool = False) -> Any:
+    """A session over python.backtrace read from outside; other tables cannot be, and the
+    error says why the agent did not give them: it went away (exit 1) or stayed silent (7)."""
     from ..agent.tables import BACKTRACE
-    from ..errors import AgentTimeout
+    from ..errors import AgentTimeout, AgentUnreachable
     from ..process_stats import LOCAL_TABLES
 
     pid = parse_target(context.target).pid
@@ -479,7 +486,8 @@ def _outside_session(context: Context, text: str, why: str) -> Any:
         or BACKTRACE.name not in wanted
         or any(name != BACKTRACE.name and name not in LOCAL_TABLES for name in wanted)
     ):
-        raise AgentTimeout(
+        failure = AgentUnreachable if unreachable else AgentTimeout
+        raise failure(
             why, hint="only queries over python.backtrace (and process.stats) can be answered from outside"
         )
     rows, _ = _backtrace_from_outside(pid, False, None, why)
