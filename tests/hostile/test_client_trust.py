@@ -97,6 +97,8 @@ BAD_REPLIES = [
     ("table-dict-count", ["backtrace"], ExitCode.BAD_REPLY, "outside the payload"),
     ("table-dict-codes", ["backtrace"], ExitCode.BAD_REPLY, "codes outside its dictionary"),
     ("table-bad-type", ["query", "SELECT pid FROM python.backtrace"], ExitCode.BAD_REPLY, "has type"),
+    # An agent that goes away mid-query is unreachable (1), not silent (7).
+    ("huge-close", ["query", "SELECT * FROM process.memory"], ExitCode.ERROR, "closed the connection"),
 ]
 
 
