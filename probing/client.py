@@ -14,6 +14,7 @@ from . import __version__, protocol
 from .errors import (
     AgentTimeout,
     AgentUnreachable,
+    BadReply,
     EvalTimedOut,
     NoAgent,
     NoTorch,
@@ -23,7 +24,9 @@ from .errors import (
     RemoteError,
     SessionGone,
 )
-from .processes import python_version_of, require_process, socket_candidates
+from .processes import effective_uid, python_version_of, require_process, socket_candidates
+from .replies import ReplyReader, check_error, check_result, read_reply
+from .trust import ExpectedPeer, check_peer, check_socket_file, expected_for_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,7 +51,9 @@ def locate_socket(pid: int, log: Log = _no_log) -> str:
     denied = None
     for path in candidates:
         try:
-            os.stat(path)
+            # lstat: a symlink planted where the socket should be is found here, and refused
+            # by the Client with a message, rather than followed.
+            os.lstat(path)
         except FileNotFoundError:
             log(f"no socket at {path}")
             continue
@@ -76,7 +81,10 @@ class Client:
     read: a command costs one round trip.
     """
 
-    def __init__(self, path: str, timeout: float, log: Log = _no_log) -> None:
+    def __init__(self, path: str, timeout: float, log: Log = _no_log, pid: Optional[int] = None) -> None:
+        """Connect to the agent at `path`: the agent of process `pid` (as this side sees it),
+        or, without a pid, whatever process the socket's name and owner say (see trust.py).
+        Nothing is sent before the socket and the process answering on it are checked."""
         self.path = path
         self.timeout = timeout
         self.log = log
@@ -84,34 +92,71 @@ class Client:
         self._greeting = False
         self._next_id = 0
         self._started = time.perf_counter()
+        if pid is None:
+            path, expected = expected_for_path(path)
+        else:
+            uid = effective_uid(pid)
+            if uid is None:
+                require_process(pid)
+                raise PermissionDenied(f"cannot read the owner of PID {pid}")
+            expected = ExpectedPeer(pid, None, uid, f"PID {pid}")
+            check_socket_file(path, uid, expected.why)
+        self._sock = self._connect(path, timeout)
+        self._reader = ReplyReader(self._sock, protocol.MAX_REPLY_BYTES)
+        try:
+            peer_pid, peer_uid = check_peer(self._sock, path, expected)
+        except BaseException:
+            self.close()
+            raise
+        log(f"{path}: answered by PID {peer_pid}, uid {peer_uid}")
+
+    def _connect(self, path: str, timeout: float) -> Any:
         # _socket rather than socket: the socket module imports enum and selectors, a few ms
         # of start-up that `probing PID backtrace` cannot afford.
-        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        self._reader = protocol.FrameReader(self._sock, protocol.MAX_REPLY_BYTES)
-        self._sock.settimeout(timeout)
-        try:
-            self._sock.connect(path)
-        except FileNotFoundError:
-            self.close()
-            raise NoAgent(f"no agent socket at {path}", hint=START_AGENT_HINT) from None
-        except ConnectionRefusedError:
-            self.close()
-            raise NoAgent(
-                f"nothing listens on {path} (left behind by a process that was killed?)",
-                hint=START_AGENT_HINT,
-            ) from None
-        except PermissionError:
-            self.close()
-            raise PermissionDenied(
-                f"not allowed to connect to {path}",
-                hint="run probing as the user that owns the process, or as root",
-            ) from None
-        except _socket.timeout:
-            self.close()
-            raise AgentTimeout(f"the agent at {path} did not accept a connection in {timeout:g} s") from None
-        except OSError as error:
-            self.close()
-            raise AgentUnreachable(f"cannot connect to {path}: {error.strerror or error}") from None
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                sock.connect(path)
+                return sock
+            except BlockingIOError:
+                # EAGAIN: the agent's listen backlog is full (a storm of connections). A Unix
+                # socket with a timeout does not wait for room, so wait here, within our time.
+                sock.close()
+                if pause == 0.001:
+                    self.log(f"{path}: the agent's queue of connections is full; trying again")
+                if time.monotonic() + pause >= deadline:
+                    raise AgentTimeout(
+                        f"the agent at {path} did not accept a connection in {timeout:g} s "
+                        "(its queue of waiting connections stayed full)"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            except FileNotFoundError:
+                sock.close()
+                raise NoAgent(f"no agent socket at {path}", hint=START_AGENT_HINT) from None
+            except ConnectionRefusedError:
+                sock.close()
+                raise NoAgent(
+                    f"nothing listens on {path} (left behind by a process that was killed?)",
+                    hint=START_AGENT_HINT,
+                ) from None
+            except PermissionError:
+                sock.close()
+                raise PermissionDenied(
+                    f"not allowed to connect to {path}",
+                    hint="run probing as the user that owns the process, or as root",
+                ) from None
+            except _socket.timeout:
+                sock.close()
+                raise AgentTimeout(
+                    f"the agent at {path} did not accept a connection in {timeout:g} s"
+                ) from None
+            except OSError as error:
+                sock.close()
+                raise AgentUnreachable(f"cannot connect to {path}: {error.strerror or error}") from None
 
     def __enter__(self) -> Client:
         return self
@@ -120,8 +165,11 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        sock = getattr(self, "_sock", None)
+        if sock is None:
+            return
         try:
-            self._sock.close()
+            sock.close()
         except OSError:
             pass
 
@@ -157,54 +205,49 @@ class Client:
 
     def receive(self, method: str, timeout: Optional[float] = None) -> Tuple[Any, bytearray]:
         wait = self.timeout if timeout is None else timeout
-        self._sock.settimeout(wait)
-        try:
-            if self._greeting:
-                self.info, _ = self._receive("hello", wait)
-                self._greeting = False
-                self.log(
-                    f"connected in {(time.perf_counter() - self._started) * 1000:.1f} ms: "
-                    f"pid {self.info.get('pid')}, Python {self.info.get('python_version')}, "
-                    f"agent {self.info.get('probing_version')}"
-                )
-            return self._receive(method, wait)
-        except (ConnectionResetError, BrokenPipeError):
-            raise AgentUnreachable(
-                f"the agent closed the connection during {method!r} (did the process exit?)"
-            ) from None
-
-    def _receive(self, method: str, wait: float) -> Tuple[Any, bytearray]:
-        try:
-            frame = self._reader.read()
-        except _socket.timeout:
-            raise AgentTimeout(
-                f"the agent did not answer {method!r} within {wait:g} s",
-                hint="the process may be holding the GIL in native code; "
-                "`py-spy dump --pid PID` reads its stacks from outside",
-            ) from None
-        except (protocol.ConnectionClosed, ConnectionResetError):
-            frame = None
-        except protocol.FrameError as error:
-            raise AgentUnreachable(f"unreadable reply from the agent: {error}") from None
-        if frame is None:
-            raise AgentUnreachable(
-                f"the agent closed the connection during {method!r} (did the process exit?)"
+        if self._greeting:
+            self.info, _ = self._receive("hello", wait, self._next_id - 1)
+            self._greeting = False
+            self.log(
+                f"connected in {(time.perf_counter() - self._started) * 1000:.1f} ms: "
+                f"pid {self.info.get('pid')}, Python {self.info.get('python_version')}, "
+                f"agent {self.info.get('probing_version')}"
             )
-        _, ok, body = protocol.parse_reply(frame.header)
+        return self._receive(method, wait, self._next_id)
+
+    def _receive(self, method: str, wait: float, request_id: int) -> Tuple[Any, bytearray]:
+        frame = read_reply(self._reader, method, wait)
+        try:
+            reply_id, ok, body = protocol.parse_reply(frame.header)
+        except protocol.FrameError as error:
+            raise BadReply(f"unusable reply to {method!r}: {error}") from None
+        if reply_id != request_id:
+            raise BadReply(f"the reply to {method!r} answers request {reply_id!r}, not {request_id}")
         if not ok:
-            raise error_from_reply(body)
-        return body, frame.payload
+            raise error_from_reply(check_error(body))
+        return check_result(method, body), frame.payload
 
     def fetch_table(
         self, name: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
     ) -> protocol.DecodedTable:
         result, payload = self.call("table", dict(params or {}, name=name), timeout)
-        return protocol.decode_table(result["table"], payload)
+        table = decode_reply_table(result, payload)
+        if table.name != name:
+            raise BadReply(f"asked for table {name!r}, the agent sent {table.name!r}")
+        return table
 
     def describe_tables(self) -> List[Dict[str, Any]]:
         result, _ = self.call("tables")
         tables: List[Dict[str, Any]] = result["tables"]
         return tables
+
+
+def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.DecodedTable:
+    """The table of a `table` or `backtrace` reply, checked: a malformed one is a BadReply."""
+    try:
+        return protocol.decode_table(result["table"], payload)
+    except protocol.FrameError as error:
+        raise BadReply(str(error)) from None
 
 
 def error_from_reply(error: Dict[str, Any]) -> ProbingError:

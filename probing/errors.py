@@ -30,6 +30,7 @@ class ExitCode:
     ATTACH_TIMEOUT = 10
     HUNG = 11
     NO_TORCH = 12
+    BAD_REPLY = 13
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -39,7 +40,8 @@ class ExitCode:
         USAGE: "bad command line",
         NO_SUCH_PROCESS: "no process with that PID",
         NOT_PYTHON: "the process is not a Python process probing supports (CPython 3.8+)",
-        PERMISSION_DENIED: "not allowed to reach that process (another user's, or ptrace refused)",
+        PERMISSION_DENIED: "not allowed to reach that process (another user's, or ptrace refused), "
+        "or its socket is not its own",
         NO_AGENT: "the process has no probing agent",
         AGENT_TIMEOUT: "the agent did not answer in time (or eval ran past --timeout)",
         REMOTE_ERROR: "the code run by eval (or a statement piped into repl) raised an exception",
@@ -47,6 +49,7 @@ class ExitCode:
         ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
         HUNG: "hang / run --hang-timeout: the job's main thread made no progress",
         NO_TORCH: "trace / nan / memory --cuda-snapshot: the process has not imported torch (or CUDA)",
+        BAD_REPLY: "what answered on the agent's socket sent a reply probing cannot use",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }
@@ -100,6 +103,35 @@ class AgentUnreachable(ProbingError):
     """The socket exists but the conversation failed (agent gone mid-request, protocol clash)."""
 
     exit_code = ExitCode.ERROR
+
+
+class UntrustedSocket(PermissionDenied):
+    """The socket found for a process is not that process's own: a directory or file of
+    another user, a symlink, or another process answering on it."""
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(
+            message,
+            hint=hint
+            or "an agent's socket lies in a directory of the job's own user, mode 0700 "
+            "(PROBING_SOCKET_DIR or /tmp/probing-UID); if the job set PROBING_SOCKET_DIR, "
+            "check who else can write there",
+        )
+
+
+class BadReply(ProbingError):
+    """What answered on the socket sent something that is not a valid reply: a different
+    probing version, or not an agent at all. The job is untrusted input to the CLI."""
+
+    exit_code = ExitCode.BAD_REPLY
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(
+            message,
+            hint=hint
+            or "use the same probing version for the CLI and the job; `probing -v PID ...` "
+            "shows which process answered",
+        )
 
 
 class SessionGone(ProbingError):

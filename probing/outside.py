@@ -38,21 +38,54 @@ def dump(pid: int, native: bool = False, timeout: float = 2.0, locals: bool = Fa
         raise ProbingError("py-spy is not installed", hint="pip install py-spy")
     command = [binary, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
     command += ["--locals"] if locals else []
-    message = ""
+    error: Optional[ProbingError] = None
     for _ in range(_ATTEMPTS):
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            message = f"py-spy did not answer within {timeout:g} s"
+            error = ProbingError(
+                f"py-spy did not read the stacks of PID {pid} within {timeout:g} s",
+                hint=_WITHOUT_NATIVE if native else None,
+            )
             continue
         try:
-            threads: List[Dict[str, Any]] = json.loads(result.stdout)
-            return threads
+            threads = json.loads(result.stdout)
         except ValueError:
-            message = (result.stderr.strip().splitlines() or ["py-spy failed"])[0]
-            if "Permission denied" in result.stderr or "Operation not permitted" in result.stderr:
-                raise PermissionDenied(f"py-spy is not allowed to read PID {pid}: {message}") from None
-    raise ProbingError(f"could not read the stacks of PID {pid} from outside either: {message}")
+            error = _dump_failed(pid, result.stderr, native)
+            if isinstance(error, PermissionDenied):
+                raise error from None
+            continue
+        if isinstance(threads, list) and all(isinstance(thread, dict) for thread in threads):
+            return threads
+        error = ProbingError(f"py-spy printed something other than a list of threads for PID {pid}")
+    assert error is not None
+    raise error
+
+
+_WITHOUT_NATIVE = "without --native, `probing PID backtrace` reads the Python stacks through the agent"
+
+
+def _dump_failed(pid: int, stderr: str, native: bool) -> ProbingError:
+    """py-spy's failure in one sentence and what to do, rather than its Rust backtrace."""
+    # py-spy prints "Error: <what>", then (with RUST_BACKTRACE) "Stack backtrace:" and frames.
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = next((line[len("Error:") :].strip() for line in lines if line.startswith("Error:")), None)
+    said = said or (lines[0] if lines else "it failed without saying why")
+    if "Permission denied" in stderr or "Operation not permitted" in stderr:
+        return PermissionDenied(f"py-spy is not allowed to read PID {pid}: {said}")
+    if "Failed to find a python interpreter" in said:
+        return ProbingError(
+            f"py-spy could not read the stacks of PID {pid}: it did not find the Python interpreter "
+            f"in the process's memory (py-spy: {said}); it fails this way on very deep stacks "
+            "(thousands of frames) and on interpreters it does not know",
+            hint=_WITHOUT_NATIVE
+            if native
+            else "the agent still answers: drop --no-attach, or raise --timeout",
+        )
+    return ProbingError(
+        f"py-spy could not read the stacks of PID {pid}: {said}",
+        hint=_WITHOUT_NATIVE if native else "`probing -v ...` shows the py-spy command that was run",
+    )
 
 
 def _function_name(name: str) -> str:

@@ -28,8 +28,9 @@ PREFIX = struct.Struct(">4sII")
 MAX_HEADER_BYTES = 1 << 20
 # What the agent accepts from a client in one frame (eval code, parameters).
 MAX_REQUEST_BYTES = 16 << 20
-# What the CLI accepts from an agent in one frame (a 1 M-row table is ~100 MB).
-MAX_REPLY_BYTES = 2 << 30
+# What the CLI accepts from an agent in one frame (a 1 M-row table is ~100 MB). The CLI's
+# memory grows only with the bytes that actually arrive, never with the announced length.
+MAX_REPLY_BYTES = 1 << 30
 
 
 class FrameError(Exception):
@@ -433,35 +434,84 @@ def _typed(typecode: str, payload: memoryview, offset: int, length: int, swap: b
     return values
 
 
-def decode_table(descriptor: Dict[str, Any], payload: ByteChunk) -> DecodedTable:
-    """Inverse of `encode_table`; raises FrameError on a descriptor that does not fit."""
-    try:
-        swap = descriptor.get("byteorder", sys.byteorder) != sys.byteorder
-        rows = int(descriptor["rows"])
-        columns = []
-        view = memoryview(payload)
-        for entry in descriptor["columns"]:
-            encoding = entry["encoding"]
-            data = _typed(TYPECODE_OF_ENCODING[encoding], view, entry["offset"], entry["length"], swap)
-            if len(data) != rows:
-                raise ValueError(f"column {entry['name']} has {len(data)} values for {rows} rows")
-            valid = None
-            if "valid_offset" in entry:
-                valid = _typed("b", view, entry["valid_offset"], entry["valid_length"], False)
-            dictionary = None
-            if encoding == "dict":
-                count = entry["dict_count"]
-                lengths = _typed("I", view, entry["dict_offset"], 4 * count, swap)
-                blob = bytes(
-                    view[entry["dict_bytes_offset"] : entry["dict_bytes_offset"] + entry["dict_bytes_length"]]
-                )
-                dictionary, start = [], 0
-                for size in lengths:
-                    dictionary.append(blob[start : start + size].decode("utf-8", "replace"))
-                    start += size
-            columns.append(DecodedColumn(entry["name"], entry["type"], encoding, data, valid, dictionary))
-        return DecodedTable(
-            descriptor["name"], rows, columns, [str(n) for n in descriptor.get("notes") or ()]
+def _region(entry: Dict[str, Any], offset_key: str, length_key: str, size: int) -> Tuple[int, int]:
+    """An (offset, length) pair of the descriptor, checked to lie inside the payload."""
+    offset, length = entry.get(offset_key), entry.get(length_key)
+    for key, value in ((offset_key, offset), (length_key, length)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{key} of column {entry.get('name')!r} is not a byte count: {value!r}")
+    assert isinstance(offset, int) and isinstance(length, int)
+    if offset + length > size:
+        raise ValueError(
+            f"column {entry.get('name')!r}: bytes {offset}..{offset + length} lie outside the "
+            f"payload of {size} bytes"
         )
-    except (KeyError, TypeError, ValueError) as error:
+    return offset, length
+
+
+def _decode_column(entry: Any, view: memoryview, rows: int, swap: bool) -> DecodedColumn:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ValueError("a column without a name")
+    name, kind, encoding = entry["name"], entry.get("type"), entry.get("encoding")
+    # The type ends up in the CLI's SQL (CAST ... AS type): only the known ones pass.
+    if kind not in ENCODING_OF_TYPE or encoding != ENCODING_OF_TYPE[kind]:
+        raise ValueError(f"column {name!r} has type {kind!r} with encoding {encoding!r}")
+    typecode = TYPECODE_OF_ENCODING[encoding]
+    offset, length = _region(entry, "offset", "length", len(view))
+    if length != rows * struct.calcsize(typecode):
+        raise ValueError(f"column {name!r} has {length} bytes for {rows} rows")
+    data = _typed(typecode, view, offset, length, swap)
+    valid = None
+    if "valid_offset" in entry:
+        offset, length = _region(entry, "valid_offset", "valid_length", len(view))
+        if length != rows:
+            raise ValueError(f"column {name!r} has {length} validity bytes for {rows} rows")
+        valid = _typed("b", view, offset, length, False)
+    dictionary = None
+    if encoding == "dict":
+        count = entry.get("dict_count")
+        if type(count) is not int or count < 0:
+            raise ValueError(f"column {name!r} has a dict_count of {count!r}")
+        entry = dict(entry, dict_length=4 * count)
+        offset, _ = _region(entry, "dict_offset", "dict_length", len(view))
+        lengths = _typed("I", view, offset, 4 * count, swap)
+        start, length = _region(entry, "dict_bytes_offset", "dict_bytes_length", len(view))
+        if sum(lengths) != length:
+            raise ValueError(f"column {name!r}: the dictionary's lengths do not add up to its bytes")
+        blob = bytes(view[start : start + length])
+        dictionary, start = [], 0
+        for size in lengths:
+            dictionary.append(blob[start : start + size].decode("utf-8", "replace"))
+            start += size
+        if rows and not -1 <= min(data) <= max(data) < count:
+            raise ValueError(f"column {name!r} has codes outside its dictionary of {count} words")
+    return DecodedColumn(name, kind, encoding, data, valid, dictionary)
+
+
+def decode_table(descriptor: Any, payload: ByteChunk) -> DecodedTable:
+    """Inverse of `encode_table`; raises FrameError on a descriptor that does not fit.
+
+    The CLI decodes what an agent sent, and the agent may be a hostile job: every offset and
+    length is checked against the payload, every type against the known ones, and every
+    dictionary code against its dictionary, so a malformed table is an error, never a wrong
+    value read from elsewhere or an exception from deep inside.
+    """
+    try:
+        if not isinstance(descriptor, dict):
+            raise ValueError("the table descriptor is not an object")
+        byteorder = descriptor.get("byteorder", sys.byteorder)
+        if byteorder not in ("little", "big"):
+            raise ValueError(f"byteorder {byteorder!r}")
+        rows, name, notes = descriptor.get("rows"), descriptor.get("name"), descriptor.get("notes") or []
+        if type(rows) is not int or rows < 0:
+            raise ValueError(f"rows is {rows!r}")
+        if not isinstance(name, str) or not isinstance(notes, list):
+            raise ValueError("no table name, or notes that are not a list")
+        entries = descriptor.get("columns")
+        if not isinstance(entries, list):
+            raise ValueError("columns is not a list")
+        view = memoryview(payload).cast("B")
+        columns = [_decode_column(entry, view, rows, byteorder != sys.byteorder) for entry in entries]
+        return DecodedTable(name, rows, columns, [str(note) for note in notes])
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise FrameError(f"malformed table in reply: {error}", fatal=False) from None

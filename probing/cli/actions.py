@@ -10,7 +10,7 @@ import stat
 import sys
 import time
 
-from ..client import Client, locate_socket
+from ..client import Client, decode_reply_table, locate_socket
 from ..errors import ExitCode, NoAgent, ProbingError, UsageError
 from ..protocol import decode_table
 from . import render
@@ -80,7 +80,7 @@ class Context:
 
             wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
             path = attach(pid, "auto", wait, self.log, give_up_early).socket
-        return Client(path, timeout, self.log)
+        return Client(path, timeout, self.log, pid=pid)
 
 
 def _quiet(message: str) -> None:
@@ -100,7 +100,12 @@ EARLY_LOOK_S = 0.3
 
 
 class Fallback(Exception):
-    """The agent cannot answer: read the stacks from outside instead, and say why."""
+    """The agent cannot answer: read the stacks from outside instead, and say why.
+    `unreachable`: the agent went away (closed the connection), rather than stayed silent."""
+
+    def __init__(self, why: str, unreachable: bool = False) -> None:
+        super().__init__(why)
+        self.unreachable = unreachable
 
 
 def _ask(client: Client, method: str, params: Dict[str, Any], timeout: float, pid: Optional[int]) -> Any:
@@ -119,7 +124,7 @@ def _ask(client: Client, method: str, params: Dict[str, Any], timeout: float, pi
                 raise Fallback(f"the agent did not answer within {timeout:g} s")
         return client.receive(method, max(1.0, deadline - time.monotonic()))
     except (AgentTimeout, AgentUnreachable) as error:
-        raise Fallback(error.message) from None
+        raise Fallback(error.message, isinstance(error, AgentUnreachable)) from None
 
 
 def _backtrace_from_agent(
@@ -135,7 +140,7 @@ def _backtrace_from_agent(
     with client:
         remaining = max(0.5, timeout - (time.monotonic() - started))
         result, payload = _ask(client, "backtrace", params, remaining, parse_target(context.target).pid)
-        return decode_table(result["table"], payload), client.info
+        return decode_reply_table(result, payload), client.info
 
 
 # The look from outside that decided to fall back, reused for the answer itself.
@@ -264,10 +269,10 @@ def backtrace(
             if command is None:
                 raise
             # A descendant that is not Python (a shell, a compiler), or that just exited.
-            sys.stderr.write(f"probing: PID {process_context.target} ({command}): {error.message}\n")
+            render.note(f"PID {process_context.target} ({command}): {error.message}")
     for _, info, note in results:
         if note is not None:
-            sys.stderr.write(f"probing: PID {info.get('pid')}: {note}\n")
+            render.note(f"PID {info.get('pid')}: {note}")
     sys.stderr.flush()
     if format == "text":
         for index, (rows, info, _) in enumerate(results):
@@ -315,7 +320,7 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
                 continue
         report = report._replace(worker=stuck_dataloader_worker(worker_rows))
     for note in notes:
-        sys.stderr.write(f"probing: {note}\n")
+        render.note(note)
     if format == "json":
         import json
 
@@ -370,13 +375,13 @@ def query(context: Context, sql: str, format: str, timeout: float, scan_budget: 
                     context.log(f"fetching {name}")
                     table = client.fetch_table(name, {"scan_budget_s": scan_budget}, timeout + scan_budget)
                     for note in table.notes:
-                        sys.stderr.write(f"probing: {note}\n")
+                        render.note(note)
                     session.load(table)
         except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
             # A query over python.backtrace (and process.stats) is answered from outside.
-            session = _outside_session(context, text, error.message)
+            session = _outside_session(context, text, error.message, isinstance(error, AgentUnreachable))
         except Fallback as fallback:
-            session = _outside_session(context, text, str(fallback))
+            session = _outside_session(context, text, str(fallback), fallback.unreachable)
     for name in local:
         from ..process_stats import build_local_table
 
@@ -423,13 +428,15 @@ def memory(
 
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     elif params["action"] == "growth":
-        memory_report.write_growth(result, render.SourceLines(int(result["pid"])), sys.stdout)
+        memory_report.write_growth(
+            result, render.SourceLines(int(result["pid"])), render.inert_stream(sys.stdout)
+        )
     elif params["action"] == "interval":
-        memory_report.write_sampler(result, sys.stdout)
+        memory_report.write_sampler(result, render.inert_stream(sys.stdout))
     else:
-        memory_report.write_memory(result, command, sys.stdout)
+        memory_report.write_memory(result, command, render.inert_stream(sys.stdout))
     for note in result.get("notes") or ():
-        sys.stderr.write(f"probing: {note}\n")
+        render.note(note)
     return ExitCode.OK
 
 
@@ -464,9 +471,11 @@ def _load_builder(session: Any, builder: Any) -> None:
     session.load(decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks))))
 
 
-def _outside_session(context: Context, text: str, why: str) -> Any:
+def _outside_session(context: Context, text: str, why: str, unreachable: bool = False) -> Any:
+    """A session over python.backtrace read from outside; other tables cannot be, and the
+    error says why the agent did not give them: it went away (exit 1) or stayed silent (7)."""
     from ..agent.tables import BACKTRACE
-    from ..errors import AgentTimeout
+    from ..errors import AgentTimeout, AgentUnreachable
     from ..process_stats import LOCAL_TABLES
 
     pid = parse_target(context.target).pid
@@ -477,7 +486,8 @@ def _outside_session(context: Context, text: str, why: str) -> Any:
         or BACKTRACE.name not in wanted
         or any(name != BACKTRACE.name and name not in LOCAL_TABLES for name in wanted)
     ):
-        raise AgentTimeout(
+        failure = AgentUnreachable if unreachable else AgentTimeout
+        raise failure(
             why, hint="only queries over python.backtrace (and process.stats) can be answered from outside"
         )
     rows, _ = _backtrace_from_outside(pid, False, None, why)
@@ -485,7 +495,7 @@ def _outside_session(context: Context, text: str, why: str) -> Any:
     for row in rows:
         builder.append(tuple(row[column.name] for column in BACKTRACE.columns))
     _load_builder(session, builder)
-    sys.stderr.write(f"probing: {why}; python.backtrace read from outside the process (py-spy)\n")
+    render.note(f"{why}; python.backtrace read from outside the process (py-spy)")
     return session
 
 
@@ -530,7 +540,8 @@ def inject(context: Context, method: str, format: str) -> int:
 
 def detach(context: Context, timeout: float) -> int:
     target = parse_target(context.target)
-    with Client(target.socket or locate_socket(target.pid or 0, context.log), timeout, context.log) as client:
+    socket_path = target.socket or locate_socket(target.pid or 0, context.log)
+    with Client(socket_path, timeout, context.log, pid=target.pid) as client:
         client.call("detach")
         pid, path = client.info.get("pid"), client.info.get("socket")
     # The agent stops right after its reply; wait until its socket is gone.

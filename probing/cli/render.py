@@ -15,6 +15,60 @@ if TYPE_CHECKING:
     Rows = Sequence[Sequence[Any]]
 
 
+# --- what the job controls, made inert ----------------------------------------------------
+#
+# Thread, function and file names, reprs of locals, table values, eval output, agent error
+# messages: the job writes them all, and a job may be hostile (root inspects other users'
+# jobs). On a terminal, ESC starts sequences that retitle the window, clear the screen or
+# rewrite what is shown; CR and a newline can forge a line ("MainThread ..."). Every such
+# string goes through `inert` on its way to people: control characters become visible text
+# (\x1b, \r, \n), as Python's repr writes them. JSON and CSV keep the exact values (their
+# writers escape them correctly).
+
+_ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_ESCAPED.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+# Line and paragraph separators, and bidirectional overrides that reorder what is shown.
+_ESCAPED.update(
+    {code: f"\\u{code:04x}" for code in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+)
+_ESCAPED_KEEPING_LINES = {code: text for code, text in _ESCAPED.items() if code not in (0x0A, 0x09)}
+
+
+def inert(value: Any) -> str:
+    """`value` as text that cannot act on a terminal: every control character made visible."""
+    return str(value).translate(_ESCAPED)
+
+
+def inert_lines(text: str, out: IO[str]) -> str:
+    """Multi-line output of the job (eval's prints, a remote traceback) for `out`: on a
+    terminal, control characters other than newline and tab are made visible; to a file or
+    a pipe, the exact text goes through."""
+    try:
+        terminal = out.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return text.translate(_ESCAPED_KEEPING_LINES) if terminal else text
+
+
+class _InertStream:
+    """A stream whose every write is made inert except for newlines and tabs: for reports
+    (memory) that interleave many job-controlled names with their own layout."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+
+    def write(self, text: str) -> int:
+        return self._out.write(str(text).translate(_ESCAPED_KEEPING_LINES))
+
+    def flush(self) -> None:
+        self._out.flush()
+
+
+def inert_stream(out: IO[str]) -> IO[str]:
+    stream: Any = _InertStream(out)
+    return stream  # type: ignore[no-any-return]
+
+
 class SourceLines:
     """Lines of the job's source files, read by the CLI so the target does no file I/O."""
 
@@ -56,8 +110,8 @@ def write_backtrace_text(
 
     pid = info.get("pid")
     shown = f"{host_pid} (PID {pid} in its namespace)" if host_pid and host_pid != pid else pid
-    argv = " ".join(info.get("argv") or [])
-    out.write(f"Process {shown} (Python {info.get('python_version')}): {argv}\n")
+    argv = " ".join(str(arg) for arg in info.get("argv") or [])
+    out.write(f"Process {inert(shown)} (Python {inert(info.get('python_version'))}): {inert(argv)}\n")
     sources = SourceLines(host_pid or (pid if isinstance(pid, int) else None))
     threads: Dict[Tuple[Any, Any], List[Dict[str, Any]]] = {}
     for row in rows:
@@ -70,22 +124,38 @@ def write_backtrace_text(
             frames, lambda frame: sources.line(frame["file"], frame["lineno"]), (outside or {}).get(native)
         )
         main = ", main thread" if first["is_main"] else ""
-        out.write(f'\nThread {native} "{first["thread_name"]}"{main}: {state} (most recent call last):\n')
+        out.write(
+            f'\nThread {inert(native)} "{inert(first["thread_name"])}"{main}: {inert(state)} '
+            "(most recent call last):\n"
+        )
         for frame in reversed(frames):
             lineno = frame["lineno"]
             if frame["frame_type"] == "Native":
-                out.write(f"  [native] {frame['func']} in {os.path.basename(str(frame['file']))}\n")
+                out.write(
+                    f"  [native] {inert(frame['func'])} in {inert(os.path.basename(str(frame['file'])))}\n"
+                )
                 continue
             shown_line = lineno if lineno is not None else "?"
-            out.write(f'  File "{frame["file"]}", line {shown_line}, in {frame["func"]}\n')
+            out.write(
+                f'  File "{inert(frame["file"])}", line {inert(shown_line)}, in {inert(frame["func"])}\n'
+            )
             code = sources.line(frame["file"], lineno)
             if code:
-                out.write(f"    {code}\n")
+                out.write(f"    {inert(code)}\n")
             if frame.get("locals"):
-                for name, value in json_loads(frame["locals"]).items():
-                    out.write(f"      {name} = {value}\n")
+                for name, value in _locals(frame["locals"]):
+                    out.write(f"      {inert(name)} = {inert(value)}\n")
     if not threads:
         out.write("\n(no Python threads)\n")
+
+
+def _locals(text: Any) -> List[Tuple[Any, Any]]:
+    """The (name, repr) pairs of a frame's `locals` column; what does not parse is shown as is."""
+    try:
+        values = json_loads(str(text))
+    except ValueError:
+        return [("locals", text)]
+    return list(values.items()) if isinstance(values, dict) else [("locals", text)]
 
 
 # --- rows: table, csv, json, jsonl ----------------------------------------------------------
@@ -127,7 +197,7 @@ def _cell(value: Any) -> str:
         return value.isoformat(sep=" ")
     if isinstance(value, (list, dict)):
         return json.dumps(value, default=_json_value)
-    return str(value).replace("\n", "\\n")
+    return str(value)
 
 
 def write_rows(
@@ -170,7 +240,8 @@ _NUMERIC = ("INT", "DOUBLE", "FLOAT", "DECIMAL", "REAL", "NUMERIC")
 
 
 def _write_table(columns: Sequence[str], types: Sequence[str], rows: Rows, out: IO[str]) -> None:
-    cells = [[_cell(value) for value in row] for row in rows]
+    cells = [[inert(_cell(value)) for value in row] for row in rows]
+    columns = [inert(name) for name in columns]
     widths = [len(name) for name in columns]
     for row in cells:
         widths = [max(width, len(text)) for width, text in zip(widths, row)]
@@ -199,12 +270,12 @@ def write_tables(tables: List[Dict[str, Any]], out: IO[str]) -> None:
     for index, table in enumerate(tables):
         if index:
             out.write("\n")
-        out.write(f"{table['name']}: {table['doc']}\n")
-        name_width = max(len(column["name"]) for column in table["columns"])
-        type_width = max(len(column["type"]) for column in table["columns"])
+        out.write(f"{inert(table['name'])}: {inert(table.get('doc', ''))}\n")
+        name_width = max(len(inert(column["name"])) for column in table["columns"])
+        type_width = max(len(inert(column["type"])) for column in table["columns"])
         for column in table["columns"]:
-            name, kind = column["name"].ljust(name_width), column["type"].ljust(type_width)
-            out.write(f"  {name}  {kind}  {column['doc']}\n")
+            name, kind = inert(column["name"]).ljust(name_width), inert(column["type"]).ljust(type_width)
+            out.write(f"  {name}  {kind}  {inert(column.get('doc', ''))}\n")
 
 
 def write_attach(pid: int, attached: Any, format: str, out: IO[str]) -> None:
@@ -260,16 +331,16 @@ def write_hang(report: Any, out: IO[str]) -> None:
     if worker is not None:
         index = f", index {worker['index']}" if worker.get("index") is not None else ""
         where = f"{worker['where']}{index}"
-        out.write(f"\nThe DataLoader is waiting for worker PID {worker['pid']}, stuck in {where}:\n\n")
+        out.write(f"\nThe DataLoader is waiting for worker PID {worker['pid']}, stuck in {inert(where)}:\n\n")
 
 
 def write_eval_result(result: Dict[str, Any], out: IO[str], err: IO[str]) -> None:
     if result.get("stdout"):
-        out.write(result["stdout"])
+        out.write(inert_lines(result["stdout"], out))
     if result.get("stderr"):
-        err.write(result["stderr"])
+        err.write(inert_lines(result["stderr"], err))
     if result.get("value") is not None:
-        out.write(result["value"] + "\n")
+        out.write(inert_lines(str(result["value"]), out) + "\n")
 
 
 # --- repl -------------------------------------------------------------------------------------
@@ -277,9 +348,10 @@ def write_eval_result(result: Dict[str, Any], out: IO[str], err: IO[str]) -> Non
 
 def write_repl_banner(info: Dict[str, Any], err: IO[str]) -> None:
     executable = os.path.basename(str(info.get("executable") or "python"))
-    command = " ".join([executable, *(info.get("argv") or [])])
+    command = inert(" ".join([executable, *(str(arg) for arg in info.get("argv") or [])]))
     err.write(
-        f"Python {info.get('python_version')} in PID {info.get('pid')} ({command}): names from __main__ "
+        f"Python {inert(info.get('python_version'))} in PID {inert(info.get('pid'))} ({command}): "
+        "names from __main__ "
         "are visible, names you assign stay in this session. Ctrl-C interrupts, Ctrl-D leaves.\n"
     )
     err.flush()
@@ -288,11 +360,11 @@ def write_repl_banner(info: Dict[str, Any], err: IO[str]) -> None:
 def write_repl_reply(reply: Dict[str, Any], out: IO[str], err: IO[str]) -> None:
     """What a statement printed since the last reply (flushed: it streams), then its traceback."""
     if reply.get("stdout"):
-        out.write(reply["stdout"])
+        out.write(inert_lines(str(reply["stdout"]), out))
         out.flush()
     for text in (reply.get("stderr"), reply.get("traceback")):
         if text:
-            err.write(text)
+            err.write(inert_lines(str(text), err))
             err.flush()
 
 
@@ -302,7 +374,7 @@ def write_repl_keyboard_interrupt(err: IO[str]) -> None:
 
 
 def repl_note(message: str) -> None:
-    sys.stderr.write(f"probing: {message}\n")
+    sys.stderr.write(f"probing: {inert(message)}\n")
     sys.stderr.flush()
 
 
@@ -312,26 +384,32 @@ def report_error(error: ProbingError, err: Optional[IO[str]] = None) -> int:
     if isinstance(error, RemoteError):
         # What the code printed before it raised, then its traceback, as Python would show it.
         if error.stdout:
-            sys.stdout.write(error.stdout)
+            sys.stdout.write(inert_lines(error.stdout, sys.stdout))
             sys.stdout.flush()
         if error.stderr:
-            err.write(error.stderr)
-        err.write(error.traceback or error.message + "\n")
+            err.write(inert_lines(error.stderr, err))
+        err.write(inert_lines(error.traceback or error.message + "\n", err))
         return int(error.exit_code)
     if isinstance(error, EvalTimedOut):
         if error.stdout:
-            sys.stdout.write(error.stdout)
+            sys.stdout.write(inert_lines(error.stdout, sys.stdout))
             sys.stdout.flush()
         if error.stderr:
-            err.write(error.stderr)
-    err.write(f"probing: error: {error.message}\n")
+            err.write(inert_lines(error.stderr, err))
+    # Messages quote what the agent said and names the job chose (threads, frames, paths).
+    err.write(f"probing: error: {inert(error.message)}\n")
     if error.hint:
-        err.write(f"  hint: {error.hint}\n")
+        err.write(f"  hint: {inert(error.hint)}\n")
     return int(error.exit_code)
 
 
 def log_to_stderr(message: str) -> None:
-    sys.stderr.write(f"probing: {message}\n")
+    sys.stderr.write(f"probing: {inert(message)}\n")
+
+
+def note(message: str) -> None:
+    """A note about the answer (why it came from outside, what the agent cut short)."""
+    sys.stderr.write(f"probing: {inert(message)}\n")
 
 
 def stdout_is_closed() -> None:

@@ -119,7 +119,7 @@ def reconnect_to(context: Context, timeout: float) -> Callable[[], Client]:
             return Client(target.socket, timeout, context.log)
         pid = target.pid or 0
         try:
-            return Client(locate_socket(pid, context.log), timeout, context.log)
+            return Client(locate_socket(pid, context.log), timeout, context.log, pid=pid)
         except (ProcessNotFound, NoAgent):
             if _exits(pid):
                 raise ProcessNotFound(f"PID {pid} exited; the repl session ended with it") from None

@@ -87,7 +87,7 @@ class Watchdog:
             try:
                 rows, info = self._sample(pid, with_locals=True)
             except ProbingError as error:
-                sys.stderr.write(f"\nprobing: PID {pid}: {error.message}\n")
+                sys.stderr.write(f"\nprobing: PID {pid}: {render.inert(error.message)}\n")
                 continue
             # Locals of the innermost frame of each thread only: what it is stuck on.
             rows = [dict(row, locals=row["locals"] if row["depth"] == 0 else None) for row in rows]
