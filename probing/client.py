@@ -192,7 +192,7 @@ class Client:
             )
         _, ok, body = protocol.parse_reply(frame.header)
         if not ok:
-            raise error_from_reply(body)
+            raise error_from_reply(body, frame.payload)
         return body, frame.payload
 
     def fetch_table(
@@ -207,8 +207,17 @@ class Client:
         return tables
 
 
-def error_from_reply(error: Dict[str, Any]) -> ProbingError:
+def error_from_reply(error: Dict[str, Any], payload: protocol.ByteChunk = b"") -> ProbingError:
     kind, message = error.get("type"), error["message"]
+    if "texts" in error:  # eval's output and traceback travel in the payload
+        try:
+            error = dict(error, **protocol.decode_texts(error["texts"], payload))
+        except protocol.FrameError as bad:
+            return AgentUnreachable(f"unreadable reply from the agent: {bad}")
+    if kind == "Busy":
+        # Every connection of the agent runs a request: the message names them. backtrace
+        # falls back on this, and says why.
+        return AgentUnreachable(message, hint="try again when one of those requests has ended")
     if kind == "RemoteError":
         return RemoteError(
             message,

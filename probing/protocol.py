@@ -214,7 +214,9 @@ class FrameReader:
                     f"a frame was started but not finished within {self._frame_time:g} s "
                     f"({self._received} bytes arrived)"
                 ) from None
-            raise FrameTimeout(f"no complete request before the deadline ({self._received} bytes arrived)") from None
+            raise FrameTimeout(
+                f"no complete request before the deadline ({self._received} bytes arrived)"
+            ) from None
 
     def _recv_counted(self, size: int) -> bytes:
         chunk: bytes = self.sock.recv(size)

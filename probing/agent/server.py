@@ -130,7 +130,16 @@ class Connection:
     connections lock.
     """
 
-    __slots__ = ("sock", "pid", "connected_at", "requests", "last_request_at", "method", "busy_since", "evicted")
+    __slots__ = (
+        "sock",
+        "pid",
+        "connected_at",
+        "requests",
+        "last_request_at",
+        "method",
+        "busy_since",
+        "evicted",
+    )
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock

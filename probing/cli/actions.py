@@ -338,11 +338,15 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
     return ExitCode.HUNG if report.hung else ExitCode.OK
 
 
-def evaluate(context: Context, code: str, frame: Optional[str], timeout: float) -> int:
+def evaluate(context: Context, code: str, frame: Optional[str], timeout: float, force: bool = False) -> int:
+    from ..protocol import decode_texts
+
     source = _read_argument(code, "code")
     with context.connect(min(timeout, 5.0)) as client:
-        params = {"code": source, "frame": frame, "timeout": timeout}
-        result, _ = client.call("eval", params, timeout=timeout + EVAL_REPLY_GRACE_S)
+        params = {"code": source, "frame": frame, "timeout": timeout, "allow_exit": force}
+        result, payload = client.call("eval", params, timeout=timeout + EVAL_REPLY_GRACE_S)
+    if "texts" in result:  # output, value: in the payload, as large as they came
+        result = dict(result, **decode_texts(result["texts"], payload))
     render.write_eval_result(result, sys.stdout, sys.stderr)
     return ExitCode.OK
 
