@@ -14,7 +14,7 @@ import pytest
 from probing import protocol
 from probing.errors import ExitCode
 
-from support import PROBING, Target, probing, wait_until
+from support import PROBING, Target, probing
 
 
 @pytest.fixture
