@@ -223,13 +223,13 @@ _THIS_FILE = EvalJob.run.__code__.co_filename
 _GUARD_FILE = exitguard.guard.__code__.co_filename
 
 
-def _keep_interrupting(job: EvalJob, own_threads: Any) -> None:
+def _keep_interrupting(job: EvalJob, own_threads: Any, stopping: threading.Event) -> None:
     """Interrupt code that catches the interrupt, for a bounded time, until detach."""
     ident = threading.get_ident()
     own_threads.add(ident)
     try:
         deadline = time.monotonic() + KEEP_INTERRUPTING_S
-        while time.monotonic() < deadline and not _stopping.is_set() and job.interrupt():
+        while time.monotonic() < deadline and not stopping.is_set() and job.interrupt():
             if job.done.wait(REINTERRUPT_EVERY_S):
                 return
     finally:
@@ -242,11 +242,9 @@ def _keep_interrupting(job: EvalJob, own_threads: Any) -> None:
 
 def _start_reinterrupting(job: EvalJob, own_threads: Any, name: str) -> bool:
     thread = threading.Thread(
-        target=_keep_interrupting, args=(job, own_threads), name=f"{name}-interrupter", daemon=True
+        target=_keep_interrupting, args=(job, own_threads, _stopping), name=f"{name}-interrupter", daemon=True
     )
     with _reinterrupters_lock:
-        if _stopping.is_set():
-            return False
         try:
             thread.start()
         except RuntimeError:  # can't start new thread: the reply says it is not retried
@@ -257,8 +255,11 @@ def _start_reinterrupting(job: EvalJob, own_threads: Any, name: str) -> bool:
 
 def stop() -> None:
     """Detach: stop interrupting, and put the real process-ending functions back."""
-    _stopping.set()
+    global _stopping
     with _reinterrupters_lock:
+        _stopping.set()
+        # A fresh event for an agent attached later: this module stays imported.
+        _stopping = threading.Event()
         threads = list(_reinterrupters)
     for thread in threads:
         thread.join(timeout=1.0)

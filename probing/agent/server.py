@@ -38,6 +38,8 @@ SEND_TIMEOUT_S = 10.0
 # connection that has waited longest (never-greeted ones first); only connections running
 # a request keep theirs, so silent or slow peers can never lock a real client out.
 MAX_CONNECTIONS = 16
+# How long a refused connection stays open for the request its client sends with its hello.
+REFUSAL_LINGER_S = 0.2
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
 
@@ -307,6 +309,12 @@ class AgentServer:
         try:
             conn.settimeout(1.0)
             protocol.send_frame(conn, protocol.error_reply(None, error_type, message, **details))
+            # Closed at once, the client's send of its first request (right after connect())
+            # could fail with EPIPE before it reads why: let that request arrive first. One
+            # recv, which returns as soon as anything is there, for at most REFUSAL_LINGER_S.
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(REFUSAL_LINGER_S)
+            conn.recv(1 << 16)
         except OSError:
             pass
         finally:

@@ -343,7 +343,9 @@ def evaluate(context: Context, code: str, frame: Optional[str], timeout: float, 
 
     source = _read_argument(code, "code")
     with context.connect(min(timeout, 5.0)) as client:
-        params = {"code": source, "frame": frame, "timeout": timeout, "allow_exit": force}
+        params: Dict[str, Any] = {"code": source, "frame": frame, "timeout": timeout}
+        if force:
+            params["allow_exit"] = True
         result, payload = client.call("eval", params, timeout=timeout + EVAL_REPLY_GRACE_S)
     if "texts" in result:  # output, value: in the payload, as large as they came
         result = dict(result, **decode_texts(result["texts"], payload))
