@@ -224,7 +224,7 @@ class Client:
         if reply_id != request_id:
             raise BadReply(f"the reply to {method!r} answers request {reply_id!r}, not {request_id}")
         if not ok:
-            raise error_from_reply(check_error(body))
+            raise error_from_reply(body, frame.payload)
         return check_result(method, body), frame.payload
 
     def fetch_table(
@@ -250,8 +250,27 @@ def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.D
         raise BadReply(str(error)) from None
 
 
-def error_from_reply(error: Dict[str, Any]) -> ProbingError:
+def decode_reply_texts(result: Dict[str, Any], payload: protocol.ByteChunk) -> Dict[str, Any]:
+    """A reply whose texts (eval's output, value, traceback) travel in the payload, with them in."""
+    if "texts" not in result:
+        return result
+    try:
+        return dict(result, **protocol.decode_texts(result["texts"], payload))
+    except protocol.FrameError as error:
+        raise BadReply(f"unusable texts in the agent's reply: {error}") from None
+
+
+def error_from_reply(error: Dict[str, Any], payload: protocol.ByteChunk = b"") -> ProbingError:
+    """The ProbingError for an error reply; every field the job sent is checked to be text."""
+    try:
+        error = check_error(decode_reply_texts(error, payload))
+    except BadReply as bad:
+        return bad
     kind, message = error.get("type"), error["message"]
+    if kind == "Busy":
+        # Every connection of the agent runs a request: the message names them. backtrace
+        # falls back on this, and says why.
+        return AgentUnreachable(message, hint="try again when one of those requests has ended")
     if kind == "RemoteError":
         return RemoteError(
             message,

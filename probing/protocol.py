@@ -142,21 +142,91 @@ def send_frame(sock: Any, header: Dict[str, Any], payload: Sequence[ByteChunk] =
     send_buffers(sock, frame_buffers(header, payload))
 
 
+class FrameTimeout(FrameError):
+    """A deadline passed before a frame arrived whole (a silent or a slowloris peer)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, fatal=True)
+
+
 class FrameReader:
     """Reads frames from a stream socket.
 
     With read-ahead it asks for up to 64 KiB at a time, so a request (or a hello and a
     request sent together) costs one recv(): fewer GIL round trips, as in send_buffers.
-    Large payloads are read straight into a buffer of their own size.
+
+    Memory grows as bytes arrive, never from what a frame announces: a peer that announces
+    16 MB and sends ten bytes costs ten bytes (a buffer of the announced size, zero-filled
+    up front, made every such connection cost the job 16 MB of RSS).
+
+    `read` can bound time as well as bytes (the agent's defence against silent and slow
+    peers): `deadline` is when the whole frame must have arrived, `frame_time` how long a
+    frame may take once its first byte is in. Without them only the socket's own timeout
+    applies, as the client wants.
     """
 
     CHUNK = 1 << 16
+    # The most one recv() asks for: the kernel hands over what it has, and only that much
+    # becomes resident, but there is no point in asking a socket for more at once.
+    MAX_RECV = 1 << 20
 
     def __init__(self, sock: Any, max_bytes: int, readahead: bool = True) -> None:
         self.sock = sock
         self.max_bytes = max_bytes
         self.readahead = readahead
         self.pending = bytearray()
+        # Per read(): the deadlines in force and the socket timeout to fall back to.
+        self._deadline: Optional[float] = None
+        self._frame_time: Optional[float] = None
+        self._frame_deadline: Optional[float] = None
+        self._idle_timeout: Optional[float] = None
+        self._timeout_set: Any = None
+        self._received = 0
+
+    def _recv(self, size: int) -> bytes:
+        limit = self._deadline
+        frame_deadline = self._frame_deadline
+        if frame_deadline is not None and (limit is None or frame_deadline < limit):
+            limit = frame_deadline
+        if limit is None:
+            if self._timeout_set is not None:  # a deadline of this read() changed it: put it back
+                self.sock.settimeout(self._idle_timeout)
+                self._timeout_set = None
+            return self._recv_counted(size)
+        import _socket
+        from time import monotonic
+
+        # Never zero: a thread that waited for the GIL past the deadline still takes bytes
+        # that are already there.
+        wait = max(limit - monotonic(), 0.001)
+        idle = self._idle_timeout
+        bounded_by_deadline = idle is None or wait < idle
+        timeout = wait if bounded_by_deadline else idle
+        if timeout != self._timeout_set:
+            self.sock.settimeout(timeout)
+            self._timeout_set = timeout
+        try:
+            return self._recv_counted(size)
+        except _socket.timeout:
+            if not bounded_by_deadline:
+                raise
+            if limit is self._frame_deadline:
+                raise FrameTimeout(
+                    f"a frame was started but not finished within {self._frame_time:g} s "
+                    f"({self._received} bytes arrived)"
+                ) from None
+            raise FrameTimeout(
+                f"no complete request before the deadline ({self._received} bytes arrived)"
+            ) from None
+
+    def _recv_counted(self, size: int) -> bytes:
+        chunk: bytes = self.sock.recv(size)
+        if chunk and self._frame_time is not None and self._frame_deadline is None:
+            from time import monotonic
+
+            self._frame_deadline = monotonic() + self._frame_time
+        self._received += len(chunk)
+        return chunk
 
     def _take(self, size: int, frame_start: bool = False) -> Optional[bytearray]:
         pending = self.pending
@@ -164,29 +234,20 @@ class FrameReader:
             data = pending[:size]
             del pending[:size]
             return data
-        if self.readahead and size - len(pending) <= self.CHUNK:
-            while len(pending) < size:
-                chunk = self.sock.recv(self.CHUNK)
-                if not chunk:
-                    if frame_start and not pending:
-                        return None
-                    raise ConnectionClosed(f"connection closed after {len(pending)} of {size} bytes")
-                pending += chunk
-            data = pending[:size]
-            del pending[:size]
-            return data
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        have = len(pending)
-        view[:have] = pending
-        pending.clear()
-        while have < size:
-            count = self.sock.recv_into(view[have:])
-            if count == 0:
-                if frame_start and have == 0:
+        # The bytes of this frame collect in the buffer that holds what came before them, and
+        # that buffer becomes the result: a large payload is never copied out of it again.
+        buffer, self.pending = pending, bytearray()
+        while len(buffer) < size:
+            wanted = min(size - len(buffer), self.MAX_RECV)
+            chunk = self._recv(max(wanted, self.CHUNK) if self.readahead else wanted)
+            if not chunk:
+                if frame_start and not buffer:
                     return None
-                raise ConnectionClosed(f"connection closed after {have} of {size} bytes")
-            have += count
+                raise ConnectionClosed(f"connection closed after {len(buffer)} of {size} bytes")
+            buffer += chunk
+        if len(buffer) > size:
+            self.pending = buffer[size:]
+            del buffer[size:]
         return buffer
 
     def has_frame(self) -> bool:
@@ -197,13 +258,30 @@ class FrameReader:
         _, header_length, payload_length = PREFIX.unpack_from(pending)
         return bool(len(pending) >= PREFIX.size + header_length + payload_length)
 
-    def read(self) -> Optional[Frame]:
+    def read(self, deadline: Optional[float] = None, frame_time: Optional[float] = None) -> Optional[Frame]:
         """The next frame; None when the peer closed cleanly between frames.
 
         Raises FrameError for a frame we refuse (fatal when its length fields cannot be
-        trusted, so the rest of the stream is unreadable) and ConnectionClosed for a
-        truncated one.
+        trusted, so the rest of the stream is unreadable), FrameTimeout when `deadline` (a
+        time.monotonic() value) or `frame_time` passes, and ConnectionClosed for a
+        truncated frame.
         """
+        if deadline is None and frame_time is None:
+            return self._read()
+        from time import monotonic
+
+        self._deadline, self._frame_time = deadline, frame_time
+        self._frame_deadline = monotonic() + frame_time if frame_time is not None and self.pending else None
+        self._idle_timeout, self._timeout_set, self._received = self.sock.gettimeout(), None, 0
+        try:
+            return self._read()
+        finally:
+            if self._timeout_set is not None:
+                self.sock.settimeout(self._idle_timeout)
+            self._deadline = self._frame_time = self._frame_deadline = None
+            self._timeout_set = None
+
+    def _read(self) -> Optional[Frame]:
         prefix = self._take(PREFIX.size, frame_start=True)
         if prefix is None:
             return None
@@ -234,6 +312,50 @@ class FrameReader:
 def recv_frame(sock: Any, max_bytes: int) -> Optional[Frame]:
     """One frame, reading nothing past it (for one-request conversations)."""
     return FrameReader(sock, max_bytes, readahead=False).read()
+
+
+def encode_texts(texts: Dict[str, Optional[str]]) -> Tuple[Dict[str, Any], List[ByteChunk]]:
+    """Texts (what an eval printed, its value, its traceback) as UTF-8 in the payload.
+
+    Returns ({name: [offset, length] or None}, chunks). Output travels outside the JSON
+    header because the header is capped (MAX_HEADER_BYTES) and JSON escapes every non-ASCII
+    character to six bytes: 1.1 MB of print() output used to fail the whole command.
+    """
+    layout: Dict[str, Any] = {}
+    chunks: List[ByteChunk] = []
+    offset = 0
+    for name, text in texts.items():
+        if text is None:
+            layout[name] = None
+            continue
+        # A lone surrogate (from a bad decode in the job) must not fail the reply.
+        data = text.encode("utf-8", "backslashreplace")
+        layout[name] = [offset, len(data)]
+        if data:
+            chunks.append(data)
+        offset += len(data)
+    return layout, chunks
+
+
+def decode_texts(layout: Any, payload: ByteChunk) -> Dict[str, Optional[str]]:
+    """Inverse of `encode_texts`; raises FrameError on a layout that does not fit the payload."""
+    if not isinstance(layout, dict):
+        raise FrameError("reply texts are not an object", fatal=False)
+    view = memoryview(payload)
+    texts: Dict[str, Optional[str]] = {}
+    for name, place in layout.items():
+        if place is None:
+            texts[name] = None
+            continue
+        if (
+            not isinstance(place, list)
+            or len(place) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in place)
+            or place[0] + place[1] > len(view)
+        ):
+            raise FrameError(f"reply text {name!r} does not fit the payload", fatal=False)
+        texts[name] = bytes(view[place[0] : place[0] + place[1]]).decode("utf-8", "replace")
+    return texts
 
 
 def parse_request(header: Dict[str, Any]) -> Tuple[Any, str, Dict[str, Any]]:

@@ -25,8 +25,54 @@ class RequestError(Exception):
         self.details = details
 
 
+# What an error reply's header carries of a message or a traceback: a message can quote what
+# the request sent (16 MB at most) or a huge exception text, and a header over
+# MAX_HEADER_BYTES would be refused by the client whole (JSON escapes non-ASCII to 6 bytes).
+MAX_MESSAGE_CHARS = 4000
+MAX_TRACEBACK_CHARS = 50_000
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} [probing: {len(text) - limit} more characters were dropped]"
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _bool_param(params: Dict[str, Any], name: str) -> bool:
+    value = params.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(
+            "BadRequest", f"{name} must be true or false, not {_type_name(value)} {value!r:.80}"
+        )
+    return value
+
+
+def _str_param(params: Dict[str, Any], name: str) -> Optional[str]:
+    value = params.get(name)
+    if value is not None and not isinstance(value, str):
+        raise RequestError("BadRequest", f"{name} must be a string, not {_type_name(value)} {value!r:.80}")
+    return value
+
+
 def _hello(server: Any, params: Dict[str, Any]) -> Any:
     client_version = params.get("protocol")
+    if client_version is not None and (
+        isinstance(client_version, bool) or not isinstance(client_version, int)
+    ):
+        # Said as it is: "the agent speaks protocol 1, the client 1" for a "1" helped nobody.
+        raise RequestError(
+            "BadRequest",
+            f"hello 'protocol' must be an integer (this agent speaks {protocol.PROTOCOL_VERSION}), "
+            f"not {_type_name(client_version)} {client_version!r:.80}",
+            protocol=protocol.PROTOCOL_VERSION,
+        )
+    _str_param(params, "client")
     if client_version is not None and client_version != protocol.PROTOCOL_VERSION:
         raise RequestError(
             "ProtocolMismatch",
@@ -58,10 +104,15 @@ def _tables(server: Any, params: Dict[str, Any]) -> Any:
 
 
 def _table(server: Any, params: Dict[str, Any]) -> Reply:
-    name = params.get("name")
-    table = TABLES.get(name) if isinstance(name, str) else None
+    name = _str_param(params, "name")
+    table = TABLES.get(name) if name is not None else None
     if table is None:
-        raise RequestError("NotFound", f"no table {name!r}; tables: {', '.join(sorted(TABLES))}")
+        raise RequestError("NotFound", f"no table {name!r:.200}; tables: {', '.join(sorted(TABLES))}")
+    # The parameters the table builders read (tables.py), checked here once for all of them.
+    _str_param(params, "thread")
+    _bool_param(params, "locals")
+    _int_param(params, "repr_limit", 1)
+    _float_param(params, "scan_budget_s", 1.0, 0.0, float("inf"))  # tables.py clamps the range
     descriptor, chunks = table.build(server, params).encode()
     return {"table": descriptor}, chunks
 
@@ -96,14 +147,14 @@ def _int_param(params: Dict[str, Any], name: str, low: int) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise RequestError("BadRequest", f"{name} must be an integer >= {low}, not {value!r}")
+        raise RequestError("BadRequest", f"{name} must be an integer >= {low}, not {value!r:.80}")
     return value
 
 
 def _trace(server: Any, params: Dict[str, Any]) -> Any:
     action = params.get("action")
-    if action not in ("on", "off", "status"):
-        raise RequestError("BadRequest", f"trace action must be on, off or status, not {action!r}")
+    if not isinstance(action, str) or action not in ("on", "off", "status"):
+        raise RequestError("BadRequest", f"trace action must be on, off or status, not {action!r:.80}")
     tracer = _tracer(server)
     before = tracer.hook_count()
     if action == "on":
@@ -114,7 +165,7 @@ def _trace(server: Any, params: Dict[str, Any]) -> Any:
             raise RequestError("BadRequest", "modules must be a list of glob patterns")
         try:
             tracer.configure_trace(
-                _int_param(params, "every", 1), bool(params.get("backward")), patterns or None,
+                _int_param(params, "every", 1), _bool_param(params, "backward"), patterns or None,
                 _int_param(params, "depth", 0), _int_param(params, "capacity", 1),
             )  # fmt: skip
         except ValueError as error:
@@ -126,12 +177,13 @@ def _trace(server: Any, params: Dict[str, Any]) -> Any:
 
 def _nan(server: Any, params: Dict[str, Any]) -> Any:
     action = params.get("action")
-    if action not in ("on", "off", "status"):
-        raise RequestError("BadRequest", f"nan action must be on, off or status, not {action!r}")
+    if not isinstance(action, str) or action not in ("on", "off", "status"):
+        raise RequestError("BadRequest", f"nan action must be on, off or status, not {action!r:.80}")
+    stop = _bool_param(params, "stop")
     tracer = _tracer(server)
     before = tracer.hook_count()
     if action != "status":
-        tracer.configure_nan(action == "on", bool(params.get("stop")))
+        tracer.configure_nan(action == "on", stop)
     return {"status": tracer.status(), "hooks_before": before, "hooks_after": tracer.hook_count()}
 
 
@@ -140,12 +192,16 @@ def _float_param(params: Dict[str, Any], name: str, default: float, low: float, 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise RequestError("BadRequest", f"{name} must be a number from {low:g} to {high:g}, not {value!r}")
+        raise RequestError(
+            "BadRequest", f"{name} must be a number from {low:g} to {high:g}, not {value!r:.80}"
+        )
     return float(value)
 
 
 def _memory(server: Any, params: Dict[str, Any]) -> Any:
     action = params.get("action") or "summary"
+    if not isinstance(action, str):
+        raise RequestError("BadRequest", f"memory action must be a string, not {_type_name(action)}")
     budget = _float_param(params, "scan_budget_s", 1.0, 0.001, 3600.0)
     top = _int_param(params, "top", 1) or 20
     if action == "summary":
@@ -168,7 +224,7 @@ def _memory(server: Any, params: Dict[str, Any]) -> Any:
     if action == "cuda_snapshot":
         return _cuda_snapshot()
     raise RequestError(
-        "BadRequest", f"memory action must be summary, growth, interval or cuda_snapshot, not {action!r}"
+        "BadRequest", f"memory action must be summary, growth, interval or cuda_snapshot, not {action!r:.80}"
     )
 
 
@@ -220,7 +276,8 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
 
 
 class Dispatcher:
-    """One per connection. After a failed hello nothing else is served on that connection:
+    """One per connection. After a failed hello (another protocol version, or a malformed one)
+    nothing else is served on that connection:
     a client of another protocol version pipelines its first request behind the hello, and
     that request (an eval, say) must not run."""
 
@@ -242,13 +299,17 @@ class Dispatcher:
         try:
             result = handler(self.server, params)
         except RequestError as error:
-            if error.error_type == "ProtocolMismatch":
+            if error.error_type == "ProtocolMismatch" or method == "hello":
                 self.refused = error.message
-            return protocol.error_reply(request_id, error.error_type, error.message, **error.details), []
+            details = dict(error.details)
+            # An error's texts (eval's output and traceback) travel in the payload.
+            payload = details.pop("payload", [])
+            message = _cut(error.message, MAX_MESSAGE_CHARS)
+            return protocol.error_reply(request_id, error.error_type, message, **details), payload
         except Exception as error:  # noqa: BLE001 - a failing handler must not kill the agent
             return protocol.error_reply(
-                request_id, "InternalError", f"{type(error).__name__}: {error}",
-                traceback=traceback.format_exc(),
+                request_id, "InternalError", _cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS),
+                traceback=_cut(traceback.format_exc(), MAX_TRACEBACK_CHARS),
             ), []  # fmt: skip
         if isinstance(result, tuple):
             return protocol.ok_reply(request_id, result[0]), result[1]

@@ -9,8 +9,10 @@ carries what it printed since the reply before. `interrupt` raises KeyboardInter
 worker, at its next bytecode (a blocking C call is interrupted when it returns).
 
 Sessions live in this module, not in a connection: the agent closes connections idle for
-10 minutes, and the client reconnects to the same session. A connection that closes while a
-statement it started still runs (the client was killed) interrupts that statement.
+10 minutes, or sooner when it needs the slot for a new client (server.py), and the client
+reconnects to the same session. A connection that closes while a statement it started still
+runs (the client was killed) interrupts that statement. Output too big for one reply goes out
+in the next ones (fit_json), and the statement is reported done only once all of it is out.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .namespace import SessionNamespace
 from .output import captured
@@ -40,6 +42,12 @@ GATHER_S = 0.05
 MAX_SOURCES = 1000
 # How long stop() waits for interrupted statements to end before it lets them go.
 STOP_WAIT_S = 1.0
+# What one reply carries of each stream, as JSON in its header (capped at 1 MiB, and JSON
+# escapes a non-ASCII character to up to 12 bytes): the rest goes in the next replies, which
+# come at once. A statement printing 1.1 MB at once used to fail the reply whole.
+REPLY_TEXT_BYTES = 192 << 10
+# Output handed out but not yet carried beyond this is dropped, with a line that says so.
+MAX_BACKLOG_CHARS = 4 << 20
 
 _numbers = itertools.count(1)
 _sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
@@ -60,6 +68,8 @@ class Session:
         self.sources: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.lock = threading.Lock()
         self.last_used = time.monotonic()
+        # Output of the running statement taken from its buffers but too big for one reply.
+        self.backlog = {"stdout": "", "stderr": ""}
 
     def push(self, line: str, owner: int) -> Dict[str, Any]:
         """code.InteractiveConsole.push: buffer the line; run the source once it is complete."""
@@ -102,6 +112,7 @@ class Session:
             except RuntimeError as error:  # can't start new thread
                 return _finished_reply("RuntimeError", f"RuntimeError: {error}\n")
             self.running = statement
+            self.backlog = {"stdout": "", "stderr": ""}
         return self.collect(statement, owner)
 
     def _flags(self) -> int:
@@ -130,14 +141,25 @@ class Session:
     def collect(self, statement: Statement, owner: int) -> Dict[str, Any]:
         """Wait a moment for the statement; what it printed since the last reply, and its end."""
         statement.owner = owner
-        if not statement.done.is_set() and statement.activity.wait(REPLY_WAIT_S):
+        backlog = self.backlog
+        behind = any(backlog.values())
+        if not behind and not statement.done.is_set() and statement.activity.wait(REPLY_WAIT_S):
             statement.done.wait(GATHER_S)
         # In this order: output written before `done` was seen is all taken below.
         statement.activity.clear()
         done = statement.done.is_set()
-        reply = {"more": False, "done": done, "stdout": statement.out.take(), "stderr": statement.err.take()}
+        backlog["stdout"] = _bounded(backlog["stdout"] + statement.out.take())
+        backlog["stderr"] = _bounded(backlog["stderr"] + statement.err.take())
+        stdout, backlog["stdout"] = fit_json(backlog["stdout"], REPLY_TEXT_BYTES)
+        stderr, backlog["stderr"] = fit_json(backlog["stderr"], REPLY_TEXT_BYTES)
+        # Done only once everything it printed has been handed out.
+        done = done and not any(backlog.values())
+        reply = {"more": False, "done": done, "stdout": stdout, "stderr": stderr}
         if done:
-            reply.update(exception=statement.exception, traceback=statement.traceback, leave=statement.leave)
+            text, rest = fit_json(statement.traceback, REPLY_TEXT_BYTES)
+            if rest:
+                text += f"\n[probing: {len(rest)} more characters of the traceback were dropped]\n"
+            reply.update(exception=statement.exception, traceback=text, leave=statement.leave)
             with self.lock:
                 if self.running is statement:
                     self.running = None
@@ -166,6 +188,31 @@ class Session:
         statement = self.running
         if statement is not None:
             statement.interrupt()
+
+
+def fit_json(text: str, budget: int) -> Tuple[str, str]:
+    """(head, rest): the longest head of `text` whose JSON form fits in `budget` bytes."""
+    from .. import protocol
+
+    if len(text) * 12 <= budget:  # 12: the longest escape of one character (a surrogate pair)
+        return text, ""
+    size = len(protocol.json_dumps(text))
+    if size <= budget:
+        return text, ""
+    count = max(1, len(text) * budget // size)
+    while count > 1 and len(protocol.json_dumps(text[:count])) > budget:
+        count = count * 9 // 10
+    return text[:count], text[count:]
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_BACKLOG_CHARS:
+        return text
+    dropped = len(text) - MAX_BACKLOG_CHARS
+    return (
+        text[:MAX_BACKLOG_CHARS]
+        + f"\n[probing: {dropped} characters of output were dropped: the client fell behind]\n"
+    )
 
 
 def _finished_reply(exception: Optional[str], text: str) -> Dict[str, Any]:
@@ -219,7 +266,7 @@ def _session(params: Dict[str, Any]) -> Session:
     if session is None:
         raise RequestError(
             "NoSession",
-            f"no repl session {token!r} in this process (closed, unused for an hour, or dropped "
+            f"no repl session {token!r:.40} in this process (closed, unused for an hour, or dropped "
             "for a newer one)",
         )
     return session
@@ -233,11 +280,20 @@ def handle(own_threads: Any, params: Dict[str, Any]) -> Dict[str, Any]:
     owner = threading.get_ident()
     if action == "open":
         return _open(own_threads)
-    if action not in ("push", "poll", "interrupt", "reset", "complete", "close"):
+    if not isinstance(action, str) or action not in (
+        "push",
+        "poll",
+        "interrupt",
+        "reset",
+        "complete",
+        "close",
+    ):
         raise RequestError(
             "BadRequest",
-            f"repl action must be open, push, poll, interrupt, reset, complete or close, not {action!r}",
+            f"repl action must be open, push, poll, interrupt, reset, complete or close, not {action!r:.80}",
         )
+    if not isinstance(params.get("session"), str):
+        raise RequestError("BadRequest", f"repl {action} needs a 'session' string (from open)")
     session = _session(params)
     if action == "push":
         line = params.get("line")

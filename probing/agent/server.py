@@ -16,16 +16,30 @@ import struct
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 if TYPE_CHECKING:
     from .. import protocol
 
 AGENT_THREAD_NAME = "probing-agent"
-# A connection that sends nothing for this long is closed, so a stalled client cannot pin
-# a thread in the target forever.
+# A connection that sends nothing for this long between requests is closed, so a stalled
+# client cannot pin a thread in the target forever (a repl reconnects on its next line).
 IDLE_TIMEOUT_S = 600.0
+# A new connection must deliver its first request whole within this time: every client
+# sends its hello (with its first request) right after connecting.
+HELLO_TIMEOUT_S = 5.0
+# A frame, once its first byte is in, must arrive whole within this time (a slowloris peer
+# that trickles a byte a second would otherwise hold its slot for ever).
+FRAME_TIMEOUT_S = 15.0
+# A reply the client takes nothing of for this long ends the connection: a peer that
+# pipelines requests and never reads must not pin a connection thread in send().
+SEND_TIMEOUT_S = 10.0
+# Connection threads at once. When all are taken, a newcomer takes the slot of the idle
+# connection that has waited longest (never-greeted ones first); only connections running
+# a request keep theirs, so silent or slow peers can never lock a real client out.
 MAX_CONNECTIONS = 16
+# How long a refused connection stays open for the request its client sends with its hello.
+REFUSAL_LINGER_S = 0.2
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
 
@@ -110,6 +124,63 @@ def remove_dead_sockets(directory: str) -> None:
             probe.close()
 
 
+class Connection:
+    """What the agent knows of one client connection: who, since when, doing what.
+
+    `busy_since` is set from the moment a whole request has been read until its reply is
+    sent; only then is the connection not evictable. All fields change under the server's
+    connections lock.
+    """
+
+    __slots__ = (
+        "sock",
+        "pid",
+        "connected_at",
+        "requests",
+        "last_request_at",
+        "method",
+        "busy_since",
+        "evicted",
+    )
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.connected_at = time.monotonic()
+        self.requests = 0
+        self.last_request_at = self.connected_at
+        self.method: Optional[str] = None
+        self.busy_since: Optional[float] = None
+        self.evicted = False
+
+    def eviction_order(self) -> Tuple[bool, float]:
+        # Peers that never completed a request go first (silent or slowloris), then the one
+        # whose last request ended longest ago.
+        return self.requests > 0, self.last_request_at
+
+    def describe(self, now: float) -> Dict[str, Any]:
+        busy = self.busy_since is not None
+        return {
+            "pid": self.pid,
+            "state": "busy" if busy else "idle",
+            "method": self.method if busy else None,
+            "age_s": round(now - self.connected_at, 3),
+            "busy_s": round(now - self.busy_since, 3) if self.busy_since is not None else None,
+            "requests": self.requests,
+        }
+
+
+def _busy_message(described: List[Dict[str, Any]]) -> str:
+    running = ", ".join(
+        f"{entry['method']} for {entry['busy_s']:.1f} s (PID {entry['pid']})" for entry in described[:8]
+    )
+    more = f" and {len(described) - 8} more" if len(described) > 8 else ""
+    return (
+        f"the agent serves {len(described)} connections, all running a request: {running}{more}; "
+        "try again when one of them ends"
+    )
+
+
 class AgentServer:
     """One listening socket, its accept thread, and the connections it serves."""
 
@@ -120,7 +191,7 @@ class AgentServer:
         self.started_at = time.time()
         # Idents of the agent's own threads (accept, connections, eval workers).
         self.own_threads: Set[int] = set()
-        self._connections: Set[socket.socket] = set()
+        self._connections: Dict[socket.socket, Connection] = {}
         self._connections_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
@@ -185,26 +256,32 @@ class AgentServer:
 
     def _admit(self, conn: socket.socket) -> None:
         try:
-            _, uid, _ = peer_credentials(conn)
+            pid, uid, _ = peer_credentials(conn)
         except OSError:
             conn.close()
             return
         if uid not in (0, os.geteuid()):
             self._refuse(conn, "PermissionDenied", f"uid {uid} may not talk to this agent")
             return
+        record = Connection(conn, pid)
+        refused: Optional[List[Dict[str, Any]]] = None
         with self._connections_lock:
             if len(self._connections) >= MAX_CONNECTIONS:
-                busy = True
-            else:
-                busy = False
-                self._connections.add(conn)
+                idle = [other for other in self._connections.values() if other.busy_since is None]
+                if idle:
+                    self._evict(min(idle, key=Connection.eviction_order))
+                else:
+                    now = time.monotonic()
+                    refused = [other.describe(now) for other in self._connections.values()]
+            if refused is None:
+                self._connections[conn] = record
                 self._connection_count += 1
                 number = self._connection_count
-        if busy:
-            self._refuse(conn, "Busy", f"the agent already serves {MAX_CONNECTIONS} clients")
+        if refused is not None:
+            self._refuse(conn, "Busy", _busy_message(refused), busy=len(refused), idle=0, connections=refused)
             return
         thread = threading.Thread(
-            target=self._serve_connection, args=(conn,), name=f"probing-conn-{number}", daemon=True
+            target=self._serve_connection, args=(conn, record), name=f"probing-conn-{number}", daemon=True
         )
         try:
             thread.start()
@@ -212,12 +289,32 @@ class AgentServer:
             self._forget(conn)
             conn.close()
 
-    def _refuse(self, conn: socket.socket, error_type: str, message: str) -> None:
+    def _evict(self, record: Connection) -> None:
+        """Close an idle connection to make room (the connections lock is held).
+
+        Its thread, blocked in recv(), wakes to an end of stream and closes the socket; a
+        request that arrived meanwhile is dropped unread, never run, so a client that sees
+        the connection close can safely send it again (the repl does).
+        """
+        record.evicted = True
+        del self._connections[record.sock]
+        try:
+            record.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _refuse(self, conn: socket.socket, error_type: str, message: str, **details: Any) -> None:
         from .. import protocol
 
         try:
             conn.settimeout(1.0)
-            protocol.send_frame(conn, protocol.error_reply(None, error_type, message))
+            protocol.send_frame(conn, protocol.error_reply(None, error_type, message, **details))
+            # Closed at once, the client's send of its first request (right after connect())
+            # could fail with EPIPE before it reads why: let that request arrive first. One
+            # recv, which returns as soon as anything is there, for at most REFUSAL_LINGER_S.
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(REFUSAL_LINGER_S)
+            conn.recv(1 << 16)
         except OSError:
             pass
         finally:
@@ -225,13 +322,40 @@ class AgentServer:
 
     def _forget(self, conn: socket.socket) -> None:
         with self._connections_lock:
-            self._connections.discard(conn)
+            self._connections.pop(conn, None)
+
+    def _start_request(self, record: Connection, header: Dict[str, Any]) -> bool:
+        """Mark the connection busy; False when it was evicted (its request must not run)."""
+        method = header.get("method")
+        with self._connections_lock:
+            if record.evicted:
+                return False
+            if record.busy_since is None:
+                record.busy_since = time.monotonic()
+            record.method = method[:64] if isinstance(method, str) else None
+            return True
+
+    def _end_request(self, record: Connection) -> None:
+        with self._connections_lock:
+            record.requests += 1
+            record.last_request_at = time.monotonic()
+            record.busy_since = None
+
+    def connections(self) -> List[Dict[str, Any]]:
+        """Who holds the agent's connections now (for a Busy reply and for tests)."""
+        now = time.monotonic()
+        with self._connections_lock:
+            return [record.describe(now) for record in self._connections.values()]
 
     # --- serving one client ------------------------------------------------------------------
 
-    def _serve_connection(self, conn: socket.socket) -> None:
+    def _serve_connection(self, conn: socket.socket, record: Optional[Connection] = None) -> None:
         self.own_threads.add(threading.get_ident())
         _serving.connection = conn
+        if record is None:  # a connection handed over directly (tests over a socketpair)
+            record = Connection(conn, 0)
+            with self._connections_lock:
+                self._connections[conn] = record
         dispatcher: Any = None
         try:
             from .. import protocol
@@ -244,13 +368,21 @@ class AgentServer:
                 return
             dispatcher = Dispatcher(self)
             reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
-            conn.settimeout(IDLE_TIMEOUT_S)
             # Replies to pipelined requests (hello + backtrace) leave in one send: in a busy
             # process every socket call costs up to a GIL switch interval to come back from.
             outgoing: List[protocol.ByteChunk] = []
             while not self._stopping:
+                first = record.requests == 0
+                deadline = record.connected_at + HELLO_TIMEOUT_S if first else None
                 try:
-                    frame = reader.read()
+                    if not outgoing:
+                        conn.settimeout(IDLE_TIMEOUT_S)  # read each time: a test shortens it
+                    frame = reader.read(deadline, FRAME_TIMEOUT_S)
+                except protocol.FrameTimeout as error:
+                    why = f"no request within {HELLO_TIMEOUT_S:g} s of connecting" if first else str(error)
+                    outgoing += protocol.frame_buffers(protocol.error_reply(None, "Timeout", why))
+                    self._send(conn, outgoing)
+                    return
                 except protocol.FrameError as error:
                     reply = protocol.error_reply(error.request_id, "BadFrame", str(error))
                     outgoing += protocol.frame_buffers(reply)
@@ -262,12 +394,18 @@ class AgentServer:
                     return
                 if frame is None:
                     return
+                if not self._start_request(record, frame.header):
+                    return  # evicted while the request came in: it never runs
                 reply, payload = dispatcher.handle(frame)
-                outgoing += protocol.frame_buffers(reply, payload)
+                outgoing += _reply_buffers(reply, payload)
                 if reader.has_frame():
                     continue
+                # Busy until the reply is out: eviction must never cut off a reply of a
+                # request that ran.
+                sent = self._send(conn, outgoing)
+                self._end_request(record)
                 # A client that went away must cost us nothing more than this connection.
-                if not self._send(conn, outgoing):
+                if not sent:
                     return
                 outgoing = []
                 if self.stop_after_reply:
@@ -278,11 +416,14 @@ class AgentServer:
         except Exception:  # noqa: BLE001 - a broken connection must never take the agent down
             return
         finally:
-            self._forget(conn)
-            try:
-                conn.close()
-            except OSError:
-                pass
+            # Closed under the lock that eviction and stop() hold while they shut a connection
+            # down: neither can hit a descriptor number this close has freed for reuse.
+            with self._connections_lock:
+                self._connections.pop(conn, None)
+                try:
+                    conn.close()
+                except OSError:
+                    pass
             if dispatcher is not None:
                 try:
                     dispatcher.close()
@@ -295,6 +436,7 @@ class AgentServer:
         from .. import protocol
 
         try:
+            conn.settimeout(SEND_TIMEOUT_S)
             protocol.send_buffers(conn, buffers)
             return True
         except OSError:
@@ -322,12 +464,15 @@ class AgentServer:
         except OSError:
             pass
         with self._connections_lock:
-            connections = list(self._connections)
-        for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            for conn in self._connections:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        # Eval's exit guards and the interrupts it keeps sending to code that will not stop.
+        evaluate = sys.modules.get(__package__ + ".evaluate")
+        if evaluate is not None:
+            evaluate.stop()
         memory = sys.modules.get(__package__ + ".memory")
         if memory is not None:
             memory.stop_sampling()
@@ -381,4 +526,17 @@ class AgentServer:
                 sock.close()
             except OSError:
                 pass
-        self._connections = set()
+        self._connections = {}
+
+
+def _reply_buffers(reply: Dict[str, Any], payload: Any) -> List[Any]:
+    """The frame of a reply; one whose header would pass the cap that every reader enforces
+    becomes an error reply that says so (the client would otherwise refuse the whole frame)."""
+    from .. import protocol
+
+    buffers = protocol.frame_buffers(reply, payload)
+    size = len(buffers[0]) - protocol.PREFIX.size
+    if size <= protocol.MAX_HEADER_BYTES:
+        return buffers
+    message = f"the reply's header of {size} bytes exceeds the cap of {protocol.MAX_HEADER_BYTES}"
+    return protocol.frame_buffers(protocol.error_reply(reply.get("id"), "ReplyTooLarge", message))

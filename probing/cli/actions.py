@@ -343,11 +343,16 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
     return ExitCode.HUNG if report.hung else ExitCode.OK
 
 
-def evaluate(context: Context, code: str, frame: Optional[str], timeout: float) -> int:
+def evaluate(context: Context, code: str, frame: Optional[str], timeout: float, force: bool = False) -> int:
+    from ..client import decode_reply_texts
+
     source = _read_argument(code, "code")
     with context.connect(min(timeout, 5.0)) as client:
-        params = {"code": source, "frame": frame, "timeout": timeout}
-        result, _ = client.call("eval", params, timeout=timeout + EVAL_REPLY_GRACE_S)
+        params: Dict[str, Any] = {"code": source, "frame": frame, "timeout": timeout}
+        if force:
+            params["allow_exit"] = True
+        result, payload = client.call("eval", params, timeout=timeout + EVAL_REPLY_GRACE_S)
+    result = decode_reply_texts(result, payload)  # output, value: as large as they came
     render.write_eval_result(result, sys.stdout, sys.stderr)
     return ExitCode.OK
 

@@ -192,13 +192,17 @@ def hang(ctx: click.Context, duration: float, samples: int, format: str, timeout
     "--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
     metavar="S", help="Seconds the code may run; then it is interrupted.",
 )  # fmt: skip
+@click.option(
+    "--force", is_flag=True,
+    help="Let the code end the process (os._exit, os.abort, os.kill of itself, exec), refused otherwise.",
+)  # fmt: skip
 @click.pass_context
-def eval_command(ctx: click.Context, code: str, frame: Optional[str], timeout: float) -> int:
+def eval_command(ctx: click.Context, code: str, frame: Optional[str], timeout: float, force: bool) -> int:
     """Run CODE in the process's __main__ namespace ('-' reads it from stdin).
 
     What the code prints comes back; a final expression's value is shown as the REPL would.
     """
-    return actions.evaluate(_context(ctx), code, frame, timeout)
+    return actions.evaluate(_context(ctx), code, frame, timeout, force)
 
 
 @cli.command()
