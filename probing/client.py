@@ -221,7 +221,8 @@ class Client:
             reply_id, ok, body = protocol.parse_reply(frame.header)
         except protocol.FrameError as error:
             raise BadReply(f"unusable reply to {method!r}: {error}") from None
-        if reply_id != request_id:
+        # The agent refuses a connection (busy, not allowed) before reading a request: id null.
+        if reply_id != request_id and (ok or reply_id is not None):
             raise BadReply(f"the reply to {method!r} answers request {reply_id!r}, not {request_id}")
         if not ok:
             raise error_from_reply(body, frame.payload)

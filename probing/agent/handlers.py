@@ -113,6 +113,7 @@ def _table(server: Any, params: Dict[str, Any]) -> Reply:
     _bool_param(params, "locals")
     _int_param(params, "repr_limit", 1)
     _float_param(params, "scan_budget_s", 1.0, 0.0, float("inf"))  # tables.py clamps the range
+    _float_param(params, "step_wait_s", 1.0, 0.0, 600.0)
     descriptor, chunks = table.build(server, params).encode()
     return {"table": descriptor}, chunks
 

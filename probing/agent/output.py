@@ -3,6 +3,14 @@
 The training loop keeps printing to its terminal while an eval runs: sys.stdout is replaced
 (on the first eval, never at start) by a proxy that sends a write to the capture buffer of
 the writing thread if it has one and to the original stream otherwise.
+
+A proxy, once installed, is never freed. `print()` holds only a borrowed reference to
+sys.stdout while it writes (CPython's builtin_print), and our write() is Python code, so the GIL
+can pass to the agent's thread in the middle of a print: had detach put the original stream
+back and dropped the last reference to the proxy there, the job's print would go on writing
+through freed memory (a printing job segfaulted after `eval 1; detach`, or raised
+AttributeError: '_routes' from whatever object reused the memory). Retired proxies stay in
+`_retired` for the life of the process and pass every write to the stream they wrapped.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ MAX_CAPTURE_CHARS = 4 << 20
 _stdout_routes: Dict[int, CaptureBuffer] = {}
 _stderr_routes: Dict[int, CaptureBuffer] = {}
 _install_lock = threading.Lock()
+# Every proxy ever installed: a thread may be inside one of them long after it was replaced.
+_retired: List[RoutedStream] = []
 
 
 class CaptureBuffer:
@@ -77,9 +87,14 @@ def _install() -> None:
     # whatever is there now.
     with _install_lock:
         if not isinstance(sys.stdout, RoutedStream):
-            sys.stdout = RoutedStream(sys.stdout, _stdout_routes)
+            sys.stdout = _keep(RoutedStream(sys.stdout, _stdout_routes))
         if not isinstance(sys.stderr, RoutedStream):
-            sys.stderr = RoutedStream(sys.stderr, _stderr_routes)
+            sys.stderr = _keep(RoutedStream(sys.stderr, _stderr_routes))
+
+
+def _keep(proxy: RoutedStream) -> RoutedStream:
+    _retired.append(proxy)
+    return proxy
 
 
 def uninstall() -> None:

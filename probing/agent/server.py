@@ -486,6 +486,9 @@ class AgentServer:
         output = sys.modules.get(__package__ + ".output")
         if output is not None:
             output.uninstall()
+        safepoint = sys.modules.get(__package__ + ".safepoint")
+        if safepoint is not None:
+            safepoint.stop()
         torchtrace = sys.modules.get(__package__ + ".torchtrace")
         tracer = torchtrace.current() if torchtrace is not None else None
         if tracer is not None:

@@ -429,10 +429,23 @@ class Tracer:
                 register_optimizer_step_pre_hook,
             )
 
-            self.global_handles = [
-                register_optimizer_step_pre_hook(self._optimizer_pre),
-                register_optimizer_step_post_hook(self._optimizer_post),
-            ]
+            handles: List[Any] = []
+
+            def add() -> None:
+                handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
+                handles.append(register_optimizer_step_post_hook(self._optimizer_post))
+
+            self._edit_step_hooks(add)
+            self.global_handles = handles
+
+    def _edit_step_hooks(self, change: Callable[[], None]) -> None:
+        """Add or remove global optimizer hooks where no step is iterating them (safepoint.py)."""
+        if threading.get_ident() in self.own_threads:
+            from .safepoint import in_forward
+
+            in_forward(self.torch, change, 1.0)
+        else:  # the job's own thread (PROBING_TORCH_TRACE at import): it is not in a step
+            change()
 
     def add_root(self, name: str, root: Any) -> None:
         self.discovered.update(root.modules())
@@ -480,10 +493,15 @@ class Tracer:
         """Remove every hook this tracer added; returns how many."""
         with self.lock:
             removed = self._remove_module_hooks()
-            for handle in self.global_handles:
-                handle.remove()
-                removed += 1
-            self.global_handles = []
+            handles, self.global_handles = self.global_handles, []
+            if handles:
+
+                def remove() -> None:
+                    for handle in handles:
+                        handle.remove()
+
+                self._edit_step_hooks(remove)
+                removed += len(handles)
             if self.discovery_handle is not None:
                 self.discovery_handle.remove()
                 self.discovery_handle = None

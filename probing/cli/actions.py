@@ -357,7 +357,13 @@ def evaluate(context: Context, code: str, frame: Optional[str], timeout: float, 
     return ExitCode.OK
 
 
-def query(context: Context, sql: str, format: str, timeout: float, scan_budget: float = 1.0) -> int:
+# Beyond --step-wait, what a torch table may take to install its step hook on first use.
+STEP_HOOK_INSTALL_S = 1.0
+
+
+def query(
+    context: Context, sql: str, format: str, timeout: float, scan_budget: float = 1.0, step_wait: float = 1.0
+) -> int:
     from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
     from ..process_stats import LOCAL_TABLES
     from ..sql import SqlSession
@@ -378,7 +384,9 @@ def query(context: Context, sql: str, format: str, timeout: float, scan_budget: 
                     if name in LOCAL_TABLES:
                         continue
                     context.log(f"fetching {name}")
-                    table = client.fetch_table(name, {"scan_budget_s": scan_budget}, timeout + scan_budget)
+                    params = {"scan_budget_s": scan_budget, "step_wait_s": step_wait}
+                    wait = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
+                    table = client.fetch_table(name, params, wait)
                     for note in table.notes:
                         render.note(note)
                     session.load(table)

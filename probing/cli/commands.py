@@ -239,10 +239,17 @@ def repl(ctx: click.Context, timeout: float) -> int:
     metavar="S",
     help="Seconds the agent may spend walking live objects for python.tensors and python.gc.",
 )
+@click.option(
+    "--step-wait", type=click.FloatRange(min=0, max=600), default=1.0, show_default=True, metavar="S",
+    help="Seconds python.modules, python.tensors and python.optimizers wait for the job's next "
+    "optimizer step, where gradients and tensor values are read.",
+)  # fmt: skip
 @click.pass_context
-def query(ctx: click.Context, sql: str, format: str, timeout: float, scan_budget: float) -> int:
+def query(
+    ctx: click.Context, sql: str, format: str, timeout: float, scan_budget: float, step_wait: float
+) -> int:
     """Run DuckDB SQL over the process's tables ('-' reads it from stdin)."""
-    return actions.query(_context(ctx), sql, format, timeout, scan_budget)
+    return actions.query(_context(ctx), sql, format, timeout, scan_budget, step_wait)
 
 
 _SWITCH = click.Choice(("on", "off", "status"))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,31 +36,44 @@ class CliRun(NamedTuple):
     seconds: float
 
 
+# The CLI is started by a small reaper process: a child's peak RSS on Linux includes the memory
+# of the process it was forked from (exec records the old image's high-water mark), and the
+# pytest process that forks it may have grown to hundreds of MB by now.
+_REAPER = (
+    "import os, sys\n"
+    "pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ)\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "with open(os.environ['PROBING_TEST_RUSAGE'], 'w') as out:\n"
+    "    out.write(str(usage.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def run_cli_measured(*args: str, timeout: float = 30.0) -> CliRun:
-    """`probing ARGS` reaped with os.wait4, so that its peak RSS is its own."""
+    """`probing ARGS` reaped with os.wait4 by a small reaper, so that its peak RSS is its own."""
     started = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = subprocess.Popen([PROBING, *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        deadline = started + timeout
-        status, usage = None, None
-        while status is None:
-            pid, raw_status, rusage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                status, usage = raw_status, rusage
-                break
-            if time.monotonic() > deadline:
-                process.kill()
-                os.wait4(process.pid, 0)
-                raise AssertionError(f"probing {' '.join(args)} ran past {timeout} s")
-            time.sleep(0.01)
-        process.returncode = os.waitstatus_to_exitcode(status)
+        usage = tempfile.NamedTemporaryFile()
+        environment = dict(os.environ, PROBING_TEST_RUSAGE=usage.name)
+        process = subprocess.Popen(
+            [sys.executable, "-S", "-c", _REAPER, PROBING, *args], stdout=out, stderr=err,
+            stdin=subprocess.DEVNULL, start_new_session=True, env=environment,
+        )  # fmt: skip
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise AssertionError(f"probing {' '.join(args)} ran past {timeout} s") from None
+        with usage:
+            max_rss_kb = int(usage.read() or 0)
         out.seek(0)
         err.seek(0)
         return CliRun(
             process.returncode,
             out.read().decode("utf-8", "replace"),
             err.read().decode("utf-8", "replace"),
-            usage.ru_maxrss / 1024.0,  # kilobytes on Linux
+            max_rss_kb / 1024.0,
             time.monotonic() - started,
         )
 
