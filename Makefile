@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check lint format bench demo docs clean
+.PHONY: help install test check lint format bench soak demo docs clean
 
 help: ## Show the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-8s %s\n", $$1, $$2}'
@@ -43,6 +43,10 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_backtrace.py
 	$(BIN)/python benchmarks/bench_torch.py
 	$(BIN)/python benchmarks/bench_memory.py
+	$(BIN)/python benchmarks/bench_unharmed.py
+
+soak: install ## Long: attach, eval, query, detach 200 times per interpreter and job kind (SOAK_CYCLES=N)
+	$(BIN)/python benchmarks/soak.py --cycles $(or $(SOAK_CYCLES),200) --parallel 2
 
 demo: install ## Start a small training job with the agent and run probing against it
 	bash docs/examples/demo.sh

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -157,7 +158,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="one plain interpreter and the torch job only")
-    parser.add_argument("--only", default=None, help="run one interpreter name (e.g. 3.8)")
+    parser.add_argument("--only", default=None, help="run one interpreter name (e.g. 3.8, venv)")
+    parser.add_argument("--parallel", type=int, default=1, help="jobs soaked at the same time")
     options = parser.parse_args(argv)
     plans: List[Tuple[str, str, str, bool]] = []
     for name, pattern in INTERPRETERS.items():
@@ -176,12 +178,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         plans.append(("venv", sys.executable, "train", True))
     outcomes: Dict[str, Outcome] = {}
     started = time.monotonic()
-    for name, python, kind, torch in plans:
-        outcome = soak(name, python, kind, options.cycles, torch)
+
+    def one(plan: Tuple[str, str, str, bool]) -> None:
+        outcome = soak(*plan[:3], options.cycles, plan[3])
         outcomes[outcome.name] = outcome
         print(outcome.line(), flush=True)
         for failure in outcome.failed[:5]:
             print(f"    {failure}", flush=True)
+
+    with ThreadPoolExecutor(max(1, options.parallel)) as pool:
+        list(pool.map(one, plans))
     total = sum(outcome.cycles for outcome in outcomes.values())
     bad = [outcome for outcome in outcomes.values() if not outcome.clean]
     print(

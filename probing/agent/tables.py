@@ -315,7 +315,8 @@ NAN_EVENTS = Table(
 MODULES = Table(
     "python.modules",
     "Every module of the job's top-level models (found in __main__, in its threads' frames, or by "
-    "gc), read at the time of the query.",
+    "gc), read at the time of the query; gradient norms are taken in the training thread at its next "
+    "optimizer step (`query --step-wait`), or while the job is quiet, and are NULL with a note otherwise.",
     [
         Column("name", "VARCHAR", "qualified name: the model's variable name, then the submodule path"),
         Column("root", "VARCHAR", "name of the top-level module it belongs to"),
@@ -338,7 +339,8 @@ MODULES = Table(
 TENSORS = Table(
     "python.tensors",
     "Live tensors: the models' parameters, gradients and buffers by name, then every other tensor "
-    "gc finds, until a time budget (1 s) runs out; the query then says it was cut short.",
+    "gc finds, until a time budget (1 s) runs out; the query then says it was cut short. Gradients and "
+    "grad_fn are read in the training thread at its next optimizer step, or while the job is quiet.",
     [
         Column(
             "name", "VARCHAR", "qualified parameter or buffer name (.grad for a gradient); NULL for others"
@@ -357,7 +359,8 @@ TENSORS = Table(
 
 OPTIMIZERS = Table(
     "python.optimizers",
-    "One row per parameter group of every optimizer in the job, read at the time of the query.",
+    "One row per parameter group of every optimizer in the job; values held in tensors (a tensor lr, "
+    "the step count) are read in the training thread at its next optimizer step, or while the job is quiet.",
     [
         Column("optimizer", "VARCHAR", "the variable that holds it, e.g. optimizer (or its class name)"),
         Column("type", "VARCHAR", "class name, e.g. AdamW"),
