@@ -33,6 +33,7 @@ def _attach() -> None:
     finally:
         if sys.getswitchinterval() == min(previous, _FAST_SWITCH_INTERVAL):
             sys.setswitchinterval(previous)
+        loader["forget_this_thread"]()
     directory = os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
     try:
         with open(os.path.join(directory, f"{os.getpid()}.attach-error"), "w") as report:

@@ -9,10 +9,106 @@ is added to the process's sys.path, and no third-party module is imported.
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def import_threading_as_the_job_would() -> None:
+    """Import `threading` so that it describes the job's real main thread, from any thread.
+
+    `threading` takes the thread that first imports it for the main thread: on CPython before
+    3.13, `_MainThread()` records `get_ident()` of the importing thread and makes its lock a
+    sentinel of that thread's state. Imported first by probing's attach thread (on Pythons
+    that do not import threading at start-up: 3.8-3.10, 3.12, Debian's 3.11), the job's
+    real main thread became a `_DummyThread`, `main_thread() is current_thread()` was False
+    there, and at exit `_shutdown` tripped over the attach thread's released lock and never
+    joined the job's non-daemon threads. So the object the import made is pointed at the
+    real main thread, and this thread is left out of `threading._active`, as any thread
+    threading did not start is until it asks for current_thread().
+    """
+    if "threading" in sys.modules:
+        return  # the job's own threading, right or wrong: not ours to change
+    import _thread
+
+    if hasattr(_thread, "_get_main_thread_ident"):
+        # 3.13+: _MainThread() asks the runtime for the main thread's ident and handle; only
+        # its native id is read from the importing thread.
+        import threading  # noqa: F401 - the import is the point
+
+        main = _private(sys.modules["threading"])._main_thread
+        if main.ident != _thread.get_ident() and hasattr(main, "_native_id"):
+            main._native_id = os.getpid()
+        return
+    main_ident = _main_thread_ident()
+    import threading
+
+    job_threading = _private(threading)
+    made = job_threading._main_thread
+    mine = _thread.get_ident()
+    if main_ident is None or main_ident == mine or made.ident != mine:
+        return  # we are the main thread (pyrasite runs here), or cannot tell which it is
+    # The sentinel `_set_tstate_lock` made is released when *this* thread's state is deleted
+    # (the helper's PyGILState_Release): `_shutdown` asserts the main thread's is still held,
+    # and a job joining main_thread() would return early. The main thread's lock is released
+    # by `_shutdown` itself, so a plain held lock is exactly what it needs.
+    sentinel = made._tstate_lock
+    held = _thread.allocate_lock()
+    held.acquire()
+    with job_threading._active_limbo_lock:
+        made._ident = main_ident
+        if hasattr(made, "_native_id"):
+            # The main thread of a `python` process is the thread group leader: TID == PID.
+            made._native_id = os.getpid()
+        made._tstate_lock = held
+        job_threading._active.pop(mine, None)
+        job_threading._active[main_ident] = made
+    shutdown_locks = getattr(threading, "_shutdown_locks", None)
+    if shutdown_locks is not None:
+        with job_threading._shutdown_locks_lock:
+            shutdown_locks.discard(sentinel)
+            shutdown_locks.add(held)
+
+
+def _main_thread_ident() -> "int | None":
+    """The ident of the thread that started the interpreter, without asking `threading`.
+
+    CPython keeps each interpreter's thread states newest first (a new one is put at the
+    head of the list), the main interpreter last, and `sys._current_frames()` walks that
+    list under the runtime's lock: its last entry is the oldest thread with a Python frame,
+    the main thread running the job's script. (3.8-3.12 expose nothing more direct; the
+    runtime's own `main_thread` field is reachable from Python only from 3.13 on.)
+    """
+    frames = sys._current_frames()
+    try:
+        return list(frames)[-1]
+    except IndexError:
+        return None
+    finally:
+        del frames
+
+
+def _private(module: object) -> "Any":
+    """A module whose private names (threading._active...) we use: typeshed lists none."""
+    return module
+
+
+def forget_this_thread() -> None:
+    """Drop the `_DummyThread` that a current_thread() call in this (the helper's) thread may
+    have left: before 3.13 it would stay in the job's threading.enumerate() for good."""
+    if "threading" not in sys.modules:
+        return
+    threading = _private(sys.modules["threading"])
+    with threading._active_limbo_lock:
+        entry = threading._active.get(threading.get_ident())
+        if isinstance(entry, threading._DummyThread):
+            del threading._active[threading.get_ident()]
+
 
 def start_agent(package_dir: str) -> "str | None":
     """Start the agent; returns None, or why it could not start. Never raises, never prints."""
     try:
+        import_threading_as_the_job_would()
         if "probing" not in sys.modules:
             import importlib.util
 
