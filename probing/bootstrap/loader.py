@@ -105,25 +105,34 @@ def forget_this_thread() -> None:
             del threading._active[threading.get_ident()]
 
 
-def start_agent(package_dir: str) -> "str | None":
-    """Start the agent; returns None, or why it could not start. Never raises, never prints."""
+def start_agent(package_dir: str, preload: "tuple[str, ...]" = ()) -> "str | None":
+    """Start the agent; returns None, or why it could not start. Never raises, never prints.
+
+    `preload`: modules to import before the socket listens, so that a client that connects
+    as soon as it can finds them loaded.
+    """
     try:
         import_threading_as_the_job_would()
         if "probing" not in sys.modules:
-            import importlib.util
-
-            spec = importlib.util.spec_from_file_location(
+            # The import system's own frozen modules, always loaded: importlib.util would first
+            # import a dozen modules from disk, and in an attach each file read hands the GIL to
+            # the job's threads (see attach.py).
+            machinery = _private(sys.modules["_frozen_importlib_external"])
+            bootstrap = _private(sys.modules["_frozen_importlib"])
+            spec = machinery.spec_from_file_location(
                 "probing",
                 os.path.join(package_dir, "__init__.py"),
                 submodule_search_locations=[package_dir],
             )
             if spec is None or spec.loader is None:
                 return "cannot load the probing package from " + package_dir
-            package = importlib.util.module_from_spec(spec)
+            package = bootstrap.module_from_spec(spec)
             sys.modules["probing"] = package
             spec.loader.exec_module(package)
         import probing.agent as agent
 
+        for module in preload:
+            __import__(module)
         if agent.start():
             return None
         return agent.last_error or "the agent did not start"
