@@ -83,13 +83,17 @@ def _abandon(server: AgentServer) -> None:
         pass
 
 
-def start(socket_dir: Optional[str] = None) -> bool:
+def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False) -> bool:
     """Start serving on `<socket dir>/<pid>.sock`; a no-op when an agent already serves.
 
     An agent whose socket the job closed or removed is replaced by a new one (an attach
     after `probing PID backtrace` said "stopped listening"). Returns False (and sets
     `last_error`) when the agent cannot start; never raises and never prints, because it
     runs inside someone else's program.
+
+    `calling_thread_is_ours`: the caller is the attach helper's thread, which lives on for a
+    moment after the socket serves (a backtrace may catch it waiting for the accept thread to
+    start); it is left out of backtraces until it calls `release_calling_thread()`.
     """
     global _server, last_error, _listener_identity, _path_identity
     with _lock:
@@ -109,6 +113,8 @@ def start(socket_dir: Optional[str] = None) -> bool:
             # One set for both: the sampler and any worker the old server started are still
             # the agent's own threads, never the job's, in backtraces.
             server.own_threads = previous.own_threads
+        if calling_thread_is_ours:
+            server.own_threads.add(threading.get_ident())
         # The sampler starts before the socket serves: a backtrace must never catch its thread
         # before it is known as the agent's own.
         sampling_error = None
@@ -138,6 +144,14 @@ def start(socket_dir: Optional[str] = None) -> bool:
         except Exception as error:  # noqa: BLE001 - tracing is optional, the agent is not
             last_error = f"PROBING_TORCH_TRACE: {type(error).__name__}: {error}"
     return True
+
+
+def release_calling_thread() -> None:
+    """The attach helper's thread is about to end: forget its ident, which a thread of the job
+    may get next (idents are reused)."""
+    server = _server
+    if server is not None:
+        server.own_threads.discard(threading.get_ident())
 
 
 def stop() -> None:

@@ -28,7 +28,7 @@ def _attach() -> None:
         # first, not on their clock. The CLI takes a listening socket for an agent that is up;
         # in a job whose threads hold the GIL in long stretches (a gc.collect() loop), loading
         # them afterwards kept the first request waiting past its timeout.
-        problem = loader["start_agent"](os.path.dirname(here), ("probing.agent.handlers",))
+        problem = loader["start_agent"](os.path.dirname(here), ("probing.agent.handlers",), True)
         if problem is None:
             return
     finally:

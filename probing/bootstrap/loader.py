@@ -94,8 +94,12 @@ def _private(module: object) -> "Any":
 
 
 def forget_this_thread() -> None:
-    """Drop the `_DummyThread` that a current_thread() call in this (the helper's) thread may
-    have left: before 3.13 it would stay in the job's threading.enumerate() for good."""
+    """The helper's thread is about to end: the agent forgets it, and the `_DummyThread` that
+    a current_thread() call in it may have left goes (before 3.13 it would stay in the job's
+    threading.enumerate() for good)."""
+    agent = sys.modules.get("probing.agent")
+    if agent is not None:
+        agent.release_calling_thread()
     if "threading" not in sys.modules:
         return
     threading = _private(sys.modules["threading"])
@@ -105,11 +109,12 @@ def forget_this_thread() -> None:
             del threading._active[threading.get_ident()]
 
 
-def start_agent(package_dir: str, preload: "tuple[str, ...]" = ()) -> "str | None":
+def start_agent(package_dir: str, preload: "tuple[str, ...]" = (), helper: bool = False) -> "str | None":
     """Start the agent; returns None, or why it could not start. Never raises, never prints.
 
     `preload`: modules to import before the socket listens, so that a client that connects
-    as soon as it can finds them loaded.
+    as soon as it can finds them loaded. `helper`: called from the attach helper's thread,
+    which backtraces leave out until forget_this_thread().
     """
     try:
         import_threading_as_the_job_would()
@@ -133,7 +138,7 @@ def start_agent(package_dir: str, preload: "tuple[str, ...]" = ()) -> "str | Non
 
         for module in preload:
             __import__(module)
-        if agent.start():
+        if agent.start(calling_thread_is_ours=helper):
             return None
         return agent.last_error or "the agent did not start"
     except Exception as error:  # noqa: BLE001 - the job must never see our failure

@@ -39,7 +39,9 @@ def test_inject_succeeds_every_time_on_a_job_collecting_garbage_in_a_loop() -> N
                 assert steps > 0 and collections > 0
             detached = probing(pid, "detach", timeout=60)
             assert detached.returncode == 0, detached.stderr
-        assert failures == [], f"{len(failures)} of {TRIES} injects failed (slowest {slowest:.1f} s): {failures}"
+        assert failures == [], (
+            f"{len(failures)} of {TRIES} injects failed (slowest {slowest:.1f} s): {failures}"
+        )
         assert job.alive()
         assert job.finish() == 0, job.output()
         assert job.stderr_lines == []
