@@ -103,6 +103,11 @@ static void *bootstrap(void *unused) {
 
     if (!is_initialized()) return NULL;
     int state = ensure();
+    /* "probing-attach" means "waiting for the GIL": the CLI looks for it to avoid injecting a
+     * second helper behind one still waiting. Threads inherit their creator's name, so the
+     * agent's threads, started from here, would carry it for good and every later attach
+     * (after the job closed the agent's socket) would wait for a helper that is long done. */
+    pthread_setname_np(pthread_self(), "probing-agent");
     run(code);
     release(state);
     return NULL;

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Optional
+from typing import Optional, Tuple
 
 from .server import AGENT_THREAD_NAME, AgentServer
 
@@ -19,29 +19,102 @@ _server: Optional[AgentServer] = None
 last_error: Optional[str] = None
 
 
-def _another_copy_serves() -> bool:
+# (st_dev, st_ino) of the listening socket and of its file, taken when the agent started: how
+# start() tells its own socket from whatever the job has since put on the same descriptor.
+_listener_identity: Optional[Tuple[int, int]] = None
+_path_identity: Optional[Tuple[int, int]] = None
+
+
+def _another_copy_serves(own: Optional[AgentServer]) -> bool:
     # A second copy of this package (loaded by file path, or from another install) may
-    # already serve this process: one agent per process, whoever started it.
-    return any(thread.name == AGENT_THREAD_NAME and thread.is_alive() for thread in threading.enumerate())
+    # already serve this process: one agent per process, whoever started it. Our own dead
+    # server's accept thread may still be blocked on its closed socket: it is not one.
+    dead = own._thread if own is not None else None
+    return any(
+        thread.name == AGENT_THREAD_NAME and thread.is_alive() and thread is not dead
+        for thread in threading.enumerate()
+    )
 
 
-def start(socket_dir: Optional[str] = None) -> bool:
+def _identity(info: os.stat_result) -> Tuple[int, int]:
+    return info.st_dev, info.st_ino
+
+
+def _listening(server: AgentServer) -> bool:
+    """Whether the server still listens where clients look: its accept thread runs, its
+    descriptor is still its socket, and its file is still in the directory.
+
+    A job may close the descriptor under us (os.closerange(3, ...) before daemonizing, or an
+    eval), and then open something else that gets the same number; or delete the socket file.
+    The accept thread can outlive any of these (blocked in accept() on a socket nobody can
+    reach), so its being alive proves nothing.
+    """
+    if not server.serving():
+        return False
+    try:
+        descriptor = os.fstat(server.listener.fileno())
+        path = os.stat(server.path)
+    except (OSError, ValueError):
+        return False
+    return _identity(descriptor) == _listener_identity and _identity(path) == _path_identity
+
+
+def _abandon(server: AgentServer) -> None:
+    """Let a dead server go without touching the job's descriptors.
+
+    stop() would shut down and close the listener's descriptor number, which the job may have
+    reused since it closed ours; and it would undo the stream routing and hooks that the new
+    server inherits. So: stop its threads at their next wake-up, and close its listener only
+    if the descriptor is still our socket; otherwise forget the number (detach), so that the
+    socket object's finalizer never closes the job's file.
+    """
+    server._stopping = True
+    listener = server.listener
+    try:
+        ours = _identity(os.fstat(listener.fileno())) == _listener_identity
+    except (OSError, ValueError):
+        ours = False
+    try:
+        if ours:
+            listener.close()
+        else:
+            listener.detach()
+    except OSError:
+        pass
+
+
+def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False) -> bool:
     """Start serving on `<socket dir>/<pid>.sock`; a no-op when an agent already serves.
 
-    Returns False (and sets `last_error`) when the agent cannot start; never raises and
-    never prints, because it runs inside someone else's program.
+    An agent whose socket the job closed or removed is replaced by a new one (an attach
+    after `probing PID backtrace` said "stopped listening"). Returns False (and sets
+    `last_error`) when the agent cannot start; never raises and never prints, because it
+    runs inside someone else's program.
+
+    `calling_thread_is_ours`: the caller is the attach helper's thread, which lives on for a
+    moment after the socket serves (a backtrace may catch it waiting for the accept thread to
+    start); it is left out of backtraces until it calls `release_calling_thread()`.
     """
-    global _server, last_error
+    global _server, last_error, _listener_identity, _path_identity
     with _lock:
-        if _server is not None and _server.serving():
+        previous = _server
+        if previous is not None and _listening(previous):
             return True
-        if _another_copy_serves():
+        if _another_copy_serves(previous):
             return True
         try:
             server = AgentServer.bind(socket_dir)
+            identities = _identity(os.fstat(server.listener.fileno())), _identity(os.stat(server.path))
         except Exception as error:  # noqa: BLE001 - reported through last_error, never raised
             last_error = f"{type(error).__name__}: {error}"
             return False
+        if previous is not None:
+            _abandon(previous)
+            # One set for both: the sampler and any worker the old server started are still
+            # the agent's own threads, never the job's, in backtraces.
+            server.own_threads = previous.own_threads
+        if calling_thread_is_ours:
+            server.own_threads.add(threading.get_ident())
         # The sampler starts before the socket serves: a backtrace must never catch its thread
         # before it is known as the agent's own.
         sampling_error = None
@@ -60,6 +133,7 @@ def start(socket_dir: Optional[str] = None) -> bool:
             stop_sampling()
             return False
         _server = server
+        _listener_identity, _path_identity = identities
         last_error = sampling_error
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
@@ -70,6 +144,14 @@ def start(socket_dir: Optional[str] = None) -> bool:
         except Exception as error:  # noqa: BLE001 - tracing is optional, the agent is not
             last_error = f"PROBING_TORCH_TRACE: {type(error).__name__}: {error}"
     return True
+
+
+def release_calling_thread() -> None:
+    """The attach helper's thread is about to end: forget its ident, which a thread of the job
+    may get next (idents are reused)."""
+    server = _server
+    if server is not None:
+        server.own_threads.discard(threading.get_ident())
 
 
 def stop() -> None:
@@ -83,7 +165,7 @@ def stop() -> None:
 
 def running() -> bool:
     server = _server
-    return server is not None and server.serving()
+    return server is not None and _listening(server)
 
 
 def socket_path() -> Optional[str]:

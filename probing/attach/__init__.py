@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
 from ..processes import process_alive, python_version_of, require_process, socket_candidates
@@ -65,20 +65,89 @@ def _answering_socket(pid: int) -> Optional[str]:
     return None
 
 
-def _bootstrap_waiting(pid: int) -> bool:
-    """An earlier attach's helper thread (named probing-attach) still waits for the GIL."""
+# native/helper.c names its thread "probing-attach" while it waits for the GIL, and
+# "probing-agent" once it holds it and loads the agent.
+_WAITING_NAME = "probing-attach"
+_LOADING_NAME = "probing-agent"
+
+
+def _thread_names(pid: int) -> Dict[int, str]:
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return False
+        return {}
+    names = {}
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/comm") as comm:
-                if comm.read().strip() == "probing-attach":
-                    return True
-        except OSError:
+                names[int(task)] = comm.read().strip()
+        except (OSError, ValueError):
             continue
-    return False
+    return names
+
+
+def _bootstrap_waiting(pid: int) -> bool:
+    """An earlier attach's helper thread still waits for the GIL."""
+    return _WAITING_NAME in _thread_names(pid).values()
+
+
+def _work_done(pid: int, tid: int) -> Optional[Tuple[int, ...]]:
+    """CPU time and reads of one thread so far: changes while it loads the agent."""
+    counters: List[int] = []
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        counters += [int(fields[11]), int(fields[12])]  # utime, stime
+        with open(f"/proc/{pid}/task/{tid}/io", "rb") as io:
+            counters += [int(line.split()[1]) for line in io if line.startswith((b"rchar", b"syscr"))]
+    except (OSError, ValueError, IndexError):
+        pass
+    return tuple(counters) or None
+
+
+class _Loading:
+    """Whether the helper's thread, having got the GIL, still makes headway loading the agent.
+
+    The loader reads a few dozen files; each read hands the GIL to the job's threads. When one
+    of them holds it for long stretches without a break (a gc.collect() loop over a big heap:
+    ~100 ms each), every read costs a whole stretch and loading can take seconds, although
+    the job lets the GIL go all the time. That is no reason to give up: --attach-timeout bounds
+    the wait for a GIL that never comes free; a loader that is moving is waited for longer.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        # A helper that got the GIL at once is never seen waiting: any thread that did not
+        # exist before the injection and carries either name is ours.
+        self.before = {tid for tid, name in _thread_names(pid).items() if name != _WAITING_NAME}
+        self.helpers: Set[int] = set()
+        self.last: Dict[int, Tuple[int, ...]] = {}
+        self.moved_at = 0.0
+        self.looked_at = 0.0
+
+    def look(self) -> None:
+        now = time.monotonic()
+        if now - self.looked_at < _LOOK_EVERY_S:
+            return  # /proc/PID/task/* of a job with hundreds of threads is not read every 5 ms
+        self.looked_at = now
+        for tid, name in _thread_names(self.pid).items():
+            if name == _WAITING_NAME:
+                self.helpers.add(tid)
+            elif name == _LOADING_NAME and (tid in self.helpers or tid not in self.before):
+                work = _work_done(self.pid, tid)
+                if work is not None and work != self.last.get(tid):
+                    self.last[tid] = work
+                    self.moved_at = now
+
+    def moving(self) -> bool:
+        return bool(self.last) and time.monotonic() - self.moved_at < _STALLED_S
+
+
+# A loader that shows no work for this long is stuck, not slow.
+_STALLED_S = 1.0
+_LOOK_EVERY_S = 0.05
+# How much longer than --attach-timeout a moving loader is waited for.
+_LOADING_GRACE_S = 30.0
 
 
 def _gil_holder(pid: int) -> Optional[str]:
@@ -117,6 +186,7 @@ def attach(
             os.unlink(stale)
     started = time.monotonic()
     report: Optional[InjectReport] = None
+    loading = _Loading(pid)
     if _bootstrap_waiting(pid):
         # Injecting again would only add a second thread waiting for the same GIL.
         log(f"an earlier attach to PID {pid} is still waiting for the GIL; waiting for it")
@@ -136,7 +206,11 @@ def attach(
     injected = time.monotonic()
     deadline = started + timeout
     looked = not give_up_early
-    while time.monotonic() < deadline:
+    while True:
+        loading.look()
+        now = time.monotonic()
+        if now >= deadline and not (loading.moving() and now < deadline + _LOADING_GRACE_S):
+            break
         path = _answering_socket(pid)
         if path is not None:
             waited = (time.monotonic() - injected) * 1000
@@ -156,8 +230,14 @@ def attach(
         time.sleep(_POLL_S)
     from .diagnose import why_no_agent
 
+    waited = time.monotonic() - started
+    within = f"{timeout:g} s" if waited < timeout + 1 else f"{waited:.0f} s"
+    if loading.last:
+        why = f"its loader got the GIL but makes no headway ({why_no_agent(pid)})"
+    else:
+        why = why_no_agent(pid)
     raise AttachTimeout(
-        f"the agent did not come up in PID {pid} within {timeout:g} s: {why_no_agent(pid)}",
+        f"the agent did not come up in PID {pid} within {within}: {why}",
         hint="the job runs on unharmed; the agent starts by itself as soon as the GIL is free, "
         "and the next probing command will use it",
     )

@@ -24,15 +24,17 @@ def _attach() -> None:
     previous = sys.getswitchinterval()
     sys.setswitchinterval(min(previous, _FAST_SWITCH_INTERVAL))
     try:
-        problem = loader["start_agent"](os.path.dirname(here))
+        # Someone connects as soon as the socket listens: the request handlers are loaded
+        # first, not on their clock. The CLI takes a listening socket for an agent that is up;
+        # in a job whose threads hold the GIL in long stretches (a gc.collect() loop), loading
+        # them afterwards kept the first request waiting past its timeout.
+        problem = loader["start_agent"](os.path.dirname(here), ("probing.agent.handlers",), True)
         if problem is None:
-            # Someone is about to connect: load the request handlers now, not on their clock.
-            import probing.agent.handlers  # noqa: F401
-
             return
     finally:
         if sys.getswitchinterval() == min(previous, _FAST_SWITCH_INTERVAL):
             sys.setswitchinterval(previous)
+        loader["forget_this_thread"]()
     directory = os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
     try:
         with open(os.path.join(directory, f"{os.getpid()}.attach-error"), "w") as report:

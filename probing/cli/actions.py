@@ -64,23 +64,55 @@ class Context:
         return render.log_to_stderr if self.verbose else _quiet
 
     def connect(
-        self, timeout: float, attach_budget: Optional[float] = None, give_up_early: bool = False
+        self,
+        timeout: float,
+        attach_budget: Optional[float] = None,
+        give_up_early: bool = False,
+        reattach: bool = True,
     ) -> Client:
-        """A client of the target's agent; a process without one is attached to first."""
+        """A client of the target's agent; a process without one is attached to first.
+
+        An agent that stopped listening in a live process (its job closed the socket) is
+        attached to again, unless `reattach` is False: then Fallback says what happened, for a
+        command that can answer from outside instead (backtrace).
+        """
         target = parse_target(self.target)
         if target.socket is not None:
-            return Client(target.socket, timeout, self.log)
+            try:
+                return Client(target.socket, timeout, self.log)
+            except NoAgent as error:
+                raise NoAgent(error.message, hint=SOCKET_TARGET_HINT) from None
         pid = target.pid or 0
         try:
-            path = locate_socket(pid, self.log)
-        except NoAgent:
-            if self.no_attach:
-                raise
-            from ..attach import attach
+            return Client(locate_socket(pid, self.log), timeout, self.log, pid=pid)
+        except NoAgent as error:
+            from ..attach.liveness import stopped_agent
 
-            wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
-            path = attach(pid, "auto", wait, self.log, give_up_early).socket
+            stopped = stopped_agent(pid)
+            if stopped is not None:
+                why = f"the agent in PID {pid} stopped listening (nothing accepts on {stopped})"
+                if not reattach:
+                    raise Fallback(f"{why}; `probing {pid} inject` starts a new one") from None
+                if self.no_attach:
+                    raise NoAgent(why, hint=STOPPED_AGENT_HINT.format(pid=pid)) from None
+                self.log(f"{why}; attaching again")
+            elif self.no_attach:
+                raise NoAgent(error.message, hint=error.hint) from None
+        from ..attach import attach
+
+        wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
+        path = attach(pid, "auto", wait, self.log, give_up_early).socket
         return Client(path, timeout, self.log, pid=pid)
+
+
+# A socket given as the target is only ever connected to: --no-attach has nothing to do with it.
+SOCKET_TARGET_HINT = (
+    "give the job's PID instead of its socket: probing attaches to a process that has no agent"
+)
+STOPPED_AGENT_HINT = (
+    "code in the job closed the agent's socket (a job closing its descriptors, or an eval); "
+    "drop --no-attach, or run `probing {pid} inject`, to start a new agent in it"
+)
 
 
 def _quiet(message: str) -> None:
@@ -134,7 +166,7 @@ def _backtrace_from_agent(
 
     started = time.monotonic()
     try:
-        client = context.connect(timeout, attach_budget=timeout, give_up_early=True)
+        client = context.connect(timeout, attach_budget=timeout, give_up_early=True, reattach=False)
     except (AttachTimeout, AttachFailed, AgentTimeout, AgentUnreachable) as error:
         raise Fallback(error.message) from None
     with client:
@@ -553,8 +585,20 @@ def inject(context: Context, method: str, format: str) -> int:
 
 def detach(context: Context, timeout: float) -> int:
     target = parse_target(context.target)
-    socket_path = target.socket or locate_socket(target.pid or 0, context.log)
-    with Client(socket_path, timeout, context.log, pid=target.pid) as client:
+    try:
+        socket_path = target.socket or locate_socket(target.pid or 0, context.log)
+        client = Client(socket_path, timeout, context.log, pid=target.pid)
+    except NoAgent as error:
+        from ..attach.liveness import stopped_agent
+
+        if target.pid is None or stopped_agent(target.pid) is None:
+            raise NoAgent(error.message, hint="there is nothing to detach") from None
+        raise NoAgent(
+            f"the agent in PID {target.pid} stopped listening: there is no agent to detach",
+            hint=f"`probing {target.pid} inject` starts a new one, which detach then takes out with what "
+            "the old one left (its hooks and stream routing)",
+        ) from None
+    with client:
         client.call("detach")
         pid, path = client.info.get("pid"), client.info.get("socket")
     # The agent stops right after its reply; wait until its socket is gone.

@@ -1,0 +1,62 @@
+"""Whether a live process's agent stopped listening: its socket file is there, the process
+runs, and connecting is refused. Read from outside; never prints.
+
+A listener dies while its process lives when code in the job closes the descriptor (a job
+that closes every descriptor above 2 before it daemonizes or execs, or an eval that closes
+it). Such a process can still be read from outside, and attached to again: a new agent binds
+the same path. A socket file older than the process was left by an earlier process with the
+same PID (killed before it could remove it): that one is simply no agent.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from typing import Optional
+
+from ..processes import process_alive, socket_candidates
+
+
+def _refused(path: str) -> bool:
+    # A full backlog makes a Unix-socket connect wait (or EAGAIN), never ECONNREFUSED: refused
+    # means that no socket listens at this address any more.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.2)
+        try:
+            probe.connect(path)
+        except OSError as error:
+            return error.errno == errno.ECONNREFUSED
+    return False
+
+
+def _started_at(pid: int) -> Optional[float]:
+    """When `pid` started, in seconds since the epoch (from /proc: no psutil on this path)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            ticks = int(stat_file.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as system:
+            boot = next(int(line.split()[1]) for line in system if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def stopped_agent(pid: int) -> Optional[str]:
+    """The socket of the agent in `pid` that no longer listens, if the process is alive."""
+    for path in socket_candidates(pid):
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if not stat.S_ISSOCK(info.st_mode) or not _refused(path):
+            continue
+        started = _started_at(pid)
+        # btime has a resolution of a second: a socket bound in the process's first second
+        # must not pass for an earlier process's.
+        if started is not None and info.st_mtime < started - 1.0:
+            continue
+        if process_alive(pid):
+            return path
+    return None
