@@ -12,16 +12,15 @@ import sys
 import threading
 from typing import Optional, Tuple
 
-from .server import AGENT_THREAD_NAME, AgentServer
+from .server import AGENT_THREAD_NAME, AgentServer, descriptor_identity, release
 
 _lock = threading.Lock()
 _server: Optional[AgentServer] = None
 last_error: Optional[str] = None
 
 
-# (st_dev, st_ino) of the listening socket and of its file, taken when the agent started: how
-# start() tells its own socket from whatever the job has since put on the same descriptor.
-_listener_identity: Optional[Tuple[int, int]] = None
+# (st_dev, st_ino) of the socket's file, taken when the agent started: how start() tells its
+# own socket file from one the job removed or replaced (the descriptor's is the server's own).
 _path_identity: Optional[Tuple[int, int]] = None
 
 
@@ -52,11 +51,11 @@ def _listening(server: AgentServer) -> bool:
     if not server.serving():
         return False
     try:
-        descriptor = os.fstat(server.listener.fileno())
         path = os.stat(server.path)
-    except (OSError, ValueError):
+    except OSError:
         return False
-    return _identity(descriptor) == _listener_identity and _identity(path) == _path_identity
+    ours = descriptor_identity(server.listener) == server.listener_identity
+    return ours and _identity(path) == _path_identity
 
 
 def _abandon(server: AgentServer) -> None:
@@ -69,18 +68,7 @@ def _abandon(server: AgentServer) -> None:
     socket object's finalizer never closes the job's file.
     """
     server._stopping = True
-    listener = server.listener
-    try:
-        ours = _identity(os.fstat(listener.fileno())) == _listener_identity
-    except (OSError, ValueError):
-        ours = False
-    try:
-        if ours:
-            listener.close()
-        else:
-            listener.detach()
-    except OSError:
-        pass
+    release(server.listener, server.listener_identity)
 
 
 def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False) -> bool:
@@ -95,7 +83,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
     moment after the socket serves (a backtrace may catch it waiting for the accept thread to
     start); it is left out of backtraces until it calls `release_calling_thread()`.
     """
-    global _server, last_error, _listener_identity, _path_identity
+    global _server, last_error, _path_identity
     with _lock:
         previous = _server
         if previous is not None and _listening(previous):
@@ -104,7 +92,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             return True
         try:
             server = AgentServer.bind(socket_dir)
-            identities = _identity(os.fstat(server.listener.fileno())), _identity(os.stat(server.path))
+            path_identity = _identity(os.stat(server.path))
         except Exception as error:  # noqa: BLE001 - reported through last_error, never raised
             last_error = f"{type(error).__name__}: {error}"
             return False
@@ -133,7 +121,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             stop_sampling()
             return False
         _server = server
-        _listener_identity, _path_identity = identities
+        _path_identity = path_identity
         last_error = sampling_error
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):

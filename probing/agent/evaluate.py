@@ -25,6 +25,7 @@ from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import exitguard
+from .interrupts import set_async_exception
 from .output import CaptureBuffer, captured, release
 from .stacks import ThreadStack, thread_stacks
 
@@ -69,13 +70,6 @@ def cut(text: Optional[str], limit: int, what: str) -> Optional[str]:
 
 def _rstrip_newline(text: Optional[str]) -> Optional[str]:
     return text[:-1] if text is not None and text.endswith("]\n") else text
-
-
-def _set_async_exception(ident: int, exception: Optional[type]) -> None:
-    import ctypes
-
-    pending = ctypes.py_object(exception) if exception is not None else None
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), pending)
 
 
 def compile_source(source: str, filename: str) -> Tuple[Optional[CodeType], Optional[CodeType]]:
@@ -205,14 +199,14 @@ class EvalJob:
         # From here on no interrupt is sent, and one sent just before is withdrawn.
         with self._lock:
             self._finished = True
-            _set_async_exception(ident, None)
+            set_async_exception(ident, None)
 
     def interrupt(self) -> bool:
         """Raise EvalTimeout in the code; False once it has ended."""
         with self._lock:
             if self._finished or self.ident is None:
                 return False
-            _set_async_exception(self.ident, EvalTimeout)
+            set_async_exception(self.ident, EvalTimeout)
             return True
 
     def landed(self) -> int:

@@ -124,6 +124,39 @@ def remove_dead_sockets(directory: str) -> None:
             probe.close()
 
 
+def descriptor_identity(sock: socket.socket) -> Optional[Tuple[int, int]]:
+    """(st_dev, st_ino) of what the socket's descriptor number refers to now; None if closed."""
+    try:
+        info = os.fstat(sock.fileno())
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
+
+
+def release(sock: socket.socket, identity: Optional[Tuple[int, int]], shutdown: Optional[int] = None) -> None:
+    """Shut down (`shutdown`: socket.SHUT_*) or close one of the agent's sockets, but only while
+    its descriptor number is still that socket.
+
+    A job may close every descriptor (os.closerange(3, ...) before daemonizing, or in an eval)
+    and open files of its own that get the same numbers: closing or shutting down "our" number
+    then would close the job's file. A number that is no longer ours is forgotten instead
+    (detach), so that the socket object's finalizer never closes it either.
+    """
+    if identity is None or descriptor_identity(sock) != identity:
+        try:
+            sock.detach()
+        except OSError:
+            pass
+        return
+    try:
+        if shutdown is None:
+            sock.close()
+        else:
+            sock.shutdown(shutdown)
+    except OSError:
+        pass
+
+
 class Connection:
     """What the agent knows of one client connection: who, since when, doing what.
 
@@ -134,6 +167,7 @@ class Connection:
 
     __slots__ = (
         "sock",
+        "identity",
         "pid",
         "connected_at",
         "requests",
@@ -145,6 +179,7 @@ class Connection:
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
+        self.identity = descriptor_identity(sock)
         self.pid = pid
         self.connected_at = time.monotonic()
         self.requests = 0
@@ -186,6 +221,7 @@ class AgentServer:
 
     def __init__(self, listener: socket.socket, path: str) -> None:
         self.listener = listener
+        self.listener_identity = descriptor_identity(listener)
         self.path = path
         self.owner_pid = os.getpid()
         self.started_at = time.time()
@@ -242,13 +278,15 @@ class AgentServer:
                 try:
                     conn, _ = self.listener.accept()
                 except OSError as error:
-                    if self._stopping or error.errno in (errno.EBADF, errno.EINVAL):
+                    if self._stopping or error.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
                         return
+                    if descriptor_identity(self.listener) != self.listener_identity:
+                        return  # the job closed our socket and reused the number
                     # Out of descriptors or memory: back off instead of spinning.
                     time.sleep(0.1)
                     continue
                 if self._stopping:
-                    conn.close()
+                    release(conn, descriptor_identity(conn))
                     return
                 self._admit(conn)
         finally:
@@ -258,7 +296,7 @@ class AgentServer:
         try:
             pid, uid, _ = peer_credentials(conn)
         except OSError:
-            conn.close()
+            release(conn, descriptor_identity(conn))
             return
         if uid not in (0, os.geteuid()):
             self._refuse(conn, "PermissionDenied", f"uid {uid} may not talk to this agent")
@@ -287,7 +325,7 @@ class AgentServer:
             thread.start()
         except RuntimeError:  # can't start new thread
             self._forget(conn)
-            conn.close()
+            release(conn, record.identity)
 
     def _evict(self, record: Connection) -> None:
         """Close an idle connection to make room (the connections lock is held).
@@ -298,14 +336,12 @@ class AgentServer:
         """
         record.evicted = True
         del self._connections[record.sock]
-        try:
-            record.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        release(record.sock, record.identity, socket.SHUT_RDWR)
 
     def _refuse(self, conn: socket.socket, error_type: str, message: str, **details: Any) -> None:
         from .. import protocol
 
+        identity = descriptor_identity(conn)
         try:
             conn.settimeout(1.0)
             protocol.send_frame(conn, protocol.error_reply(None, error_type, message, **details))
@@ -318,7 +354,7 @@ class AgentServer:
         except OSError:
             pass
         finally:
-            conn.close()
+            release(conn, identity)
 
     def _forget(self, conn: socket.socket) -> None:
         with self._connections_lock:
@@ -420,10 +456,7 @@ class AgentServer:
             # down: neither can hit a descriptor number this close has freed for reuse.
             with self._connections_lock:
                 self._connections.pop(conn, None)
-                try:
-                    conn.close()
-                except OSError:
-                    pass
+                release(conn, record.identity)
             if dispatcher is not None:
                 try:
                     dispatcher.close()
@@ -452,23 +485,14 @@ class AgentServer:
         # shutdown() wakes a thread blocked in accept() without freeing the descriptor: closing
         # it first could let a new agent's listener reuse the number while the old accept thread
         # is still about to call accept() on it, and take that agent's first client.
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        release(self.listener, self.listener_identity, socket.SHUT_RDWR)
         thread = self._thread
         if thread is not None and thread.ident != threading.get_ident():
             thread.join(timeout=1.0)
-        try:
-            self.listener.close()
-        except OSError:
-            pass
+        release(self.listener, self.listener_identity)
         with self._connections_lock:
-            for conn in self._connections:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for record in self._connections.values():
+                release(record.sock, record.identity, socket.SHUT_RDWR)
         # Eval's exit guards and the interrupts it keeps sending to code that will not stop.
         evaluate = sys.modules.get(__package__ + ".evaluate")
         if evaluate is not None:
@@ -524,11 +548,9 @@ class AgentServer:
         close until every forked DataLoader worker exited too.
         """
         self._stopping = True
-        for sock in [self.listener, *self._connections]:
-            try:
-                sock.close()
-            except OSError:
-                pass
+        release(self.listener, self.listener_identity)
+        for record in self._connections.values():
+            release(record.sock, record.identity)
         self._connections = {}
 
 

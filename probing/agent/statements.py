@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import ctypes
 import importlib.util
 import linecache
 import threading
@@ -20,6 +19,8 @@ import traceback
 from types import CodeType
 from typing import Any, Dict, Optional, Set
 
+from . import exitguard
+from .interrupts import set_async_exception
 from .namespace import DISPLAY_NAME, LeaveRepl
 from .output import CaptureBuffer, captured, release
 
@@ -169,12 +170,6 @@ class StreamBuffer(CaptureBuffer):
         return text
 
 
-def _set_async_exception(ident: int, exception: Optional[type]) -> None:
-    """Raise `exception` in thread `ident` at its next bytecode; None withdraws a pending one."""
-    pending = ctypes.py_object(exception) if exception is not None else None
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), pending)
-
-
 class Statement:
     """One complete input, running in its own thread."""
 
@@ -221,6 +216,14 @@ class Statement:
         self.activity.set()
 
     def _execute(self, ident: int) -> None:
+        # Process-ending calls are refused here as in eval (the repl has no --force).
+        exitguard.guard(ident)
+        try:
+            self._execute_guarded(ident)
+        finally:
+            exitguard.release(ident)
+
+    def _execute_guarded(self, ident: int) -> None:
         with captured(ident, self.out, self.err):
             try:
                 exec(self.code, self.namespace)
@@ -234,7 +237,7 @@ class Statement:
         # From here on no interrupt is sent, and one sent just before is withdrawn.
         with self._lock:
             self._finished = True
-            _set_async_exception(ident, None)
+            set_async_exception(ident, None)
 
     def interrupt(self) -> bool:
         """Raise KeyboardInterrupt in the statement; False when it has ended (or not begun)."""
@@ -243,7 +246,7 @@ class Statement:
             if self._finished or ident is None:
                 return False
             self.interrupted = True
-            _set_async_exception(ident, KeyboardInterrupt)
+            set_async_exception(ident, KeyboardInterrupt)
             return True
 
 

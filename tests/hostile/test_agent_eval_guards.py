@@ -60,6 +60,13 @@ def test_process_ending_calls_are_refused_and_the_job_runs_on(target: Target, co
     assert probing(str(target.pid), "eval", "--force", check).stdout == "[]\n"
 
 
+def test_a_repl_statement_cannot_end_the_job_either(target: Target) -> None:
+    result = probing(str(target.pid), "repl", input="import os\nos._exit(3)\n1 + 1\n", timeout=30)
+    assert "ProcessExitRefused: os._exit(3)" in result.stdout + result.stderr
+    assert "2" in result.stdout.split()  # the session went on after the refusal
+    assert target.alive()
+
+
 def test_signal_zero_to_itself_is_allowed(target: Target) -> None:
     assert probing(str(target.pid), "eval", "import os; os.kill(os.getpid(), 0)").returncode == 0
 

@@ -77,6 +77,32 @@ def test_a_job_that_closes_its_descriptors_is_read_from_outside_and_attached_aga
         assert job.stderr_lines == []
 
 
+def _tell(job: Target, line: str) -> None:
+    assert job.process.stdin is not None
+    job.process.stdin.write(line.encode() + b"\n")
+    job.process.stdin.flush()
+
+
+def test_descriptors_the_job_reused_after_closing_ours_are_never_touched_by_the_agent() -> None:
+    """The job closes every descriptor and opens pipes that get the agent's old numbers (its
+    listener, a connection): attaching again, detaching and the old agent's threads ending
+    must shut down or close none of them."""
+    with Target("closes_fds.py", via="plain") as job:
+        assert probing(str(job.pid), "eval", "1").stdout == "1\n"
+        _tell(job, "close")
+        assert wait_until(lambda: "closed" in job.stdout_lines, timeout=10)
+        _tell(job, "reopen")
+        assert wait_until(lambda: any(line.startswith("reopened") for line in job.stdout_lines), timeout=10)
+        again = probing(str(job.pid), "eval", "1")
+        assert (again.returncode, again.stdout) == (0, "1\n"), again.stderr
+        assert probing(str(job.pid), "detach").returncode == 0
+        _tell(job, "check")
+        assert wait_until(lambda: any(line.startswith("pipes") for line in job.stdout_lines), timeout=10)
+        assert "pipes ok" in job.stdout_lines, job.output()
+        assert job.finish() == 0, job.output()
+        assert job.stderr_lines == []
+
+
 def test_an_eval_that_closes_the_listener_leaves_a_job_that_can_be_attached_again() -> None:
     with Target("closes_fds.py", via="plain") as job:
         closed = probing(

@@ -1,6 +1,9 @@
 """A job that closes every descriptor above 2 when told to (a line `close` on stdin), as a
-job does before it daemonizes or execs; it prints "closed" once they are closed. A thread
-named "worker" waits meanwhile. Exits when its stdin closes."""
+job does before it daemonizes or execs; it prints "closed" once they are closed. A line
+`reopen` makes it open 8 pipes of its own (which take the freed numbers, the agent's old ones
+among them) and print "reopened FDS"; `check` writes through each and reads it back, printing
+"pipes ok" or "pipes broken: ...". A thread named "worker" waits meanwhile. Exits when its
+stdin closes."""
 
 import os
 import sys
@@ -16,7 +19,21 @@ def worker_loop():
 threading.Thread(target=worker_loop, name="worker", daemon=True).start()
 print("ready", os.getpid(), flush=True)
 for line in sys.stdin:
-    if line.strip() == "close":
+    command = line.strip()
+    if command == "close":
         os.closerange(3, 1000)
         print("closed", flush=True)
+    elif command == "reopen":
+        pipes = [os.pipe() for _ in range(8)]
+        print("reopened", *[fd for pair in pipes for fd in pair], flush=True)
+    elif command == "check":
+        broken = []
+        for number, (read_end, write_end) in enumerate(pipes):
+            try:
+                os.write(write_end, b"%d" % number)
+                if os.read(read_end, 16) != b"%d" % number:
+                    broken.append(f"{read_end}:{write_end} read back wrong")
+            except OSError as error:
+                broken.append(f"{read_end}:{write_end} {error}")
+        print("pipes ok" if not broken else "pipes broken: " + "; ".join(broken), flush=True)
 stop.set()
