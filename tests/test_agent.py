@@ -187,7 +187,9 @@ def test_another_users_connection_is_refused() -> None:
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         assert result.stdout.strip() == "PermissionDenied", result.stderr
-        assert probing(str(target.pid), "backtrace").returncode == 0
+        # ... and the CLI no longer trusts the opened-up directory (tests/hostile/test_client_trust.py).
+        refused = probing(str(target.pid), "backtrace")
+        assert refused.returncode == 5 and "chmod 700" in refused.stderr, refused.stderr
 
 
 def test_another_user_gets_permission_denied(sleeper: Target) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -199,23 +200,36 @@ def test_verbose_shows_each_step() -> None:
         assert result.stdout.startswith(f"PID {job.pid}: attached with ptrace; thread ")
 
 
-def test_the_gdb_method() -> None:
-    if subprocess.run(["which", "gdb"], capture_output=True).returncode != 0:
+def _broken_gdb() -> Optional[str]:
+    from probing.attach.methods import gdb_breaks_registers
+
+    gdb = shutil.which("gdb")
+    return gdb_breaks_registers(gdb, lambda message: None) if gdb else None
+
+
+@pytest.mark.parametrize("method", ["gdb", "pyrasite"])
+def test_the_gdb_methods_attach_or_refuse_a_gdb_that_breaks_registers(method: str) -> None:
+    """Where gdb can call into a process and restore it, the method attaches; where it cannot
+    (gdb 13.1 on Linux 6.18 fails to write the extended register state back, and the thread
+    resumes broken), the method says so and leaves the job alone."""
+    if shutil.which("gdb") is None:
         pytest.skip("gdb is not installed")
+    if method == "pyrasite":
+        pytest.importorskip("pyrasite")
+    broken = _broken_gdb()
     with Target("sleeper.py", via="plain") as job:
-        report = inject(job.pid, "--method", "gdb")
-        assert report["method"] == "gdb"
-        assert {row["thread_name"] for row in backtrace_rows(job.pid)} == {"MainThread", "worker"}
-        assert job.finish() == 0
-
-
-def test_the_pyrasite_method() -> None:
-    pytest.importorskip("pyrasite")
-    with Target("sleeper.py", via="plain") as job:
-        report = inject(job.pid, "--method", "pyrasite")
-        assert report["method"] == "pyrasite"
-        assert {row["thread_name"] for row in backtrace_rows(job.pid)} == {"MainThread", "worker"}
-        assert job.finish() == 0
+        if broken is None:
+            report = inject(job.pid, "--method", method)
+            assert report["method"] == method
+            assert {row["thread_name"] for row in backtrace_rows(job.pid)} == {"MainThread", "worker"}
+        else:
+            result = probing(str(job.pid), "inject", "--method", method)
+            assert result.returncode == ExitCode.ERROR, result.stderr
+            assert "cannot call a function in a process without breaking its thread" in result.stderr
+            assert "--method ptrace" in result.stderr
+            assert probing(str(job.pid), "--no-attach", "eval", "1").returncode == ExitCode.NO_AGENT
+        assert job.finish() == 0, job.output()
+        assert not [line for line in job.stderr_lines if line.strip()], job.output()
 
 
 def test_the_job_is_untouched_by_the_attach(python: str) -> None:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NamedTuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from ..errors import AttachFailed, PermissionDenied, ProcessNotFound
 
@@ -141,6 +141,51 @@ def _poke_string(address: str, text: str) -> List[str]:
     return [f"set *(unsigned long *)({address} + {8 * index}) = {word}" for index, word in enumerate(words)]
 
 
+def gdb_breaks_registers(gdb: str, log: Log) -> Optional[str]:
+    """What goes wrong when this gdb calls a function in a process, tried on a `sleep` of our
+    own; None when the call works and the registers come back.
+
+    Some gdb and kernel pairs cannot write a thread's extended register state back after a
+    call (gdb 13.1 on Linux 6.18: "Couldn't write extended state status: Bad address"): the
+    thread then resumes with the wrong registers (the test `sleep` died saying "cannot read
+    realtime clock"). The gdb and pyrasite methods try it on a throwaway process first rather
+    than on the job.
+    """
+    sleeper = shutil.which("sleep")
+    if sleeper is None:
+        return None
+    victim = subprocess.Popen([sleeper, "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        command = [gdb, "-nx", "-batch", "-iex", "set auto-solib-add off", "-p", str(victim.pid),
+                   "-ex", "call (int)getpid()"]  # fmt: skip
+        try:
+            result = _run(command, 20.0, log)
+        except AttachFailed as error:
+            return error.message
+        output = result.stdout + result.stderr
+        for line in output.splitlines():
+            if line.startswith("Couldn't write") or line.startswith("Couldn't read"):
+                return line.strip()
+        if f"= {victim.pid}" not in output:
+            return output.strip().splitlines()[-1] if output.strip() else "gdb printed nothing"
+        return None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def _refuse_broken_gdb(method: str, log: Log) -> None:
+    gdb = shutil.which("gdb")
+    problem = gdb_breaks_registers(gdb, log) if gdb is not None else None
+    if problem is not None:
+        raise AttachFailed(
+            f"gdb on this machine cannot call a function in a process without breaking its thread "
+            f"(tried on a process of probing's own: {problem}); the {method} method would leave "
+            "the job's thread with the wrong registers, so it was not used",
+            hint="use the default method (--method ptrace), which saves and restores every register itself",
+        )
+
+
 class GdbMethod:
     name = "gdb"
 
@@ -148,6 +193,7 @@ class GdbMethod:
         gdb = shutil.which("gdb")
         if gdb is None:
             raise AttachFailed("gdb is not installed", hint="apt-get install gdb, or use --method ptrace")
+        _refuse_broken_gdb("gdb", log)
         symbols = _symbols(pid, helper, log)
         mode = 2 | (0x80000000 if symbols["dlopen_is_private"] else 0)
         # No symbols are loaded (libtorch alone has hundreds of MB): every address is given.
@@ -198,6 +244,7 @@ class PyrasiteMethod:
             raise AttachFailed(
                 "pyrasite is not installed", hint="pip install 'probing[pyrasite]', or use --method ptrace"
             ) from None
+        _refuse_broken_gdb("pyrasite", log)  # pyrasite drives gdb
         with tempfile.TemporaryDirectory() as scratch:
             # pyrasite execs a file in __main__'s namespace: hand it one that runs attach.py
             # in a namespace of its own.

@@ -399,8 +399,15 @@ def report_error(error: ProbingError, err: Optional[IO[str]] = None) -> int:
     # Messages quote what the agent said and names the job chose (threads, frames, paths).
     err.write(f"probing: error: {inert(error.message)}\n")
     if error.hint:
-        err.write(f"  hint: {inert(error.hint)}\n")
+        err.write(f"  hint: {_indented(error.hint)}\n")
     return int(error.exit_code)
+
+
+def _indented(hint: str) -> str:
+    """A hint of several lines (DuckDB's, with the SQL and a caret under the error), inert but
+    for its newlines, each further line indented: no line of it can pass for one of ours."""
+    first, *rest = hint.translate(_ESCAPED_KEEPING_LINES).split("\n")
+    return "\n".join([first, *(line if line[:1].isspace() else "        " + line for line in rest)])
 
 
 def log_to_stderr(message: str) -> None:
