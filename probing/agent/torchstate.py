@@ -121,13 +121,18 @@ def tensor_rows(
     seen: Dict[int, int] = {}  # id of a tensor listed -> its row
     # Tensors gc found, by weak reference: the scan must not keep a step's activations alive
     # while it waits for the next step to read their grad_fn.
-    found: List[Tuple[int, Callable[[], Any]]] = []
+    found_rows: Dict[int, Callable[[], Any]] = {}
 
     def add(tensor: Any, name: Optional[str], kind: str) -> None:
-        if id(tensor) in seen:
-            if kind == "gradient":  # gc found it first, as a tensor: now it has a name
-                rows[seen[id(tensor)]][:2] = [name, kind]
-            return
+        row = seen.get(id(tensor))
+        if row is not None:
+            if kind != "gradient":
+                return
+            ref = found_rows.get(row)
+            if ref is not None and ref() is tensor:  # gc found it first, as a tensor: name it
+                rows[row][:2] = [name, kind]
+                return
+            # else: the tensor gc found there died and its id was reused; this is another one
         seen[id(tensor)] = len(rows)
         rows.append([
             name, kind, str(list(tensor.shape)), _dtype_name(tensor.dtype), str(tensor.device),
@@ -151,7 +156,7 @@ def tensor_rows(
         if issubclass(type(item), tensor_type) and id(item) not in seen:
             add(item, None, "tensor")
             try:
-                found.append((len(rows) - 1, weakref.ref(item)))
+                found_rows[len(rows) - 1] = weakref.ref(item)
             except TypeError:  # a tensor subclass without weak references: no grad_fn for it
                 pass
         if looked % 4096 == 0 and perf_counter() - started > budget_s:
@@ -166,7 +171,7 @@ def tensor_rows(
     def autograd_state() -> Tuple[List[Tuple[str, Any]], List[Tuple[int, Optional[str]]]]:
         grads = [(name + ".grad", parameter.grad) for name, parameter in parameters]
         made_by = []
-        for index, ref in found:
+        for index, ref in found_rows.items():
             tensor = ref()
             grad_fn = tensor.grad_fn if tensor is not None else None
             made_by.append((index, type(grad_fn).__name__ if grad_fn is not None else None))
