@@ -82,7 +82,7 @@ def main() -> int:
         )  # fmt: skip
         try:
             assert job.stdout is not None and job.stderr is not None
-            pid = int(job.stderr.readline().split("PID")[1].split()[0])
+            pid = int(job.stderr.readline().split("PID")[1].split()[0].rstrip(":"))
             assert job.stdout.readline().strip() == "ready"
             time.sleep(2)  # warm-up steps are not measured
             for _ in range(options.rounds):

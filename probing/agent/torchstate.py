@@ -19,6 +19,8 @@ from .columns import TableBuilder
 from .safepoint import read_safely
 from .torchtrace import NoTorch, current, find_optimizers, find_roots, names_of, require_torch
 
+# Model-table queries within this long of one another share one search for the job's models.
+ROOTS_FRESH_S = 1.0
 # python.tensors stops looking at objects after this long, and says so.
 DEFAULT_TENSOR_BUDGET_S = 1.0
 
@@ -49,7 +51,7 @@ def module_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, .
     traced = tracer.traced if tracer is not None else {}
     rows = []
     modules_parameters = []
-    for root_name, root in find_roots(torch, own_threads):
+    for root_name, root in find_roots(torch, own_threads, ROOTS_FRESH_S):
         for name, module in root.named_modules(prefix=root_name):
             own = list(module.parameters(recurse=False))
             modules_parameters.append(own)
@@ -141,7 +143,7 @@ def tensor_rows(
         ])  # fmt: skip
 
     parameters: List[Tuple[str, Any]] = []
-    for root_name, root in find_roots(torch, own_threads):
+    for root_name, root in find_roots(torch, own_threads, ROOTS_FRESH_S):
         for name, parameter in root.named_parameters(prefix=root_name):
             add(parameter, name, "parameter")
             parameters.append((name, parameter))
