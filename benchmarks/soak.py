@@ -4,12 +4,12 @@ For every CPython on the machine (3.8-3.13 and Debian's 3.11) and every kind of 
 
     probing PID inject -> probing PID eval CODE -> probing PID query SQL -> probing PID detach
 
-where the query reads python.modules on a job that trains with torch (the venv's Python, the
-only one here with torch) and python.backtrace elsewhere. The jobs (tests/targets/selfcheck.py)
-recompute floating-point and heap results every step and exit 3 on any difference; the printing
-job's lines must come out whole and in order. Prints one line per interpreter and job kind:
-cycles, crashed jobs, jobs whose results or output changed, failed commands; exits 1 if any
-of those is not zero.
+where the query reads python.modules, on the job that trains with torch (the venv's Python, the
+only one here with torch); the other jobs have no model tables, and skip it. The jobs
+(tests/targets/selfcheck.py) recompute floating-point and heap results every step and exit 3 on
+any difference; the printing job's lines must come out whole and in order. Prints one line
+per interpreter and job kind: cycles, crashed jobs, jobs whose results or output changed,
+failed commands; exits 1 if any of those is not zero.
 
     python benchmarks/soak.py --cycles 200            # make soak
     python benchmarks/soak.py --cycles 3 --quick      # the short version in make test
@@ -109,14 +109,13 @@ def soak(name: str, python: str, kind: str, cycles: int, torch: bool) -> Outcome
         log = os.path.join(scratch, "job.out")
         job = start(python, flags, log)
         pid = str(job.pid)
-        sql = (
-            "SELECT name, grad_norm FROM python.modules"
-            if torch
-            else "SELECT thread_name, func FROM python.backtrace WHERE depth = 0"
-        )
+        steps: List[Tuple[str, ...]] = [("inject",), ("eval", "print('soak'); step")]
+        if torch:
+            steps.append(("query", "SELECT name, grad_norm FROM python.modules"))
+        steps.append(("detach",))
         try:
             for _ in range(cycles):
-                for args in (("inject",), ("eval", "print('soak'); step"), ("query", sql), ("detach",)):
+                for args in steps:
                     code, why = probing(pid, *args)
                     if code != 0:
                         outcome.failed.append(f"{args[0]}: exit {code}: {why}")
@@ -158,12 +157,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="one plain interpreter and the torch job only")
-    parser.add_argument("--only", default=None, help="run one interpreter name (e.g. 3.8, venv)")
+    parser.add_argument("--only", default=None, help="interpreter names, comma-separated (3.8,venv)")
     parser.add_argument("--parallel", type=int, default=1, help="jobs soaked at the same time")
     options = parser.parse_args(argv)
     plans: List[Tuple[str, str, str, bool]] = []
+    only = set(options.only.split(",")) if options.only else None
     for name, pattern in INTERPRETERS.items():
-        if options.only and name != options.only:
+        if only and name not in only:
             continue
         python = find(pattern)
         if python is None:
@@ -174,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for kind, (_, needs_torch) in KINDS.items():
             if not needs_torch:
                 plans.append((name, python, kind, False))
-    if not options.only or options.only == "venv":
+    if not only or "venv" in only:
         plans.append(("venv", sys.executable, "train", True))
     outcomes: Dict[str, Outcome] = {}
     started = time.monotonic()
