@@ -6,6 +6,7 @@ Prints "ready" after its first steps; `--steps-per-s N` paces it. Stops when std
 import argparse
 import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -22,7 +23,8 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.n
 )
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 kept_outputs = []
-log = open(__file__ + ".log", "w")  # noqa: SIM115 - process.stats lists it among the open files
+# In the temporary directory, never the source tree; process.stats lists it among the open files.
+log = open(os.path.join(tempfile.gettempdir(), f"leaky_job-{os.getpid()}.log"), "w")  # noqa: SIM115
 stop = threading.Event()
 
 
