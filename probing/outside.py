@@ -98,9 +98,21 @@ def describe_frame(frame: Dict[str, Any]) -> str:
 
 
 def is_agent_thread(thread: Dict[str, Any]) -> bool:
-    """The agent's threads, and the attach helper's thread (native frames only, in our library)."""
+    """The agent's threads, and the attach helper's thread (native frames only, in our library).
+
+    The helper's thread has no `threading` name while it loads the agent, and without
+    --native no frame of our library: its OS name tells it (the helper names itself
+    probing-attach, then probing-agent, and the agent's threads inherit that)."""
     if str(thread.get("thread_name") or "").startswith("probing-"):
         return True
+    tid = thread.get("os_thread_id")
+    if isinstance(tid, int) and tid > 0:
+        try:
+            with open(f"/proc/{tid}/comm", "rb") as comm:
+                if comm.read().startswith(b"probing-"):
+                    return True
+        except OSError:
+            pass
     return any(
         str(frame.get("module") or "").endswith("libprobing-helper.so")
         for frame in thread.get("frames") or []

@@ -140,6 +140,10 @@ def release_calling_thread() -> None:
     server = _server
     if server is not None:
         server.own_threads.discard(threading.get_ident())
+        # It still unwinds the import that ran it: a backtrace served meanwhile must not show it.
+        from .stacks import leave
+
+        leave()
 
 
 def stop() -> None:

@@ -44,8 +44,28 @@ class ThreadStack:
             frame = frame.f_back
 
 
+# Threads of the agent on their way out (the attach helper's, unwinding the import that ran
+# it): ident -> native id. Their idents are no longer the agent's (a new thread, even one of
+# the agent's, may get the same ident the moment they end), but while their task lives, a
+# thread with that ident and no other native id is still them, and stays hidden.
+leaving: Dict[int, int] = {}
+
+
+def leave() -> None:
+    """The calling thread is about to end: hide it until it has."""
+    leaving[threading.get_ident()] = threading.get_native_id()
+
+
+def _still_leaving(stack: ThreadStack) -> bool:
+    native_id = leaving.get(stack.ident)
+    return native_id is not None and stack.native_id in (None, native_id)
+
+
 def thread_stacks(exclude: Set[int]) -> List[ThreadStack]:
     """Every Python thread but the agent's own: main thread first, then in creation order."""
+    for ident, native_id in list(leaving.items()):
+        if not os.path.exists(f"/proc/self/task/{native_id}"):
+            leaving.pop(ident, None)
     frames = sys._current_frames()
     threads = {thread.ident: thread for thread in threading.enumerate()}
     main_ident = threading.main_thread().ident
@@ -55,6 +75,7 @@ def thread_stacks(exclude: Set[int]) -> List[ThreadStack]:
         for ident, frame in frames.items()
         if ident not in exclude
     ]
+    stacks = [stack for stack in stacks if not _still_leaving(stack)]
     stacks.sort(key=lambda stack: (not stack.is_main, order.get(stack.ident, len(order)), stack.ident))
     return stacks
 
