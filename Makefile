@@ -52,7 +52,7 @@ demo: install ## Start a small training job with the agent and run probing again
 	bash docs/examples/demo.sh
 
 docs: install ## Regenerate docs/tables.md from the agent's own column documentation
-	$(BIN)/python -m probing.docgen > docs/tables.md
+	$(BIN)/python -m probing.schema.docgen > docs/tables.md
 
 clean: ## Remove the virtual environment and build leftovers
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

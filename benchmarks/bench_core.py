@@ -164,7 +164,7 @@ def heartbeat(count: int, busy: bool) -> None:
         baseline = json.loads(job.eval("print(report())"))
         # The same load from one persistent connection: the agent's side alone, back to back.
         code = (
-            "import time\nfrom probing.client import Client\nimport probing.agent as agent\n"
+            "import time\nfrom probing.client.connection import Client\nimport probing.agent as agent\n"
             "reset()\nwith Client(agent.socket_path(), 5) as client:\n"
             "    started = time.perf_counter()\n    for _ in range(COUNT): client.backtrace({})\n"
             "    elapsed = time.perf_counter() - started\n"

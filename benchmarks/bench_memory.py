@@ -58,7 +58,8 @@ class Job:
 
     def sampler(self) -> Dict[str, Any]:
         # Read through eval: `memory` would walk every object, and that is not the sampler's cost.
-        code = "import json, sys; print(json.dumps(sys.modules['probing.agent.memory'].current().status()))"
+        census = "sys.modules['probing.agent.memory.census']"
+        code = f"import json, sys; print(json.dumps({census}.current().status()))"
         status: Dict[str, Any] = json.loads(self.probing("eval", code))
         return status
 

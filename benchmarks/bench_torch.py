@@ -39,7 +39,7 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
     import torch
     from torch import nn
 
-    from probing.agent import torchtrace
+    from probing.agent.pytorch import tracer as torchtrace
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -112,7 +112,7 @@ def per_call(calls: int = 20000) -> Dict[str, float]:
     import torch
     from torch import nn
 
-    from probing.agent import torchtrace
+    from probing.agent.pytorch import tracer as torchtrace
 
     chain = nn.Sequential(*[nn.Sequential(nn.Identity(), nn.Linear(4, 4)) for _ in range(25)])
     optimizer = torch.optim.SGD(chain.parameters(), lr=0.0)

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, List
 
 import pytest
 
 from support import Target
+
+LAYERS = ("unit", "protocol", "integration")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    """Each test carries the marker of its layer, the folder it is in: `pytest -m unit` runs the
+    pure functions alone (seconds), `-m protocol` the wire format against scripted peers."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        layer = Path(str(item.fspath)).resolve().relative_to(tests).parts[0]
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -107,7 +107,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
         # before it is known as the agent's own.
         sampling_error = None
         try:
-            from .memory import start_sampling
+            from .memory.census import start_sampling
 
             start_sampling(server.own_threads)
         except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
@@ -116,7 +116,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             server.start()
         except Exception as error:  # noqa: BLE001 - can't start new thread, say
             last_error = f"{type(error).__name__}: {error}"
-            from .memory import stop_sampling
+            from .memory.census import stop_sampling
 
             stop_sampling()
             return False
@@ -126,7 +126,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
         try:
-            from .torchtrace import start_from_environment
+            from .pytorch.tracer import start_from_environment
 
             start_from_environment(torch_trace)
         except Exception as error:  # noqa: BLE001 - tracing is optional, the agent is not
@@ -173,7 +173,7 @@ def _forget_after_fork() -> None:
     server, _server = _server, None
     if server is not None:
         server.abandon_in_child()
-    memory = sys.modules.get(__package__ + ".memory")
+    memory = sys.modules.get(__package__ + ".memory.census")
     if memory is not None:
         memory.forget_after_fork()
 

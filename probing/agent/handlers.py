@@ -123,19 +123,19 @@ def _backtrace(server: Any, params: Dict[str, Any]) -> Reply:
 
 
 def _eval(server: Any, params: Dict[str, Any]) -> Any:
-    from .evaluate import run_eval
+    from .evaluate.evaluation import run_eval
 
     return run_eval(server.own_threads, params)
 
 
 def _repl(server: Any, params: Dict[str, Any]) -> Any:
-    from .repl import handle
+    from .repl.session import handle
 
     return handle(server.own_threads, params)
 
 
 def _tracer(server: Any) -> Any:
-    from . import torchtrace
+    from .pytorch import tracer as torchtrace
 
     try:
         return torchtrace.tracer(server.own_threads)
@@ -206,16 +206,16 @@ def _memory(server: Any, params: Dict[str, Any]) -> Any:
     budget = _float_param(params, "scan_budget_s", 1.0, 0.001, 3600.0)
     top = _int_param(params, "top", 1) or 20
     if action == "summary":
-        from .memory import summary
+        from .memory.census import summary
 
         return summary(budget, top)
     if action == "growth":
-        from .growth import watch
+        from .memory.growth import watch
         from .server import client_gone
 
         return watch(_float_param(params, "seconds", 10.0, 0.01, 86400.0), budget, top, client_gone)
     if action == "interval":
-        from .memory import MIN_INTERVAL_S, start_sampling
+        from .memory.census import MIN_INTERVAL_S, start_sampling
 
         interval = _float_param(params, "interval_s", 1.0, 0.0, 86400.0)
         if 0 < interval < MIN_INTERVAL_S:
@@ -232,7 +232,7 @@ def _memory(server: Any, params: Dict[str, Any]) -> Any:
 def _cuda_snapshot() -> Reply:
     import pickle
 
-    from .memory import cuda_module
+    from .memory.census import cuda_module
 
     cuda = cuda_module()
     if cuda is None:
@@ -319,6 +319,6 @@ class Dispatcher:
     def close(self) -> None:
         """The connection is gone (its client may have been killed): a repl statement it was
         waiting on must not run on, a `while True: pass` burning the job's CPU."""
-        repl = sys.modules.get(__package__ + ".repl")
+        repl = sys.modules.get(__package__ + ".repl.session")
         if repl is not None:
             repl.connection_closed(threading.get_ident())

@@ -494,26 +494,26 @@ class AgentServer:
             for record in self._connections.values():
                 release(record.sock, record.identity, socket.SHUT_RDWR)
         # Eval's exit guards and the interrupts it keeps sending to code that will not stop.
-        evaluate = sys.modules.get(__package__ + ".evaluate")
+        evaluate = sys.modules.get(__package__ + ".evaluate.evaluation")
         if evaluate is not None:
             evaluate.stop()
-        memory = sys.modules.get(__package__ + ".memory")
+        memory = sys.modules.get(__package__ + ".memory.census")
         if memory is not None:
             memory.stop_sampling()
-        growth = sys.modules.get(__package__ + ".growth")
+        growth = sys.modules.get(__package__ + ".memory.growth")
         if growth is not None:
             growth.cancel()
         # Before the streams go back: an interrupted statement's last words stay captured.
-        repl = sys.modules.get(__package__ + ".repl")
+        repl = sys.modules.get(__package__ + ".repl.session")
         if repl is not None:
             repl.drop_all()
         output = sys.modules.get(__package__ + ".output")
         if output is not None:
             output.uninstall()
-        safepoint = sys.modules.get(__package__ + ".safepoint")
+        safepoint = sys.modules.get(__package__ + ".pytorch.safepoint")
         if safepoint is not None:
             safepoint.stop()
-        torchtrace = sys.modules.get(__package__ + ".torchtrace")
+        torchtrace = sys.modules.get(__package__ + ".pytorch.tracer")
         tracer = torchtrace.current() if torchtrace is not None else None
         if tracer is not None:
             tracer.uninstall()

@@ -83,7 +83,7 @@ def _build_process_info(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 
 def _build_torch_trace(server: Any, params: Dict[str, Any]) -> Any:
-    torchtrace = sys.modules.get(__package__ + ".torchtrace")
+    torchtrace = sys.modules.get(__package__ + ".pytorch.tracer")
     tracer = torchtrace.current() if torchtrace is not None else None
     if tracer is None:
         return TORCH_TRACE.new_builder()
@@ -93,20 +93,20 @@ def _build_torch_trace(server: Any, params: Dict[str, Any]) -> Any:
 
 
 def _build_nan_events(server: Any, params: Dict[str, Any]) -> Any:
-    torchtrace = sys.modules.get(__package__ + ".torchtrace")
+    torchtrace = sys.modules.get(__package__ + ".pytorch.tracer")
     tracer = torchtrace.current() if torchtrace is not None else None
     return tracer.nan_ring if tracer is not None else NAN_EVENTS.new_builder()
 
 
 def _build_modules(server: Any, params: Dict[str, Any]) -> TableBuilder:
-    from .torchstate import fill, module_rows
+    from .pytorch.state import fill, module_rows
 
     rows, note = module_rows(server.own_threads, step_wait(params))
     return _with_notes(fill(MODULES.new_builder(), rows), [note] if note else [])
 
 
 def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
-    from .torchstate import DEFAULT_TENSOR_BUDGET_S, fill, tensor_rows
+    from .pytorch.state import DEFAULT_TENSOR_BUDGET_S, fill, tensor_rows
 
     budget = scan_budget(params, DEFAULT_TENSOR_BUDGET_S)
     rows, notes = tensor_rows(server.own_threads, budget, step_wait(params))
@@ -114,7 +114,7 @@ def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 
 def _build_optimizers(server: Any, params: Dict[str, Any]) -> TableBuilder:
-    from .torchstate import fill, optimizer_rows
+    from .pytorch.state import fill, optimizer_rows
 
     rows, note = optimizer_rows(server.own_threads, step_wait(params))
     return _with_notes(fill(OPTIMIZERS.new_builder(), rows), [note] if note else [])
@@ -126,7 +126,7 @@ def _with_notes(builder: TableBuilder, notes: List[str]) -> TableBuilder:
 
 
 def _build_process_memory(server: Any, params: Dict[str, Any]) -> Any:
-    memory = sys.modules.get(__package__ + ".memory")
+    memory = sys.modules.get(__package__ + ".memory.census")
     sampler = memory.current() if memory is not None else None
     if sampler is None or sampler.ring is None:
         builder = PROCESS_MEMORY.new_builder()
@@ -138,7 +138,7 @@ def _build_process_memory(server: Any, params: Dict[str, Any]) -> Any:
 
 
 def _build_gc(server: Any, params: Dict[str, Any]) -> TableBuilder:
-    from .memory import take_census
+    from .memory.census import take_census
 
     census = take_census(scan_budget(params))
     builder = PYTHON_GC.new_builder()
@@ -151,7 +151,7 @@ def _build_gc(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 
 def _build_gc_generations(server: Any, params: Dict[str, Any]) -> TableBuilder:
-    from .memory import generation_rows
+    from .memory.census import generation_rows
 
     builder = GC_GENERATIONS.new_builder()
     for row in generation_rows():
@@ -160,7 +160,7 @@ def _build_gc_generations(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 
 def _build_cuda_memory(server: Any, params: Dict[str, Any]) -> TableBuilder:
-    from .memory import cuda_device_stats
+    from .memory.census import cuda_device_stats
 
     builder = CUDA_MEMORY.new_builder()
     found = cuda_device_stats()
@@ -184,7 +184,7 @@ def scan_budget(params: Dict[str, Any], default: float = 1.0) -> float:
 
 def step_wait(params: Dict[str, Any]) -> float:
     """The seconds a torch table waits for the job's next optimizer step: 0 to 600."""
-    from .safepoint import DEFAULT_STEP_WAIT_S
+    from .pytorch.safepoint import DEFAULT_STEP_WAIT_S
 
     value = params.get("step_wait_s")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 600:

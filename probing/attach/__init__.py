@@ -16,7 +16,7 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
-from ..processes import process_alive, python_version_of, require_process, socket_candidates
+from ..procfs import process_alive, python_version_of, require_process, socket_candidates
 from .methods import InjectReport, choose_method
 
 Log = Callable[[str], None]
@@ -57,7 +57,7 @@ def check_target(pid: int) -> str:
 
 
 def _answering_socket(pid: int) -> Optional[str]:
-    from ..listing import agent_listens
+    from ..engine.listing import agent_listens
 
     for path in socket_candidates(pid):
         if os.path.exists(path) and agent_listens(path):
@@ -154,7 +154,7 @@ _LOADING_GRACE_S = 30.0
 
 def _gil_holder(pid: int) -> Optional[str]:
     from ..errors import ProbingError
-    from ..outside import dump, gil_holder
+    from ..outside.pyspy import dump, gil_holder
 
     try:
         return gil_holder(dump(pid, timeout=1.0))

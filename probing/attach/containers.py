@@ -14,7 +14,7 @@ from typing import Tuple
 
 from .. import __version__
 from ..errors import AttachFailed
-from ..processes import View
+from ..procfs import View
 from .methods import HELPER, PACKAGE, native
 
 

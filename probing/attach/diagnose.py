@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..errors import ProbingError
-from ..outside import dump, gil_holder
-from ..processes import process_alive
+from ..outside.pyspy import dump, gil_holder
+from ..procfs import process_alive
 
 
 def why_no_agent(pid: int) -> str:

@@ -16,7 +16,7 @@ import socket
 import stat
 from typing import Optional
 
-from ..processes import process_alive, socket_candidates
+from ..procfs import process_alive, socket_candidates
 
 
 def _refused(path: str) -> bool:

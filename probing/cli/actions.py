@@ -10,7 +10,7 @@ import stat
 import sys
 import time
 
-from ..client import Client, decode_reply_table, locate_socket
+from ..client.connection import Client, decode_reply_table, locate_socket
 from ..errors import ExitCode, NoAgent, ProbingError, UsageError
 from ..protocol import decode_table
 from . import render
@@ -19,7 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
-    from ..client import Log
+    from ..client.connection import Log
 
 # Room the CLI leaves, beyond an eval's own timeout, for the agent to interrupt it and reply.
 EVAL_REPLY_GRACE_S = 3.0
@@ -180,7 +180,7 @@ _last_look: Dict[int, Any] = {}
 
 
 def _gil_holder(pid: int) -> Optional[str]:
-    from ..outside import dump, gil_holder
+    from ..outside.pyspy import dump, gil_holder
 
     try:
         threads = dump(pid, timeout=1.0)
@@ -194,8 +194,8 @@ def _backtrace_from_outside(
     pid: int, native: bool, thread: Optional[str], why: Optional[str]
 ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     from ..errors import AgentTimeout
-    from ..outside import OutsideView, gil_holder, look, rows_from_dump
-    from ..processes import python_version_of
+    from ..outside.pyspy import OutsideView, gil_holder, look, rows_from_dump
+    from ..procfs import python_version_of
 
     try:
         taken, threads = _last_look.pop(pid, (0.0, None))
@@ -323,8 +323,8 @@ def backtrace(
 
 
 def hang(context: Context, duration: float, samples: int, format: str, timeout: float) -> int:
-    from ..hang import stuck_dataloader_worker, watch
-    from ..outside import dump, rows_from_dump
+    from ..analysis.progress import stuck_dataloader_worker, watch
+    from ..outside.pyspy import dump, rows_from_dump
 
     target = parse_target(context.target)
     if target.pid is None:
@@ -360,7 +360,7 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
     else:
         render.write_hang(report, sys.stdout)
         if report.worker is not None:
-            from ..processes import python_version_of
+            from ..procfs import python_version_of
 
             worker = report.worker["pid"]
             # Locals of the innermost frames and of __getitem__ only (the index, the path being
@@ -376,7 +376,7 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
 
 
 def evaluate(context: Context, code: str, frame: Optional[str], timeout: float, force: bool = False) -> int:
-    from ..client import decode_reply_texts
+    from ..client.connection import decode_reply_texts
 
     source = _read_argument(code, "code")
     with context.connect(min(timeout, 5.0)) as client:
@@ -396,9 +396,9 @@ STEP_HOOK_INSTALL_S = 1.0
 def query(
     context: Context, sql: str, format: str, timeout: float, scan_budget: float = 1.0, step_wait: float = 1.0
 ) -> int:
+    from ..engine.process_tables import LOCAL_TABLES
     from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
-    from ..process_stats import LOCAL_TABLES
-    from ..sql import SqlSession
+    from ..sql.session import SqlSession
 
     text = _read_argument(sql, "SQL")
     target = parse_target(context.target)
@@ -428,7 +428,7 @@ def query(
         except Fallback as fallback:
             session = _outside_session(context, text, str(fallback), fallback.unreachable)
     for name in local:
-        from ..process_stats import build_local_table
+        from ..engine.process_tables import build_local_table
 
         context.log(f"reading {name} with psutil")
         _load_builder(session, build_local_table(name, pid or 0))
@@ -498,7 +498,7 @@ def _outside_memory(pid: int) -> Dict[str, Any]:
 
 
 def _local_described() -> List[Dict[str, Any]]:
-    from ..process_stats import local_tables_described
+    from ..engine.process_tables import local_tables_described
 
     return local_tables_described()
 
@@ -506,7 +506,7 @@ def _local_described() -> List[Dict[str, Any]]:
 def _static_session() -> Any:
     """A session with the tables this CLI knows (the agent's own list may differ by version)."""
     from ..agent.tables import TABLES
-    from ..sql import SqlSession
+    from ..sql.session import SqlSession
 
     return SqlSession([table.describe() for table in TABLES.values()] + _local_described())
 
@@ -520,8 +520,8 @@ def _outside_session(context: Context, text: str, why: str, unreachable: bool = 
     """A session over python.backtrace read from outside; other tables cannot be, and the
     error says why the agent did not give them: it went away (exit 1) or stayed silent (7)."""
     from ..agent.tables import BACKTRACE
+    from ..engine.process_tables import LOCAL_TABLES
     from ..errors import AgentTimeout, AgentUnreachable
-    from ..process_stats import LOCAL_TABLES
 
     pid = parse_target(context.target).pid
     session = _static_session()
@@ -610,7 +610,7 @@ def detach(context: Context, timeout: float) -> int:
 
 
 def list_processes(format: str) -> int:
-    from ..listing import python_processes
+    from ..engine.listing import python_processes
 
     found = python_processes()
     columns = ["pid", "user", "python", "agent", "command"]
@@ -623,7 +623,7 @@ def list_processes(format: str) -> int:
 def run(
     command: List[str], verbose: bool, hang_timeout: Optional[float] = None, report: Optional[str] = None
 ) -> int:
-    from ..launcher import Launcher
+    from ..launch.launcher import Launcher
 
     if not command:
         raise UsageError("nothing to run: probing run -- python train.py")
@@ -633,7 +633,7 @@ def run(
     sys.stderr.flush()
     if hang_timeout is None:
         return launcher.wait()
-    from .watchdog import Watchdog
+    from ..launch.watchdog import Watchdog
 
     watchdog = Watchdog(child.pid, hang_timeout, report, Context(str(child.pid), verbose, True, 5.0))
     return launcher.wait(watchdog.tick, watchdog.interval)

@@ -1,7 +1,7 @@
 """The click-free parser for plain `probing [GLOBAL OPTIONS] TARGET backtrace [OPTIONS]`.
 
 It accepts only what click would accept with the same meaning; anything else (help, an
-error, another command) returns None and goes to click. tests/test_cli.py checks that both
+error, another command) returns None and goes to click. tests/unit/test_cli.py checks that both
 parsers agree.
 """
 

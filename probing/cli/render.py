@@ -106,7 +106,7 @@ def write_backtrace_text(
 ) -> None:
     """Threads grouped, main thread first, each read like a Python traceback and headed by
     what it is doing. `outside`: py-spy's view of each thread (by native id), if it read them."""
-    from ..states import thread_state
+    from ..analysis.states import thread_state
 
     pid = info.get("pid")
     shown = f"{host_pid} (PID {pid} in its namespace)" if host_pid and host_pid != pid else pid

@@ -15,10 +15,10 @@ import signal
 import sys
 import time
 
-from ..client import Client, locate_socket
-from ..console import RemoteConsole, StoppedWaiting
+from ..client.connection import Client, locate_socket
+from ..client.console import RemoteConsole, StoppedWaiting
 from ..errors import ExitCode, NoAgent, ProcessNotFound, SessionGone
-from ..processes import process_alive
+from ..procfs import process_alive
 from . import render
 
 TYPE_CHECKING = False

@@ -1,0 +1,220 @@
+"""memory --growth: what grew in a window of S seconds, by allocation site and by object type.
+
+tracemalloc is started for the window when the job does not run it already, and stopped after
+it: it slows every Python allocation of the job while it runs, so it never outlives the window
+(nor the client that asked: a client that goes away ends the window early). What it costs is
+measured and reported with the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import tracemalloc
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..procfs import memory_bytes
+from .census import MB, Census, cuda_device_stats, take_census, type_name
+
+FRAMES = 16  # deep enough to reach the job's own line below torch's and the stdlib's frames
+CUDA_COUNTERS = (
+    "allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
+    "num_alloc_retries", "num_ooms",
+)  # fmt: skip
+
+_busy = threading.Lock()
+_cancel = threading.Event()
+_tracing_for_window = False  # tracemalloc is on because a window started it
+_AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def cancel() -> None:
+    """End a window now (the agent is stopping)."""
+    _cancel.set()
+
+
+def _after_fork_in_child() -> None:
+    # A DataLoader worker forked during a window inherits tracemalloc switched on, and no thread
+    # of ours to switch it off: every allocation of the worker would pay for it for good.
+    global _busy, _cancel, _tracing_for_window
+    if _tracing_for_window:
+        tracemalloc.stop()
+    _busy, _cancel, _tracing_for_window = threading.Lock(), threading.Event(), False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _allocation_cost() -> float:
+    """Seconds per small allocation here and now (best of three runs)."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(5000):
+            [None]  # noqa: B018 - the allocation is the point
+        best = min(best, time.perf_counter() - started)
+    return best / 5000
+
+
+def _library_roots() -> Tuple[str, ...]:
+    roots = {os.path.dirname(os.__file__), _AGENT_DIR, os.path.dirname(_AGENT_DIR)}
+    return tuple(sorted(roots))
+
+
+def _is_library(filename: str, roots: Tuple[str, ...]) -> bool:
+    return (
+        filename.startswith("<")
+        or "site-packages" in filename
+        or "dist-packages" in filename
+        or filename.startswith(roots)
+    )
+
+
+def _sites(
+    after: tracemalloc.Snapshot, before: tracemalloc.Snapshot, top: int
+) -> Tuple[List[Dict[str, Any]], int]:
+    """Allocation sites that grew, by (where it was allocated, the job's own line that led there)."""
+    roots = _library_roots()
+    grouped: Dict[Tuple[str, int, Optional[str], Optional[int]], List[Any]] = {}
+    for stat in after.compare_to(before, "traceback"):
+        if stat.size_diff <= 0:
+            continue
+        frames = list(stat.traceback)  # oldest first
+        if not frames:
+            continue
+        site = frames[-1]
+        job = next((frame for frame in reversed(frames) if not _is_library(frame.filename, roots)), None)
+        key = (site.filename, site.lineno, job.filename if job else None, job.lineno if job else None)
+        entry = grouped.setdefault(key, [0, 0, [f"{frame.filename}:{frame.lineno}" for frame in frames]])
+        entry[0] += stat.size_diff
+        entry[1] += stat.count_diff
+    ranked = sorted(grouped.items(), key=lambda item: -item[1][0])
+    sites = [
+        {"file": file, "line": line, "job_file": job_file, "job_line": job_line,
+         "size_diff_mb": size / MB, "count_diff": count, "traceback": stack}
+        for (file, line, job_file, job_line), (size, count, stack) in ranked[:top]
+    ]  # fmt: skip
+    return sites, len(ranked)
+
+
+def _type_changes(before: Census, after: Census, top: int) -> List[Dict[str, Any]]:
+    changes: List[Dict[str, Any]] = []
+    for kind in set(before.counts) | set(after.counts):
+        old_count, new_count = before.counts.get(kind, 0), after.counts.get(kind, 0)
+        count = new_count - old_count
+        size = after.sizes.get(kind, 0) - before.sizes.get(kind, 0)
+        tensor = kind in before.cuda or kind in after.cuda
+        cuda = after.cuda.get(kind, 0) - before.cuda.get(kind, 0) if tensor else None
+        if count > 0 or size > 0 or (cuda or 0) > 0:
+            changes.append({
+                "type": type_name(kind), "count_before": old_count, "count_after": new_count,
+                "count_diff": count, "size_diff_mb": size / MB,
+                "cuda_diff_mb": None if cuda is None else cuda / MB,
+            })  # fmt: skip
+    changes.sort(key=lambda change: (-change["size_diff_mb"], -change["count_diff"], change["type"]))
+    return changes[:top]
+
+
+def _cuda_counters() -> Dict[int, Dict[str, int]]:
+    return {
+        device: {name: int(stats.get(name, 0)) for name in CUDA_COUNTERS}
+        for device, stats in cuda_device_stats()
+    }
+
+
+def _wait(seconds: float, client_gone: Any) -> bool:
+    """Wait out the window; False when it ended early (client gone, agent stopping)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return True
+        if _cancel.wait(min(0.25, remaining)) or client_gone():
+            return False
+
+
+def watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
+    from ..handlers import RequestError
+
+    if not _busy.acquire(blocking=False):
+        raise RequestError("Busy", "another memory --growth is watching this process; try again when it ends")
+    try:
+        _cancel.clear()
+        return _watch(seconds, budget_s, top, client_gone)
+    finally:
+        _busy.release()
+
+
+def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
+    from ..handlers import RequestError
+
+    cpu_started = time.thread_time()
+    rss_before, _ = memory_bytes()
+    cuda_before = _cuda_counters()
+    # Whatever the agent allocates while it watches is not the job's growth.
+    exclude = [
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, os.path.join(_AGENT_DIR, "*"), all_frames=True),
+    ]
+    census_before = take_census(budget_s)
+    started_here = not tracemalloc.is_tracing()
+    bare = traced = None
+    completed = False
+    global _tracing_for_window
+    try:
+        if started_here:
+            bare = _allocation_cost()
+            _tracing_for_window = True
+            tracemalloc.start(FRAMES)
+            traced = _allocation_cost()
+        before = tracemalloc.take_snapshot()
+        window_started = time.monotonic()
+        completed = _wait(seconds, client_gone)
+        watched = time.monotonic() - window_started
+        after = tracemalloc.take_snapshot()
+        traced_mb = tracemalloc.get_tracemalloc_memory() / MB
+        frames = tracemalloc.get_traceback_limit()
+    finally:
+        if started_here:
+            tracemalloc.stop()  # before the comparison: probing's own work needs no tracing
+            _tracing_for_window = False
+    if not completed and (_cancel.is_set() or client_gone()):
+        raise RequestError("Cancelled", "the window was ended early: the client left or the agent stopped")
+    sites, site_count = _sites(after.filter_traces(exclude), before.filter_traces(exclude), top)
+    del before, after
+    census_after = take_census(budget_s)
+    rss_after, _ = memory_bytes()
+    cuda_after = _cuda_counters()
+    cuda = []
+    for device, counters in sorted(cuda_before.items()):
+        if device in cuda_after:
+            change = {name: cuda_after[device][name] - counters.get(name, 0) for name in CUDA_COUNTERS}
+            cuda.append(dict(change, device=device))
+    notes = [f"{which} {note}" for which, census in (("before:", census_before), ("after:", census_after))
+             for note in [census.note()] if note]  # fmt: skip
+    return {
+        "pid": os.getpid(),
+        "seconds": seconds,
+        "watched_s": watched,
+        "completed": completed,
+        "rss_mb_before": None if rss_before is None else rss_before / MB,
+        "rss_mb_after": None if rss_after is None else rss_after / MB,
+        "sites": sites,
+        "site_count": site_count,
+        "types": _type_changes(census_before, census_after, top),
+        "objects_before": census_before.total,
+        "objects_after": census_after.total,
+        "tensor_storage_mb_before": {k: v / MB for k, v in census_before.storage_bytes.items()},
+        "tensor_storage_mb_after": {k: v / MB for k, v in census_after.storage_bytes.items()},
+        "cuda": cuda,
+        "notes": notes,
+        "overhead": {
+            "tracemalloc_started": started_here,
+            "frames": frames,
+            "allocation_us": None if bare is None else bare * 1e6,
+            "traced_allocation_us": None if traced is None else traced * 1e6,
+            "tracemalloc_mb": traced_mb,
+            "agent_cpu_s": time.thread_time() - cpu_started,
+        },
+    }

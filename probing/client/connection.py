@@ -1,0 +1,299 @@
+"""Talking to an agent: find its socket, say hello, make requests, enforce timeouts.
+
+Never prints; failures are ProbingErrors that say what to do. Stays cheap to import, because
+`probing PID backtrace` is timed against py-spy.
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+import time
+
+from .. import __version__, protocol
+from ..errors import (
+    AgentTimeout,
+    AgentUnreachable,
+    BadReply,
+    EvalTimedOut,
+    NoAgent,
+    NoTorch,
+    NotPython,
+    PermissionDenied,
+    ProbingError,
+    RemoteError,
+    SessionGone,
+)
+from ..procfs import effective_uid, python_version_of, require_process, socket_candidates
+from .replies import ReplyReader, check_error, check_result, read_reply
+from .trust import ExpectedPeer, check_peer, check_socket_file, expected_for_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    Log = Callable[[str], None]
+
+START_AGENT_HINT = (
+    "drop --no-attach to attach to it, or start the job with the agent: "
+    "`probing run -- python train.py` or `PROBING=1 python train.py`"
+)
+
+
+def _no_log(message: str) -> None:
+    pass
+
+
+def locate_socket(pid: int, log: Log = _no_log) -> str:
+    """The socket of the agent in `pid`, or the ProbingError that says why there is none."""
+    require_process(pid)
+    candidates = socket_candidates(pid)
+    denied = None
+    for path in candidates:
+        try:
+            # lstat: a symlink planted where the socket should be is found here, and refused
+            # by the Client with a message, rather than followed.
+            os.lstat(path)
+        except FileNotFoundError:
+            log(f"no socket at {path}")
+            continue
+        except PermissionError:
+            log(f"not allowed to look at {path}")
+            denied = path
+            continue
+        log(f"agent socket: {path}")
+        return path
+    version = python_version_of(pid)
+    if version is None:
+        raise NotPython(f"PID {pid} is not a Python process")
+    if denied is not None:
+        raise PermissionDenied(
+            f"not allowed to reach the agent of PID {pid} ({denied})",
+            hint="run probing as the user that owns the process, or as root",
+        )
+    raise NoAgent(f"PID {pid} (Python {version}) has no probing agent", hint=START_AGENT_HINT)
+
+
+class Client:
+    """One connection to one agent. Use as a context manager.
+
+    The hello goes out together with the first request, and both replies come back in one
+    read: a command costs one round trip.
+    """
+
+    def __init__(self, path: str, timeout: float, log: Log = _no_log, pid: Optional[int] = None) -> None:
+        """Connect to the agent at `path`: the agent of process `pid` (as this side sees it),
+        or, without a pid, whatever process the socket's name and owner say (see trust.py).
+        Nothing is sent before the socket and the process answering on it are checked."""
+        self.path = path
+        self.timeout = timeout
+        self.log = log
+        self.info: Dict[str, Any] = {}
+        self._greeting = False
+        self._next_id = 0
+        self._started = time.perf_counter()
+        if pid is None:
+            path, expected = expected_for_path(path)
+        else:
+            uid = effective_uid(pid)
+            if uid is None:
+                require_process(pid)
+                raise PermissionDenied(f"cannot read the owner of PID {pid}")
+            expected = ExpectedPeer(pid, None, uid, f"PID {pid}")
+            check_socket_file(path, uid, expected.why)
+        self._sock = self._connect(path, timeout)
+        self._reader = ReplyReader(self._sock, protocol.MAX_REPLY_BYTES)
+        try:
+            peer_pid, peer_uid = check_peer(self._sock, path, expected)
+        except BaseException:
+            self.close()
+            raise
+        log(f"{path}: answered by PID {peer_pid}, uid {peer_uid}")
+
+    def _connect(self, path: str, timeout: float) -> Any:
+        # _socket rather than socket: the socket module imports enum and selectors, a few ms
+        # of start-up that `probing PID backtrace` cannot afford.
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                sock.connect(path)
+                return sock
+            except BlockingIOError:
+                # EAGAIN: the agent's listen backlog is full (a storm of connections). A Unix
+                # socket with a timeout does not wait for room, so wait here, within our time.
+                sock.close()
+                if pause == 0.001:
+                    self.log(f"{path}: the agent's queue of connections is full; trying again")
+                if time.monotonic() + pause >= deadline:
+                    raise AgentTimeout(
+                        f"the agent at {path} did not accept a connection in {timeout:g} s "
+                        "(its queue of waiting connections stayed full)"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            except FileNotFoundError:
+                sock.close()
+                raise NoAgent(f"no agent socket at {path}", hint=START_AGENT_HINT) from None
+            except ConnectionRefusedError:
+                sock.close()
+                raise NoAgent(
+                    f"nothing listens on {path} (left behind by a process that was killed?)",
+                    hint=START_AGENT_HINT,
+                ) from None
+            except PermissionError:
+                sock.close()
+                raise PermissionDenied(
+                    f"not allowed to connect to {path}",
+                    hint="run probing as the user that owns the process, or as root",
+                ) from None
+            except _socket.timeout:
+                sock.close()
+                raise AgentTimeout(
+                    f"the agent at {path} did not accept a connection in {timeout:g} s"
+                ) from None
+            except OSError as error:
+                sock.close()
+                raise AgentUnreachable(f"cannot connect to {path}: {error.strerror or error}") from None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        sock = getattr(self, "_sock", None)
+        if sock is None:
+            return
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+    def _request(self, method: str, params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        self._next_id += 1
+        return protocol.request(self._next_id, method, params)
+
+    def call(
+        self, method: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
+    ) -> Tuple[Any, bytearray]:
+        """Send one request; returns (result, payload) or raises the error the agent replied."""
+        self.send(method, params)
+        return self.receive(method, timeout)
+
+    def send(self, method: str, params: Optional[Dict[str, Any]] = None) -> None:
+        """Send a request (with the hello in front of the first); `receive` gets the reply."""
+        buffers = []
+        self._greeting = not self.info
+        if self._greeting:
+            hello = {"protocol": protocol.PROTOCOL_VERSION, "client": __version__}
+            buffers += protocol.frame_buffers(self._request("hello", hello))
+        buffers += protocol.frame_buffers(self._request(method, params))
+        try:
+            protocol.send_buffers(self._sock, buffers)
+        except (ConnectionResetError, BrokenPipeError):
+            raise AgentUnreachable(f"the agent closed the connection before {method!r}") from None
+
+    def answered(self, timeout: float) -> bool:
+        """Whether the agent's reply starts arriving within `timeout` seconds."""
+        import select
+
+        return bool(select.select([self._sock], [], [], max(0.0, timeout))[0])
+
+    def receive(self, method: str, timeout: Optional[float] = None) -> Tuple[Any, bytearray]:
+        wait = self.timeout if timeout is None else timeout
+        if self._greeting:
+            self.info, _ = self._receive("hello", wait, self._next_id - 1)
+            self._greeting = False
+            self.log(
+                f"connected in {(time.perf_counter() - self._started) * 1000:.1f} ms: "
+                f"pid {self.info.get('pid')}, Python {self.info.get('python_version')}, "
+                f"agent {self.info.get('probing_version')}"
+            )
+        return self._receive(method, wait, self._next_id)
+
+    def _receive(self, method: str, wait: float, request_id: int) -> Tuple[Any, bytearray]:
+        frame = read_reply(self._reader, method, wait)
+        try:
+            reply_id, ok, body = protocol.parse_reply(frame.header)
+        except protocol.FrameError as error:
+            raise BadReply(f"unusable reply to {method!r}: {error}") from None
+        # The agent refuses a connection (busy, not allowed) before reading a request: id null.
+        if reply_id != request_id and (ok or reply_id is not None):
+            raise BadReply(f"the reply to {method!r} answers request {reply_id!r}, not {request_id}")
+        if not ok:
+            raise error_from_reply(body, frame.payload)
+        return check_result(method, body), frame.payload
+
+    def fetch_table(
+        self, name: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
+    ) -> protocol.DecodedTable:
+        result, payload = self.call("table", dict(params or {}, name=name), timeout)
+        table = decode_reply_table(result, payload)
+        if table.name != name:
+            raise BadReply(f"asked for table {name!r}, the agent sent {table.name!r}")
+        return table
+
+    def describe_tables(self) -> List[Dict[str, Any]]:
+        result, _ = self.call("tables")
+        tables: List[Dict[str, Any]] = result["tables"]
+        return tables
+
+
+def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.DecodedTable:
+    """The table of a `table` or `backtrace` reply, checked: a malformed one is a BadReply."""
+    try:
+        return protocol.decode_table(result["table"], payload)
+    except protocol.FrameError as error:
+        raise BadReply(str(error)) from None
+
+
+def decode_reply_texts(result: Dict[str, Any], payload: protocol.ByteChunk) -> Dict[str, Any]:
+    """A reply whose texts (eval's output, value, traceback) travel in the payload, with them in."""
+    if "texts" not in result:
+        return result
+    try:
+        return dict(result, **protocol.decode_texts(result["texts"], payload))
+    except protocol.FrameError as error:
+        raise BadReply(f"unusable texts in the agent's reply: {error}") from None
+
+
+def error_from_reply(error: Dict[str, Any], payload: protocol.ByteChunk = b"") -> ProbingError:
+    """The ProbingError for an error reply; every field the job sent is checked to be text."""
+    try:
+        error = check_error(decode_reply_texts(error, payload))
+    except BadReply as bad:
+        return bad
+    kind, message = error.get("type"), error["message"]
+    if kind == "Busy":
+        # Every connection of the agent runs a request: the message names them. backtrace
+        # falls back on this, and says why.
+        return AgentUnreachable(message, hint="try again when one of those requests has ended")
+    if kind == "RemoteError":
+        return RemoteError(
+            message,
+            traceback=error.get("traceback", ""),
+            stdout=error.get("stdout", ""),
+            stderr=error.get("stderr", ""),
+        )
+    if kind == "EvalTimeout":
+        return EvalTimedOut(message, stdout=error.get("stdout", ""), stderr=error.get("stderr", ""))
+    if kind == "PermissionDenied":
+        return PermissionDenied(message, hint="run probing as the user that owns the process, or as root")
+    if kind == "ProtocolMismatch":
+        return AgentUnreachable(message, hint="use the same probing version for the CLI and the job")
+    if kind == "NoTorch":
+        return NoTorch(
+            message, hint="torch features work once the job has imported torch; "
+            "PROBING=1 PROBING_TORCH_TRACE=1 python train.py traces from the first step",
+        )  # fmt: skip
+    if kind == "NoCuda":
+        return NoTorch(message, hint="the job keeps its tensors on the CPU: see `probing PID memory`")
+    if kind == "NoSession":
+        return SessionGone(message)
+    if kind == "InternalError":
+        return ProbingError(f"the agent failed: {message}", hint="this is a bug in probing; please report it")
+    return ProbingError(message)
