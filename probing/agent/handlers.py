@@ -9,7 +9,8 @@ import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__, protocol
-from .tables import TABLES, python_version
+from ..schema.tables import AGENT_TABLES as TABLES
+from .tables import BUILDERS, python_version
 
 if TYPE_CHECKING:
     Reply = Tuple[Dict[str, Any], List[protocol.ByteChunk]]
@@ -114,7 +115,7 @@ def _table(server: Any, params: Dict[str, Any]) -> Reply:
     _int_param(params, "repr_limit", 1)
     _float_param(params, "scan_budget_s", 1.0, 0.0, float("inf"))  # tables.py clamps the range
     _float_param(params, "step_wait_s", 1.0, 0.0, 600.0)
-    descriptor, chunks = table.build(server, params).encode()
+    descriptor, chunks = BUILDERS[table.name](server, params).encode()
     return {"table": descriptor}, chunks
 
 

@@ -100,50 +100,100 @@ def _where(frames: Rows) -> str:
     return f"{frame['func']} ({os.path.basename(str(frame['file']))}:{frame['lineno']})"
 
 
-def watch(
-    pid: int, sample: Sampler, duration: float, samples: int, code_line: Callable[[Dict[str, Any]], str]
-) -> HangReport:
-    """Take `samples` stack samples spread over `duration` seconds and compare them."""
-    samples = max(2, samples)
-    interval = duration / (samples - 1)
-    started = time.monotonic()
-    first_rows = sample()
-    first_threads = _by_thread(first_rows)
-    ticks_before = {key: _cpu_ticks(pid, frames[0]["native_id"]) for key, frames in first_threads.items()}
-    wakeups_before = {key: _wakeups(pid, frames[0]["native_id"]) for key, frames in first_threads.items()}
+class Sample(NamedTuple):
+    """One look at a process: its stacks and, per thread, the kernel's counters at that moment."""
+
+    taken: float  # time.monotonic() when it was read
+    rows: Rows  # python.backtrace rows of the process
+    counters: Dict[Any, Tuple[Optional[int], Optional[int]]]  # native_id -> (CPU ticks, wake-ups)
+    gil_holder: Optional[Any]  # native_id of the thread seen holding the GIL, when read from outside
+
+
+def take_sample(pid: int, rows: Rows, process: Dict[str, Any]) -> Sample:
+    """A Sample of `rows` just read, with the /proc counters of their threads read now.
+    `process` is the backtrace's process info: its "outside" (py-spy's threads, when the stacks
+    were read from outside) says which thread holds the GIL."""
+    natives = {row["native_id"] for row in rows}
+    counters = {native: (_cpu_ticks(pid, native), _wakeups(pid, native)) for native in natives}
+    holder = next(
+        (native for native, thread in (process.get("outside") or {}).items() if thread.get("owns_gil")),
+        None,
+    )
+    return Sample(time.monotonic(), rows, counters, holder)
+
+
+def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]], str]) -> HangReport:
+    """Whether the process progressed over `samples` (at least two), and what each thread did."""
+    first, final = samples[0], samples[-1]
+    elapsed = max(1e-6, final.taken - first.taken)
     signatures: Dict[Tuple[Any, Any], Set[Tuple[Any, ...]]] = {}
     last: Dict[Tuple[Any, Any], Rows] = {}
-    taken = 0
-    for index in range(samples):
-        rows = first_rows if index == 0 else sample()
-        taken += 1
-        for key, frames in _by_thread(rows).items():
+    for taken in samples:
+        for key, frames in _by_thread(taken.rows).items():
             signatures.setdefault(key, set()).add(_signature(frames))
             last[key] = frames
-        if index < samples - 1:
-            time.sleep(max(0.0, started + interval * (index + 1) - time.monotonic()))
-    elapsed = time.monotonic() - started
     clock = os.sysconf("SC_CLK_TCK")
     threads = []
     for key, frames in last.items():
-        first = frames[0]
-        before, after = ticks_before.get(key), _cpu_ticks(pid, first["native_id"])
+        top = frames[0]
+        native = top["native_id"]
+        before, woke_before = first.counters.get(native, (None, None))
+        after, woke_after = final.counters.get(native, (None, None))
         cpu = None if before is None or after is None else 100.0 * (after - before) / clock / elapsed
-        woke_before, woke_after = wakeups_before.get(key), _wakeups(pid, first["native_id"])
         wakeups = None if woke_before is None or woke_after is None else (woke_after - woke_before) / elapsed
         moved = len(signatures[key]) > 1 or (wakeups or 0.0) > WAKEUPS_PER_S
         state = thread_state(frames, code_line)
         threads.append(
             ThreadReport(
-                pid, first["thread_id"], first["native_id"], first["thread_name"], bool(first["is_main"]),
+                pid, top["thread_id"], native, top["thread_name"], bool(top["is_main"]),
                 moved, wakeups, cpu, state, _where(frames),
             )
         )  # fmt: skip
     main = next((thread for thread in threads if thread.is_main), None)
     hung = main is not None and not main.moved and (main.cpu_percent or 0.0) < BUSY_CPU_SHARE * 100
     return HangReport(
-        pid, hung, elapsed, taken, sorted(threads, key=lambda t: (not t.is_main, str(t.name))), None
+        pid, hung, elapsed, len(samples), sorted(threads, key=lambda t: (not t.is_main, str(t.name))), None
     )
+
+
+def watch(
+    pid: int,
+    sample: Callable[[], Sample],
+    duration: float,
+    samples: int,
+    code_line: Callable[[Dict[str, Any]], str],
+) -> HangReport:
+    """Take `samples` samples spread over `duration` seconds and judge them (`verdict`)."""
+    samples = max(2, samples)
+    interval = duration / (samples - 1)
+    started = time.monotonic()
+    taken = []
+    for index in range(samples):
+        taken.append(sample())
+        if index < samples - 1:
+            time.sleep(max(0.0, started + interval * (index + 1) - time.monotonic()))
+    return verdict(pid, taken, code_line)
+
+
+class ProgressTracker:
+    """The same definition of progress over a rolling window, for `probing run --hang-timeout`:
+    each new sample is judged against the last one that showed progress."""
+
+    def __init__(self, pid: int, code_line: Callable[[Dict[str, Any]], str]) -> None:
+        self.pid = pid
+        self.code_line = code_line
+        self.window: List[Sample] = []  # the samples since the last progress
+
+    def add(self, sample: Sample) -> HangReport:
+        """The verdict from the last progress up to `sample`; progress restarts the window."""
+        self.window.append(sample)
+        report = verdict(self.pid, self.window if len(self.window) > 1 else self.window * 2, self.code_line)
+        if not report.hung:
+            self.window = [sample]
+        return report
+
+    def stalled_s(self, now: float) -> float:
+        return 0.0 if not self.window else now - self.window[0].taken
 
 
 def stuck_dataloader_worker(worker_rows: Dict[int, Rows]) -> Optional[Dict[str, Any]]:

@@ -313,7 +313,7 @@ def backtrace(
             pid = target.pid if index == 0 else rows[0]["pid"] if rows else info.get("pid")
             render.write_backtrace_text(rows, info, sys.stdout, pid, info.get("outside"))
     else:
-        from ..agent.tables import BACKTRACE
+        from ..schema.tables import BACKTRACE
 
         names = [column.name for column in BACKTRACE.columns]
         types = [column.type for column in BACKTRACE.columns]
@@ -323,7 +323,7 @@ def backtrace(
 
 
 def hang(context: Context, duration: float, samples: int, format: str, timeout: float) -> int:
-    from ..analysis.progress import stuck_dataloader_worker, watch
+    from ..analysis.progress import Sample, stuck_dataloader_worker, take_sample, watch
     from ..outside.pyspy import dump, rows_from_dump
 
     target = parse_target(context.target)
@@ -332,11 +332,11 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
     pid = target.pid
     notes: List[str] = []
 
-    def sample() -> List[Dict[str, Any]]:
-        rows, _, note = _one_process(context, False, None, timeout, False)
+    def sample() -> Sample:
+        rows, info, note = _one_process(context, False, None, timeout, False)
         if note and note not in notes:
             notes.append(note)
-        return rows
+        return take_sample(pid, rows, info)
 
     sources = render.SourceLines(pid)
     report = watch(pid, sample, duration, samples, lambda frame: sources.line(frame["file"], frame["lineno"]))
@@ -505,7 +505,7 @@ def _local_described() -> List[Dict[str, Any]]:
 
 def _static_session() -> Any:
     """A session with the tables this CLI knows (the agent's own list may differ by version)."""
-    from ..agent.tables import TABLES
+    from ..schema.tables import AGENT_TABLES as TABLES
     from ..sql.session import SqlSession
 
     return SqlSession([table.describe() for table in TABLES.values()] + _local_described())
@@ -519,9 +519,9 @@ def _load_builder(session: Any, builder: Any) -> None:
 def _outside_session(context: Context, text: str, why: str, unreachable: bool = False) -> Any:
     """A session over python.backtrace read from outside; other tables cannot be, and the
     error says why the agent did not give them: it went away (exit 1) or stayed silent (7)."""
-    from ..agent.tables import BACKTRACE
     from ..engine.process_tables import LOCAL_TABLES
     from ..errors import AgentTimeout, AgentUnreachable
+    from ..schema.tables import BACKTRACE
 
     pid = parse_target(context.target).pid
     session = _static_session()
@@ -536,7 +536,9 @@ def _outside_session(context: Context, text: str, why: str, unreachable: bool = 
             why, hint="only queries over python.backtrace (and process.stats) can be answered from outside"
         )
     rows, _ = _backtrace_from_outside(pid, False, None, why)
-    builder = BACKTRACE.new_builder()
+    from ..agent.columns import TableBuilder
+
+    builder = TableBuilder(BACKTRACE.name, BACKTRACE.column_types())
     for row in rows:
         builder.append(tuple(row[column.name] for column in BACKTRACE.columns))
     _load_builder(session, builder)

@@ -9,56 +9,13 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..agent.columns import TableBuilder
-from ..agent.tables import Column, Table
 from ..errors import PermissionDenied, ProcessNotFound
+from ..schema.tables import CLI_TABLES
 
 MB = 1024.0 * 1024.0
 
 
-def _unbuilt(server: Any, params: Dict[str, Any]) -> Any:
-    raise RuntimeError("process.stats is taken by the CLI, not by the agent")
-
-
-PROCESS_STATS = Table(
-    "process.stats",
-    "A snapshot of the process from outside (psutil, read by the CLI at the time of the query; "
-    "needs no agent): memory including USS, CPU times, I/O, open files, connections, children. "
-    "What this user may not read is NULL.",
-    [
-        Column("pid", "BIGINT", "process id"),
-        Column("name", "VARCHAR", "process name"),
-        Column("status", "VARCHAR", "running, sleeping, disk-sleep, stopped, zombie, ..."),
-        Column("create_time", "TIMESTAMP", "when the process started (UTC)"),
-        Column("rss_mb", "DOUBLE", "resident set size, MB"),
-        Column("vms_mb", "DOUBLE", "virtual memory size, MB"),
-        Column("uss_mb", "DOUBLE", "unique set size: MB that would be freed if the process exited"),
-        Column("pss_mb", "DOUBLE", "proportional set size: shared pages divided among their users, MB"),
-        Column("swap_mb", "DOUBLE", "MB swapped out"),
-        Column("shared_mb", "DOUBLE", "resident MB that could be shared with other processes"),
-        Column("cpu_user_s", "DOUBLE", "user CPU seconds of the process"),
-        Column("cpu_system_s", "DOUBLE", "system CPU seconds of the process"),
-        Column("children_user_s", "DOUBLE", "user CPU seconds of its waited-for children"),
-        Column("children_system_s", "DOUBLE", "system CPU seconds of its waited-for children"),
-        Column("num_threads", "BIGINT", "OS threads"),
-        Column("num_fds", "BIGINT", "open file descriptors"),
-        Column("ctx_switches_voluntary", "BIGINT", "voluntary context switches (waits)"),
-        Column("ctx_switches_involuntary", "BIGINT", "involuntary context switches (preemptions)"),
-        Column("io_read_bytes", "BIGINT", "bytes read from storage"),
-        Column("io_write_bytes", "BIGINT", "bytes written to storage"),
-        Column("io_read_count", "BIGINT", "read system calls"),
-        Column("io_write_count", "BIGINT", "write system calls"),
-        Column("open_files", "VARCHAR[]", "paths of the regular files it has open"),
-        Column(
-            "connections",
-            "VARCHAR[]",
-            "its sockets, e.g. 'tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED'",
-        ),
-        Column("children", "BIGINT[]", "PIDs of its child processes (DataLoader workers, ...)"),
-    ],
-    _unbuilt,
-)
-
-LOCAL_TABLES: Dict[str, Table] = {PROCESS_STATS.name: PROCESS_STATS}
+LOCAL_TABLES = CLI_TABLES
 
 
 def _address(address: Any) -> str:
@@ -143,7 +100,7 @@ def stats_row(pid: int) -> Tuple[Any, ...]:
 
 
 def build_local_table(name: str, pid: int) -> TableBuilder:
-    builder = LOCAL_TABLES[name].new_builder()
+    builder = TableBuilder(name, LOCAL_TABLES[name].column_types())
     builder.append(stats_row(pid))
     return builder
 

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..analysis.progress import ProgressTracker, take_sample
 from ..cli import render
 from ..errors import ExitCode, ProbingError
 
@@ -27,8 +28,7 @@ class Watchdog:
         self.report = report
         self.context = context
         self.interval = min(max(timeout / 10, 0.2), 5.0)
-        self.signature: Optional[Tuple[Any, ...]] = None
-        self.last_progress = time.monotonic()
+        self.tracker: Optional[ProgressTracker] = None
 
     def _python_pid(self) -> int:
         from ..procfs import python_version_of
@@ -56,22 +56,18 @@ class Watchdog:
         return rows, info
 
     def tick(self) -> Optional[int]:
+        pid = self._python_pid()
         try:
-            rows, _ = self._sample(self._python_pid())
+            rows, info = self._sample(pid)
         except ProbingError:
             return None  # not started yet, or between processes: no verdict
-        main = tuple(
-            (r["file"], r["func"], r["lineno"])
-            for r in sorted(rows, key=lambda r: r["depth"])
-            if r["is_main"]
-        )
-        now = time.monotonic()
-        if main != self.signature:
-            self.signature, self.last_progress = main, now
+        if self.tracker is None or self.tracker.pid != pid:
+            self.tracker = ProgressTracker(pid, lambda frame: "")
+        report = self.tracker.add(take_sample(pid, rows, info))
+        stalled = self.tracker.stalled_s(time.monotonic())
+        if not report.hung or stalled < self.timeout:
             return None
-        if now - self.last_progress < self.timeout:
-            return None
-        self._dump_and_end(now - self.last_progress)
+        self._dump_and_end(stalled)
         return ExitCode.HUNG
 
     def _dump_and_end(self, stalled: float) -> None:

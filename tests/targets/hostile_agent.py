@@ -125,7 +125,7 @@ def serve(conn, mode, pid):
                 conn.sendall(hello(header["id"], pid))
                 continue
             if header["method"] == "tables" and mode.startswith("table-"):
-                from probing.agent.tables import TABLES
+                from probing.schema.tables import AGENT_TABLES as TABLES
 
                 described = [t.describe() for t in TABLES.values()]
                 conn.sendall(frame(ok(header["id"], {"tables": described})))

@@ -12,11 +12,12 @@ from click.testing import CliRunner
 
 from probing import protocol
 from probing.agent.columns import TableBuilder
-from probing.agent.tables import BACKTRACE, TABLES
 from probing.cli import actions, main
 from probing.cli.commands import cli
 from probing.cli.fast import parse_backtrace
 from probing.errors import ExitCode, RemoteError
+from probing.schema.tables import AGENT_TABLES as TABLES
+from probing.schema.tables import BACKTRACE
 
 MAIN, WORKER = 1001, 1002
 
@@ -27,7 +28,7 @@ def backtrace_table(with_locals: bool = False) -> protocol.DecodedTable:
 
 
 def backtrace_builder(with_locals: bool = False) -> Any:
-    builder = BACKTRACE.new_builder()
+    builder = TableBuilder(BACKTRACE.name, BACKTRACE.column_types())
     frames = {
         WORKER: [("wait", "/job/threading.py", 320), ("run", "/job/worker.py", 7)],
         MAIN: [

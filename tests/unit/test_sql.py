@@ -9,8 +9,8 @@ import pytest
 
 from probing import protocol
 from probing.agent.columns import TableBuilder
-from probing.agent.tables import TABLES
 from probing.errors import BadSQL, ExitCode
+from probing.schema.tables import AGENT_TABLES as TABLES
 from probing.sql.session import SqlSession
 
 SEED_QUERIES = [

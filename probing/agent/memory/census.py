@@ -138,8 +138,8 @@ class Sampler:
 
     def _loop(self) -> None:
         if self.ring is None:  # a restarted sampler keeps the ring it had
+            from ...schema.tables import PROCESS_MEMORY
             from ..ring import Ring
-            from ..tables import PROCESS_MEMORY
 
             rows = min(MAX_RING_ROWS, max(1, int(math.ceil(self.history / self.interval))))
             self.ring = Ring(PROCESS_MEMORY.name, PROCESS_MEMORY.column_types(), rows)

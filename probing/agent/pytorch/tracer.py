@@ -883,7 +883,7 @@ def calibrate(torch: Any) -> float:
 
 
 def _columns(table: str) -> List[Tuple[str, str]]:
-    from ..tables import TABLES
+    from ...schema.tables import AGENT_TABLES as TABLES
 
     return [(column.name, column.type) for column in TABLES[table].columns]
 

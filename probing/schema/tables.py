@@ -1,0 +1,339 @@
+"""The tables users query: names, columns, types and the documentation of every column.
+
+A contract both sides import: the agent fills these tables (agent/tables.py), the CLI loads them
+into DuckDB and prints their descriptions (`probing PID tables`, docs/tables.md). Standard
+library only and Python 3.8 syntax, since the agent imports it inside the job.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Tuple
+
+
+class Column(NamedTuple):
+    name: str
+    type: str
+    doc: str
+
+
+class Table(NamedTuple):
+    name: str
+    doc: str
+    columns: List[Column]
+
+    def column_types(self) -> List[Tuple[str, str]]:
+        return [(column.name, column.type) for column in self.columns]
+
+    def column_names(self) -> List[str]:
+        return [column.name for column in self.columns]
+
+    def describe(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "doc": self.doc,
+            "columns": [{"name": c.name, "type": c.type, "doc": c.doc} for c in self.columns],
+        }
+
+
+BACKTRACE = Table(
+    "python.backtrace",
+    "One row per frame of every Python thread of the process, read at the time of the query.",
+    [
+        Column("pid", "BIGINT", "process the frame belongs to"),
+        Column("thread_id", "BIGINT", "Python thread ident (threading.get_ident())"),
+        Column("native_id", "BIGINT", "OS thread id (what top -H and py-spy show)"),
+        Column("thread_name", "VARCHAR", "threading.Thread name"),
+        Column("is_main", "BOOLEAN", "whether this is the main thread"),
+        Column("depth", "BIGINT", "0 for the innermost frame (where the thread is now), then outwards"),
+        Column("func", "VARCHAR", "function name (code.co_name)"),
+        Column("file", "VARCHAR", "source file path (code.co_filename)"),
+        Column("lineno", "BIGINT", "current line, as traceback.extract_stack reports it"),
+        Column("frame_type", "VARCHAR", "'Python' or 'Native'"),
+        Column("locals", "JSON", "{name: bounded repr} of the frame's locals; NULL unless asked for"),
+        Column("source", "VARCHAR", "who read the frame: 'agent' or 'py-spy'"),
+    ],
+)
+
+THREADS = Table(
+    "python.threads",
+    "One row per Python thread of the process (the agent's own threads left out).",
+    [
+        Column("pid", "BIGINT", "process the thread belongs to"),
+        Column("thread_id", "BIGINT", "Python thread ident"),
+        Column("native_id", "BIGINT", "OS thread id; NULL for threads not started by threading"),
+        Column("name", "VARCHAR", "threading.Thread name"),
+        Column("daemon", "BOOLEAN", "whether the thread is a daemon thread"),
+        Column("is_main", "BOOLEAN", "whether this is the main thread"),
+        Column("alive", "BOOLEAN", "Thread.is_alive()"),
+        Column("cpu_user_s", "DOUBLE", "user CPU seconds used by the thread (/proc/self/task)"),
+        Column("cpu_system_s", "DOUBLE", "system CPU seconds used by the thread (/proc/self/task)"),
+    ],
+)
+
+PROCESS_INFO = Table(
+    "process.info",
+    "One row describing the process and the agent in it.",
+    [
+        Column("pid", "BIGINT", "process id"),
+        Column("ppid", "BIGINT", "parent process id"),
+        Column("argv", "VARCHAR[]", "sys.argv"),
+        Column("cwd", "VARCHAR", "current working directory"),
+        Column("executable", "VARCHAR", "sys.executable"),
+        Column("python_version", "VARCHAR", "e.g. 3.11.7"),
+        Column("implementation", "VARCHAR", "sys.implementation.name, e.g. cpython"),
+        Column("start_time", "TIMESTAMP", "when the process started (UTC)"),
+        Column("agent_start_time", "TIMESTAMP", "when the agent started serving (UTC)"),
+        Column("probing_version", "VARCHAR", "version of the agent in the process"),
+    ],
+)
+
+TORCH_TRACE = Table(
+    "python.torch_trace",
+    "One row per traced module call (forward, and backward with `trace on --backward`) and per "
+    "optimizer step, recorded while `probing PID trace on` (or PROBING_TORCH_TRACE=1) is in effect. "
+    "A ring buffer: the newest rows, up to `trace on --capacity` (1 M by default).",
+    [
+        Column("step", "BIGINT", "optimizer step the call belongs to, counted from 0 when tracing began"),
+        Column("seq", "BIGINT", "order of the call's start within its step (micro-batches keep counting)"),
+        Column(
+            "module", "VARCHAR", "qualified module name, e.g. model.layers.0.attn; the optimizer's for steps"
+        ),
+        Column("module_type", "VARCHAR", "class name of the module or optimizer"),
+        Column("stage", "VARCHAR", "'forward', 'backward' or 'optimizer'"),
+        Column("duration", "DOUBLE", "seconds; CPU time between the hooks, or CUDA event time on a GPU"),
+        Column("time_offset", "DOUBLE", "seconds from the start of the step to the start of the call"),
+        Column(
+            "allocated",
+            "DOUBLE",
+            "MB allocated by torch on the module's CUDA device after the call; NULL on CPU",
+        ),
+        Column("max_allocated", "DOUBLE", "MB, peak of allocated so far; NULL on CPU"),
+        Column("reserved", "DOUBLE", "MB held by the CUDA caching allocator; NULL on CPU"),
+        Column("rank", "BIGINT", "torch.distributed rank (RANK, or 0 when not distributed)"),
+        Column("ts", "TIMESTAMP", "when the call started (UTC)"),
+    ],
+)
+
+NAN_EVENTS = Table(
+    "python.nan_events",
+    "The first module of each step whose output (forward) or input gradient (backward) held NaN "
+    "or Inf, recorded while `probing PID nan on` is in effect.",
+    [
+        Column("step", "BIGINT", "optimizer step, as in python.torch_trace"),
+        Column("seq", "BIGINT", "order of the offending call within its step"),
+        Column("module", "VARCHAR", "qualified module name"),
+        Column("module_type", "VARCHAR", "class name of the module"),
+        Column("stage", "VARCHAR", "'forward' (its output) or 'backward' (the gradients it produced)"),
+        Column(
+            "tensor",
+            "VARCHAR",
+            "which tensor, its dtype, shape and device, e.g. output[0] float32[32, 10] on cpu",
+        ),
+        Column("nan_count", "BIGINT", "NaN values in that tensor"),
+        Column("inf_count", "BIGINT", "Inf values in that tensor"),
+        Column(
+            "input_finite",
+            "BOOLEAN",
+            "whether what came in (inputs, or the output gradient) was finite: "
+            "true means this module made the NaN/Inf",
+        ),
+        Column("rank", "BIGINT", "torch.distributed rank"),
+        Column("ts", "TIMESTAMP", "when it was seen (UTC)"),
+    ],
+)
+
+MODULES = Table(
+    "python.modules",
+    "Every module of the job's top-level models (found in __main__, in its threads' frames, or by "
+    "gc), read at the time of the query; gradient norms are taken in the training thread at its next "
+    "optimizer step (`query --step-wait`), or while the job is quiet, and are NULL with a note otherwise.",
+    [
+        Column("name", "VARCHAR", "qualified name: the model's variable name, then the submodule path"),
+        Column("root", "VARCHAR", "name of the top-level module it belongs to"),
+        Column("type", "VARCHAR", "class name"),
+        Column("depth", "BIGINT", "0 for a top-level module, 1 for its children, ..."),
+        Column("params", "BIGINT", "parameters (elements) of the module and its submodules"),
+        Column("trainable_params", "BIGINT", "of those, the ones with requires_grad"),
+        Column("device", "VARCHAR", "device of its first parameter; NULL without parameters"),
+        Column("dtype", "VARCHAR", "dtype of its first parameter"),
+        Column("training", "BOOLEAN", "module.training"),
+        Column(
+            "grad_norm", "DOUBLE", "L2 norm of the gradients of its own parameters; NULL when none has one"
+        ),
+        Column("has_nonfinite_grad", "BOOLEAN", "whether those gradients hold NaN or Inf"),
+        Column("traced", "BOOLEAN", "whether `trace on` or `nan on` hooks are on it"),
+    ],
+)
+
+TENSORS = Table(
+    "python.tensors",
+    "Live tensors: the models' parameters, gradients and buffers by name, then every other tensor "
+    "gc finds, until a time budget (1 s) runs out; the query then says it was cut short. Gradients and "
+    "grad_fn are read in the training thread at its next optimizer step, or while the job is quiet.",
+    [
+        Column(
+            "name", "VARCHAR", "qualified parameter or buffer name (.grad for a gradient); NULL for others"
+        ),
+        Column("kind", "VARCHAR", "'parameter', 'gradient', 'buffer' or 'tensor'"),
+        Column("shape", "VARCHAR", "e.g. [32, 256]"),
+        Column("dtype", "VARCHAR", "e.g. float32"),
+        Column("device", "VARCHAR", "e.g. cpu, cuda:0"),
+        Column("bytes", "BIGINT", "elements times element size (views count the part they see)"),
+        Column("requires_grad", "BOOLEAN", "tensor.requires_grad"),
+        Column("is_param", "BOOLEAN", "whether it is an nn.Parameter"),
+        Column("grad_fn", "VARCHAR", "autograd node that made it, e.g. AddmmBackward0; NULL for leaves"),
+    ],
+)
+
+OPTIMIZERS = Table(
+    "python.optimizers",
+    "One row per parameter group of every optimizer in the job; values held in tensors (a tensor lr, "
+    "the step count) are read in the training thread at its next optimizer step, or while the job is quiet.",
+    [
+        Column("optimizer", "VARCHAR", "the variable that holds it, e.g. optimizer (or its class name)"),
+        Column("type", "VARCHAR", "class name, e.g. AdamW"),
+        Column("param_group", "BIGINT", "index of the parameter group"),
+        Column("lr", "DOUBLE", "learning rate now (after any scheduler)"),
+        Column("momentum", "DOUBLE", "momentum; NULL for optimizers without one"),
+        Column("beta1", "DOUBLE", "betas[0] (Adam family); NULL otherwise"),
+        Column("beta2", "DOUBLE", "betas[1]"),
+        Column("weight_decay", "DOUBLE", "weight decay"),
+        Column("params", "BIGINT", "parameters (tensors) in the group"),
+        Column("numel", "BIGINT", "elements in those parameters"),
+        Column("steps", "BIGINT", "steps taken, from the optimizer's state; NULL when it keeps no count"),
+    ],
+)
+
+PROCESS_MEMORY = Table(
+    "process.memory",
+    "The process's memory over time: one row per sample, taken by the agent from /proc/self every "
+    "second (PROBING_MEMORY_INTERVAL, or `probing PID memory --interval S`) since it started, the "
+    "last 24 hours kept (PROBING_MEMORY_HISTORY).",
+    [
+        Column("ts", "TIMESTAMP", "when the sample was taken (UTC)"),
+        Column("rss_mb", "DOUBLE", "resident set size, MB"),
+        Column("vms_mb", "DOUBLE", "virtual memory size, MB"),
+        Column(
+            "cpu_percent",
+            "DOUBLE",
+            "CPU used by the whole process since the previous sample, in % of one core (the first: "
+            "since the process started)",
+        ),
+        Column("num_threads", "BIGINT", "OS threads of the process"),
+        Column("num_fds", "BIGINT", "open file descriptors"),
+        Column(
+            "gc_objects",
+            "BIGINT",
+            "objects tracked by gc; counted only as often as keeps counting under 0.03% of the time "
+            "(every sample for small jobs), NULL in the samples between; never when one count would hold "
+            "the GIL over 200 ms",
+        ),
+        Column("cuda_allocated_mb", "DOUBLE", "MB allocated by torch on all CUDA devices; NULL without CUDA"),
+        Column("cuda_reserved_mb", "DOUBLE", "MB held by torch's CUDA caching allocator; NULL without CUDA"),
+    ],
+)
+
+PYTHON_GC = Table(
+    "python.gc",
+    "Live objects by type: every object the garbage collector tracks (containers and class "
+    "instances; numbers and strings count only in their containers' size), counted at the time of "
+    "the query until a time budget (query --scan-budget, 1 s) runs out; the query then says it was "
+    "cut short. gc generations are in python.gc_generations.",
+    [
+        Column("type", "VARCHAR", "qualified class name, e.g. torch.Tensor, __main__.Batch, dict"),
+        Column("count", "BIGINT", "live objects of that type"),
+        Column(
+            "size_mb",
+            "DOUBLE",
+            "approximate MB: sys.getsizeof of each object (not what it refers to), plus the CPU "
+            "storage of tensors, each storage counted once",
+        ),
+        Column(
+            "cuda_mb", "DOUBLE", "tensor types: MB of their CUDA storage (each counted once); NULL otherwise"
+        ),
+    ],
+)
+
+GC_GENERATIONS = Table(
+    "python.gc_generations",
+    "The garbage collector's generations: what each holds and how often it was collected.",
+    [
+        Column("generation", "BIGINT", "0 (youngest), 1 or 2"),
+        Column("objects", "BIGINT", "objects in the generation now"),
+        Column("threshold", "BIGINT", "gc.get_threshold() for the generation"),
+        Column(
+            "pending",
+            "BIGINT",
+            "gc.get_count(): allocations (generation 0) or younger collections since its last collection",
+        ),
+        Column("collections", "BIGINT", "collections of the generation since the process started"),
+        Column("collected", "BIGINT", "objects those collections freed"),
+        Column("uncollectable", "BIGINT", "objects found uncollectable (left in gc.garbage)"),
+        Column("enabled", "BOOLEAN", "gc.isenabled()"),
+    ],
+)
+
+CUDA_MEMORY = Table(
+    "torch.cuda_memory",
+    "torch.cuda.memory_stats() of every CUDA device, one row per counter; empty until the job has "
+    "initialised CUDA (probing never initialises it).",
+    [
+        Column("device", "BIGINT", "CUDA device index"),
+        Column(
+            "stat",
+            "VARCHAR",
+            "counter name, e.g. allocated_bytes.all.current, reserved_bytes.all.peak, num_ooms",
+        ),
+        Column("value", "BIGINT", "its value (bytes for *_bytes counters)"),
+    ],
+)
+
+# The tables an agent serves.
+AGENT_TABLES: Dict[str, Table] = {
+    table.name: table
+    for table in (
+        BACKTRACE, THREADS, PROCESS_INFO, PROCESS_MEMORY, TORCH_TRACE, NAN_EVENTS, MODULES, TENSORS,
+        OPTIMIZERS, PYTHON_GC, GC_GENERATIONS, CUDA_MEMORY,
+    )
+}  # fmt: skip
+
+# Taken by the CLI itself, from outside the process (psutil): they need no agent.
+PROCESS_STATS = Table(
+    "process.stats",
+    "A snapshot of the process from outside (psutil, read by the CLI at the time of the query; "
+    "needs no agent): memory including USS, CPU times, I/O, open files, connections, children. "
+    "What this user may not read is NULL.",
+    [
+        Column("pid", "BIGINT", "process id"),
+        Column("name", "VARCHAR", "process name"),
+        Column("status", "VARCHAR", "running, sleeping, disk-sleep, stopped, zombie, ..."),
+        Column("create_time", "TIMESTAMP", "when the process started (UTC)"),
+        Column("rss_mb", "DOUBLE", "resident set size, MB"),
+        Column("vms_mb", "DOUBLE", "virtual memory size, MB"),
+        Column("uss_mb", "DOUBLE", "unique set size: MB that would be freed if the process exited"),
+        Column("pss_mb", "DOUBLE", "proportional set size: shared pages divided among their users, MB"),
+        Column("swap_mb", "DOUBLE", "MB swapped out"),
+        Column("shared_mb", "DOUBLE", "resident MB that could be shared with other processes"),
+        Column("cpu_user_s", "DOUBLE", "user CPU seconds of the process"),
+        Column("cpu_system_s", "DOUBLE", "system CPU seconds of the process"),
+        Column("children_user_s", "DOUBLE", "user CPU seconds of its waited-for children"),
+        Column("children_system_s", "DOUBLE", "system CPU seconds of its waited-for children"),
+        Column("num_threads", "BIGINT", "OS threads"),
+        Column("num_fds", "BIGINT", "open file descriptors"),
+        Column("ctx_switches_voluntary", "BIGINT", "voluntary context switches (waits)"),
+        Column("ctx_switches_involuntary", "BIGINT", "involuntary context switches (preemptions)"),
+        Column("io_read_bytes", "BIGINT", "bytes read from storage"),
+        Column("io_write_bytes", "BIGINT", "bytes written to storage"),
+        Column("io_read_count", "BIGINT", "read system calls"),
+        Column("io_write_count", "BIGINT", "write system calls"),
+        Column("open_files", "VARCHAR[]", "paths of the regular files it has open"),
+        Column(
+            "connections",
+            "VARCHAR[]",
+            "its sockets, e.g. 'tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED'",
+        ),
+        Column("children", "BIGINT[]", "PIDs of its child processes (DataLoader workers, ...)"),
+    ],
+)
+
+CLI_TABLES: Dict[str, Table] = {PROCESS_STATS.name: PROCESS_STATS}
