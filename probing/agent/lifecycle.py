@@ -1,0 +1,47 @@
+"""What the agent undoes when it stops (`probing PID detach`, or the job closing its socket).
+
+Each feature registers its own stop hook when it first starts something that outlives a
+request (a sampler thread, an exit guard, a hook in torch, routed streams), so the server never
+needs to know which features exist. Hooks run in the order of their stage, then of registration;
+a hook that raises does not keep the others from running.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, List, Tuple
+
+# Stages, in the order they run at stop.
+WORK = 10  # what runs on the agent's behalf: eval threads and their interrupts, samplers
+SESSIONS = (
+    20  # repl sessions: before the streams go back, an interrupted statement's last words stay captured
+)
+STREAMS = 30  # sys.stdout/sys.stderr routing
+JOB_HOOKS = 40  # hooks inside the job's libraries (torch optimizer and module hooks)
+
+Hook = Callable[[], None]
+
+_lock = threading.Lock()
+_hooks: List[Tuple[int, int, Hook]] = []
+
+
+def on_stop(hook: Hook, stage: int = WORK) -> None:
+    """Run `hook` when the agent stops; registering the same hook again changes nothing."""
+    with _lock:
+        if any(known is hook or known == hook for _, _, known in _hooks):
+            return
+        _hooks.append((stage, len(_hooks), hook))
+
+
+def run_stop_hooks() -> List[str]:
+    """Run every registered hook once, in stage order, and forget them; the errors, as text."""
+    with _lock:
+        hooks = sorted(_hooks, key=lambda entry: (entry[0], entry[1]))
+        del _hooks[:]
+    errors = []
+    for _, _, hook in hooks:
+        try:
+            hook()
+        except Exception as error:  # one feature failing to stop must not keep the rest running
+            errors.append(f"{getattr(hook, '__qualname__', hook)}: {type(error).__name__}: {error}")
+    return errors
