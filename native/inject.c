@@ -12,7 +12,7 @@
  * Which thread is safe to borrow. A thread is borrowed only when, at the moment it is
  * stopped, it is either
  *   - blocked in one of the system calls where programs wait: nanosleep, clock_nanosleep,
- *     poll, ppoll, select, pselect6, epoll_wait, epoll_pwait(2), read, or futex (tried
+ *     poll, ppoll, select, pselect6, epoll_wait, epoll_pwait(2), read, wait4, waitid, or futex (tried
  *     last: a futex wait may sit inside a lock of libc), made from anywhere but the
  *     dynamic loader (which may be holding its own lock while it reads a library); or
  *   - running user code inside the Python interpreter itself (the executable or
@@ -263,7 +263,11 @@ static int safe_syscall_rank(long number) {
         case SYS_epoll_pwait2:
 #endif
             return 2;
-        case SYS_read: return 3;
+        case SYS_read:
+        /* A process waiting for its child (a launcher such as `probing run`, a shell-like
+         * supervisor) blocks in wait4 or waitid with the GIL released, as in read. */
+        case SYS_wait4:
+        case SYS_waitid: return 3;
         case SYS_futex: return 4;
         default: return 0;
     }
@@ -280,6 +284,8 @@ static const char *syscall_name(long number) {
         case SYS_epoll_wait: return "epoll_wait";
         case SYS_epoll_pwait: return "epoll_pwait";
         case SYS_read: return "read";
+        case SYS_wait4: return "wait4";
+        case SYS_waitid: return "waitid";
         case SYS_futex: return "futex";
         default: return "another system call";
     }

@@ -1,13 +1,32 @@
-"""Hang detection: sample every thread's stack over a while and say what has not moved.
+"""Hang detection: sample every thread's stack over a while and say whether the process progresses.
 
-A thread has moved when its stack changed between two samples, or when it kept waking up
-in the same place (more than WAKEUPS_PER_S voluntary context switches a second: a loop
-that spends its time in one `time.sleep` line looks still to any sampler, but not to the
-kernel). The process is hung when its main thread did not move and did not use the CPU
-either (a main thread inside one long C call, using the CPU in the same place, is busy,
-not hung). A DataLoader main thread polling its queue every 5 s stays under the rate. For a DataLoader main
-thread waiting for a batch, the worker that holds it is found among the descendants (the
-one inside the dataset's __getitem__) and shown with the index it is stuck on.
+This is the one definition of progress, used by `probing PID hang` (`watch`), the
+`probing run --hang-timeout` watchdog (`ProgressTracker`, the same verdict over a rolling
+window) and the whole-job view. Over a window of samples, each thread is
+
+- moved: its Python stack changed between two samples read the same way (the agent's rows
+  and py-spy's are compared only among themselves: the two name frames differently);
+- busy: it stayed in one place but used at least BUSY_CPU_SHARE of a CPU (a long C call);
+- looping: it stayed on one line that is a wait (time.sleep, Event.wait, a queue get with a
+  timeout, select...) and kept waking up there (more than WAKEUPS_PER_S voluntary context
+  switches a second): a polling loop or a timed wait that never gets what it waits for.
+  Wake-ups are not progress: a thread waiting for the GIL wakes up every 5 ms to ask for it;
+- still: none of these.
+
+A thread that stayed on one line that is not a wait and kept waking up (I/O inside one C
+call) counts as moved. Wake-ups are read only when every sample came from the agent: py-spy
+stops each thread it reads, which wakes it up, so its samples' counts are its own doing.
+
+The process progresses when a thread that carries it moved or was busy. The thread that
+carries a process is its main thread, or, while the main thread only waits for other threads
+(Thread.join, the interpreter's shutdown waiting for non-daemon threads, starting one), the
+other threads. Background threads (heartbeats, loggers) never make a stuck main thread look
+alive. One exception comes first: a thread seen holding the GIL in every sample without moving
+or using the CPU stops every thread of the process from running Python: the process is hung,
+whatever else woke up.
+
+For a DataLoader main thread waiting for a batch, the worker that holds it is found among the
+descendants (the one inside the dataset's __getitem__) and shown with the index it is stuck on.
 """
 
 from __future__ import annotations
@@ -17,7 +36,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from .states import thread_state
+from .states import is_waiting, thread_state
 
 Rows = List[Dict[str, Any]]
 Sampler = Callable[[], Rows]
@@ -38,6 +57,8 @@ class ThreadReport(NamedTuple):
     cpu_percent: Optional[float]
     state: str
     where: str  # innermost Python frame: "func (file:line)"
+    activity: str = "still"  # moved, busy, looping or still (the module docstring says which is progress)
+    holds_gil: bool = False  # seen holding the GIL in every sample (from outside, by py-spy)
 
 
 class HangReport(NamedTuple):
@@ -47,6 +68,7 @@ class HangReport(NamedTuple):
     samples: int
     threads: List[ThreadReport]
     worker: Optional[Dict[str, Any]]  # the DataLoader worker holding the missing batch
+    reason: str = ""  # the verdict in one sentence: which thread decided it and why
 
     def to_json(self) -> Dict[str, Any]:
         return {
@@ -56,6 +78,7 @@ class HangReport(NamedTuple):
             "samples": self.samples,
             "threads": [thread._asdict() for thread in self.threads],
             "dataloader_worker": self.worker,
+            "reason": self.reason,
         }
 
 
@@ -80,7 +103,17 @@ def _wakeups(pid: int, native_id: Any) -> Optional[int]:
 
 
 def _signature(frames: Rows) -> Tuple[Any, ...]:
-    return tuple((frame["file"], frame["func"], frame["lineno"]) for frame in frames)
+    # Python frames only, by file name: py-spy's native frames come and go between dumps, and
+    # a relative co_filename and py-spy's path of the same file differ.
+    return tuple(
+        (os.path.basename(str(frame["file"])), frame["func"], frame["lineno"])
+        for frame in frames
+        if frame.get("frame_type") != "Native"
+    )
+
+
+def _source(rows: Rows) -> str:
+    return "py-spy" if any(row.get("source") == "py-spy" for row in rows) else "agent"
 
 
 def _by_thread(rows: Rows) -> Dict[Tuple[Any, Any], Rows]:
@@ -122,16 +155,44 @@ def take_sample(pid: int, rows: Rows, process: Dict[str, Any]) -> Sample:
     return Sample(time.monotonic(), rows, counters, holder)
 
 
+# While the main thread is in one of these, the process is carried by its other threads.
+_WAITS_FOR_THREADS = ("waiting in Thread.join", "waiting for a new thread to start")
+
+
+def _waits_for_threads(thread: ThreadReport, frames: Rows) -> bool:
+    base = thread.state.split(", ", 1)[1] if thread.holds_gil else thread.state
+    # After the main script ends, the interpreter joins non-daemon threads in threading._shutdown.
+    shutdown = any(
+        frame["func"] == "_shutdown" and str(frame["file"]).endswith("threading.py") for frame in frames
+    )
+    return base in _WAITS_FOR_THREADS or shutdown
+
+
+def _activity(moved: bool, cpu: Optional[float], wakeups: Optional[float], waiting: bool) -> str:
+    if moved:
+        return "moved"
+    if (cpu or 0.0) >= BUSY_CPU_SHARE * 100:
+        return "busy"
+    if (wakeups or 0.0) > WAKEUPS_PER_S:
+        return "looping" if waiting else "moved"
+    return "still"
+
+
 def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]], str]) -> HangReport:
-    """Whether the process progressed over `samples` (at least two), and what each thread did."""
+    """Whether the process progressed over `samples` (at least two), and what each thread did,
+    by the definition in the module docstring."""
     first, final = samples[0], samples[-1]
     elapsed = max(1e-6, final.taken - first.taken)
-    signatures: Dict[Tuple[Any, Any], Set[Tuple[Any, ...]]] = {}
+    signatures: Dict[Tuple[Any, Any, str], Set[Tuple[Any, ...]]] = {}
     last: Dict[Tuple[Any, Any], Rows] = {}
     for taken in samples:
+        source = _source(taken.rows)
         for key, frames in _by_thread(taken.rows).items():
-            signatures.setdefault(key, set()).add(_signature(frames))
+            signatures.setdefault((key[0], key[1], source), set()).add(_signature(frames))
             last[key] = frames
+    wakeups_count = all(_source(taken.rows) == "agent" for taken in samples)
+    holders = {taken.gil_holder for taken in samples}
+    holder = final.gil_holder if len(holders) == 1 else None
     clock = os.sysconf("SC_CLK_TCK")
     threads = []
     for key, frames in last.items():
@@ -141,19 +202,42 @@ def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]
         after, woke_after = final.counters.get(native, (None, None))
         cpu = None if before is None or after is None else 100.0 * (after - before) / clock / elapsed
         wakeups = None if woke_before is None or woke_after is None else (woke_after - woke_before) / elapsed
-        moved = len(signatures[key]) > 1 or (wakeups or 0.0) > WAKEUPS_PER_S
+        moved = any(len(seen) > 1 for (p, t, _), seen in signatures.items() if (p, t) == key)
         state = thread_state(frames, code_line)
+        activity = _activity(moved, cpu, wakeups if wakeups_count else None, is_waiting(state))
+        holds_gil = holder is not None and native == holder
+        if holds_gil:
+            state = thread_state(frames, code_line, {"owns_gil": True})
         threads.append(
             ThreadReport(
                 pid, top["thread_id"], native, top["thread_name"], bool(top["is_main"]),
-                moved, wakeups, cpu, state, _where(frames),
+                activity == "moved", wakeups, cpu, state, _where(frames), activity, holds_gil,
             )
         )  # fmt: skip
+    threads.sort(key=lambda t: (not t.is_main, str(t.name)))
+    hung, reason = _judge(threads, last)
+    return HangReport(pid, hung, elapsed, len(samples), threads, None, reason)
+
+
+def _judge(threads: List[ThreadReport], frames: Dict[Tuple[Any, Any], Rows]) -> Tuple[bool, str]:
+    progressing = ("moved", "busy")
+    holder = next((thread for thread in threads if thread.holds_gil), None)
+    if holder is not None and holder.activity not in progressing:
+        return True, f"thread {holder.name!r} held the GIL without moving or using the CPU"
     main = next((thread for thread in threads if thread.is_main), None)
-    hung = main is not None and not main.moved and (main.cpu_percent or 0.0) < BUSY_CPU_SHARE * 100
-    return HangReport(
-        pid, hung, elapsed, len(samples), sorted(threads, key=lambda t: (not t.is_main, str(t.name))), None
-    )
+    carriers = [main] if main is not None else []
+    if main is None or _waits_for_threads(main, frames[(main.pid, main.thread_id)]):
+        carriers = [thread for thread in threads if not thread.is_main] or carriers
+    if not carriers:
+        return True, "no thread was seen"
+    for activity in progressing:
+        mover = next((thread for thread in carriers if thread.activity == activity), None)
+        if mover is not None:
+            return False, f"thread {mover.name!r} {activity}"
+    names = ", ".join(repr(thread.name) for thread in carriers)
+    looping = any(thread.activity == "looping" for thread in carriers)
+    woke = "; they only woke up to wait again" if looping else ""
+    return True, f"no thread that carries the process moved ({names}){woke}"
 
 
 def watch(

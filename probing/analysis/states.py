@@ -1,13 +1,18 @@
 """What a thread is doing, read from its innermost frames: waiting on a lock, a queue, I/O,
-sleeping, in native code, or running Python. Pure functions over python.backtrace rows."""
+sleeping, in native code, or running Python. Pure functions over python.backtrace rows.
+
+A wait inside the standard library or torch's data loading passes through several library
+frames (Event.wait -> Condition.wait -> lock.acquire; a DataLoader worker's queue get ->
+Connection.poll -> selectors). The innermost of them says little ("waiting on socket I/O"
+for a worker waiting for its next index), so the state is named after the outermost library
+call of the chain that the thread's own code made.
+"""
 
 from __future__ import annotations
 
-import os
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs `probing PID backtrace` ~12 ms of start-up (docs/decisions.md)
-    from typing import Any, Callable, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Innermost native function names (from --native) and what they mean.
 _NATIVE = (
@@ -17,41 +22,99 @@ _NATIVE = (
     (("epoll_wait", "poll", "ppoll", "select", "pselect"), "waiting for I/O"),
     (("recv", "recvfrom", "recvmsg", "accept", "accept4", "read", "__libc_read"),
      "waiting to read (socket, pipe or file)"),
+    (("wait4", "waitpid", "waitid"), "waiting for a child process"),
+)  # fmt: skip
+
+# Library files a wait passes through: the chain of innermost frames in them is read as one call.
+_LIBRARY = (
+    "/threading.py", "/queue.py", "multiprocessing/", "/selectors.py", "/socket.py", "/ssl.py",
+    "/subprocess.py", "concurrent/futures/", "torch/utils/data/", "torch/distributed/",
+)  # fmt: skip
+
+# (part of the file's path, function names or () for any) -> state; the outermost match wins.
+_LIBRARY_CALLS = (
+    ("torch/utils/data/dataloader.py", ("_get_data", "_try_get_data"), "waiting for a DataLoader worker"),
+    ("torch/utils/data/_utils/worker.py", ("_worker_loop",),
+     "DataLoader worker waiting for work (an index from its queue)"),
+    ("torch/utils/data/_utils/pin_memory.py", ("_pin_memory_loop",), "waiting for a batch to pin"),
+    ("/threading.py", ("join", "_wait_for_tstate_lock"), "waiting in Thread.join"),
+    ("/threading.py", ("start",), "waiting for a new thread to start"),
+    ("/threading.py", ("acquire",), "waiting on a Semaphore"),
+    ("/threading.py", ("wait", "wait_for"), "waiting on a Condition"),
+    ("/queue.py", ("get",), "waiting on a queue (Queue.get)"),
+    ("/queue.py", ("put",), "waiting on a queue (Queue.put)"),
+    ("multiprocessing/queues.py", ("get",), "waiting on a multiprocessing queue"),
+    ("multiprocessing/", ("_recv", "recv", "recv_bytes", "_recv_bytes", "poll", "_poll", "get", "wait"),
+     "waiting for another process (multiprocessing)"),
+    ("/subprocess.py", ("wait", "_wait", "_try_wait", "communicate", "_communicate", "run"),
+     "waiting for a child process"),
+    ("concurrent/futures/", ("result", "wait", "as_completed"), "waiting on a Future"),
+    ("/selectors.py", (), "waiting on socket I/O"),
+    ("/socket.py", (), "waiting on socket I/O"),
+    ("/ssl.py", (), "waiting on socket I/O"),
+)  # fmt: skip
+
+# States that say the thread waits for something (another thread, a process, I/O, time):
+# waking up in one of them again and again is polling, not progress (analysis/progress.py).
+_WAITING_PREFIXES = (
+    "waiting", "sleeping", "blocked", "reading", "opening", "in torch.distributed",
+    "DataLoader worker waiting",
 )  # fmt: skip
 
 
-def _python_state(func: str, file: str, line: str) -> Optional[str]:
-    name = os.path.basename(file or "")
-    path = (file or "").replace("\\", "/")
-    if "torch/distributed" in path:
-        return f"in torch.distributed ({func})"
-    if "multiprocessing/" in path and func in (
-        "_recv",
-        "recv",
-        "recv_bytes",
-        "_recv_bytes",
-        "poll",
-        "_poll",
-        "get",
-    ):
-        return "waiting for another process (multiprocessing)"
-    if name == "queue.py" and func in ("get", "put"):
-        return f"waiting on a queue (Queue.{func})"
-    if ".acquire(" in line or func == "acquire":
+def is_waiting(state: str) -> bool:
+    """Whether `state` (from thread_state, without its GIL prefix) is a wait."""
+    return state.startswith(_WAITING_PREFIXES)
+
+
+def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
+    state = None
+    previous: Optional[Tuple[str, str]] = None
+    for frame in python[:16]:
+        path = str(frame.get("file") or "").replace("\\", "/")
+        func = str(frame.get("func") or "")
+        if not any(part in path for part in _LIBRARY):
+            break
+        if "torch/distributed/" in path:
+            state = f"in torch.distributed ({func})"
+        for part, funcs, meaning in _LIBRARY_CALLS:
+            if part in path and (not funcs or func in funcs):
+                state = meaning
+                break
+        # Event.wait is a `wait` of threading.py calling Condition.wait, another one.
+        if previous == ("threading", "wait") and path.endswith("/threading.py") and func == "wait":
+            state = "waiting on an Event"
+        previous = ("threading" if path.endswith("/threading.py") else path, func)
+    return state
+
+
+def _with_state(line: str) -> str:
+    """The innermost frame sits on a `with` line: a C call in its header has not returned.
+    A bare name or attribute is a C context manager whose __enter__ blocks: a lock."""
+    header = line[len("with ") : -1].split(" as ")[0].strip()
+    if "open(" in header:
+        return f"opening a file (`{line}`)"
+    if "(" not in header:
+        return f"blocked entering `{line}`"
+    return f"in a call in `{line}`"
+
+
+def _line_state(line: str) -> Optional[str]:
+    if ".acquire(" in line:
         return "waiting in Lock.acquire"
     if line.startswith("with ") and line.endswith(":"):
-        # A C context manager's __enter__ leaves no Python frame: for a lock, this is acquire.
-        return f"blocked entering `{line}`"
-    if name == "threading.py" and func in ("join", "_wait_for_tstate_lock"):
-        return "waiting in Thread.join"
+        return _with_state(line)
     if "sleep(" in line:
         return "sleeping"
-    if name in ("socket.py", "selectors.py", "ssl.py") or any(
-        call in line for call in (".recv(", ".recv_into(", ".accept(", ".select(", ".poll(", "select.select(")
-    ):
+    sockets = (".recv(", ".recv_into(", ".accept(", ".select(", ".poll(", "select.select(")
+    if any(call in line for call in sockets):
         return "waiting on socket I/O"
-    if any(call in line for call in (".read(", ".readline(", "in sys.stdin", ".readinto(")):
+    if any(call in line for call in ("in sys.stdin", "input(", "sys.stdin.read")):
+        return "reading standard input"
+    if any(call in line for call in (".read(", ".readline(", ".readinto(")):
         return "reading a file or pipe"
+    if " open(" in line or line.startswith("open("):
+        return "opening a file"
     return None
 
 
@@ -68,19 +131,13 @@ def thread_state(
         state = next((meaning for names, meaning in _NATIVE if function in names), "in native code")
     else:
         python = [frame for frame in frames if frame.get("frame_type") != "Native"]
-        # A DataLoader's main thread waits several frames down, in multiprocessing's queue code.
-        waits_for_worker = any(
-            "torch/utils/data/dataloader.py" in str(frame.get("file"))
-            and frame.get("func") in ("_get_data", "_try_get_data")
-            for frame in python[:8]
-        )
-        if waits_for_worker:
-            state = "waiting for a DataLoader worker"
-        elif python:
+        state = _library_state(python)
+        if state is None and python:
             innermost = python[0]
-            state = _python_state(
-                str(innermost.get("func") or ""), str(innermost.get("file") or ""), code_line(innermost)
-            )
+            if str(innermost.get("func") or "") == "acquire":
+                state = "waiting in Lock.acquire"
+            else:
+                state = _line_state(code_line(innermost).strip())
     if outside is not None and outside.get("owns_gil"):
         return f"holds the GIL, {state or 'in native code'}"
     return state or "running Python"
