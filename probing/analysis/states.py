@@ -44,6 +44,7 @@ _LIBRARY_CALLS = (
     ("/queue.py", ("get",), "waiting on a queue (Queue.get)"),
     ("/queue.py", ("put",), "waiting on a queue (Queue.put)"),
     ("multiprocessing/queues.py", ("get",), "waiting on a multiprocessing queue"),
+    ("multiprocessing/queues.py", ("_feed",), "waiting for items to send (multiprocessing queue feeder)"),
     ("multiprocessing/", ("_recv", "recv", "recv_bytes", "_recv_bytes", "poll", "_poll", "get", "wait"),
      "waiting for another process (multiprocessing)"),
     ("/subprocess.py", ("wait", "_wait", "_try_wait", "communicate", "_communicate", "run"),
@@ -65,6 +66,20 @@ _WAITING_PREFIXES = (
 def is_waiting(state: str) -> bool:
     """Whether `state` (from thread_state, without its GIL prefix) is a wait."""
     return state.startswith(_WAITING_PREFIXES)
+
+
+def _native_state(frames: List[Dict[str, Any]]) -> str:
+    native = []
+    for frame in frames:
+        if frame.get("frame_type") != "Native":
+            break
+        native.append(str(frame.get("func") or ""))
+    # The interpreter's GIL wait sits a few frames above the condition variable it sleeps on.
+    if any(name in ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread") for name in native[:8]):
+        return "waiting for the GIL"
+    # An address py-spy could not name (inside libc's syscall stubs) says nothing: the first name does.
+    named = next((name for name in native if name and not name.startswith("0x")), "")
+    return next((meaning for names, meaning in _NATIVE if named in names), "in native code")
 
 
 def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
@@ -127,8 +142,7 @@ def thread_state(
     `outside`: py-spy's view of the thread (owns_gil, active), when the stacks came from it."""
     state = None
     if frames and frames[0].get("frame_type") == "Native":
-        function = str(frames[0].get("func") or "")
-        state = next((meaning for names, meaning in _NATIVE if function in names), "in native code")
+        state = _native_state(frames)
     else:
         python = [frame for frame in frames if frame.get("frame_type") != "Native"]
         state = _library_state(python)
