@@ -81,9 +81,11 @@ def test_a_worker_inside_getitem_is_named_after_its_own_wait() -> None:
 @pytest.mark.parametrize(
     ("stack", "expected"),
     [
-        ([("wait", f"{LIB}/threading.py", 327), ("get", f"{LIB}/queue.py", 180), USER], "waiting on a queue (Queue.get)"),
+        ([("wait", f"{LIB}/threading.py", 327), ("get", f"{LIB}/queue.py", 180), USER],
+         "waiting on a queue (Queue.get)"),
         ([("wait", f"{LIB}/threading.py", 331), USER], "waiting on a Condition"),
-        ([("_wait_for_tstate_lock", f"{LIB}/threading.py", 1132), ("join", f"{LIB}/threading.py", 1112), USER],
+        ([("_wait_for_tstate_lock", f"{LIB}/threading.py", 1132), ("join", f"{LIB}/threading.py", 1112),
+          USER],
          "waiting in Thread.join"),
         ([("wait", f"{LIB}/threading.py", 327), ("wait", f"{LIB}/threading.py", 629),
           ("start", f"{LIB}/threading.py", 969), USER], "waiting for a new thread to start"),
@@ -96,7 +98,8 @@ def test_a_worker_inside_getitem_is_named_after_its_own_wait() -> None:
         ([("wait", f"{LIB}/threading.py", 327), ("_feed", f"{LIB}/multiprocessing/queues.py", 231),
           ("run", f"{LIB}/threading.py", 982)], "waiting for items to send (multiprocessing queue feeder)"),
         ([("accept", f"{LIB}/socket.py", 294), USER], "waiting on socket I/O"),
-        ([("barrier", "/venv/torch/distributed/distributed_c10d.py", 4100), USER], "in torch.distributed (barrier)"),
+        ([("barrier", "/venv/torch/distributed/distributed_c10d.py", 4100), USER],
+         "in torch.distributed (barrier)"),
     ],
 )  # fmt: skip
 def test_waits_in_the_library_are_named_after_the_call_the_code_made(stack: Any, expected: str) -> None:
