@@ -81,6 +81,21 @@ def test_an_exception_returns_the_remote_traceback(target: Target) -> None:
     assert "probing/agent" not in result.stderr
 
 
+@pytest.mark.parametrize("code", ["1/0", "x = 1\nx / 0", "def f(a):\n    return a\n\nf(1) / 0"])
+def test_the_error_markers_sit_under_the_expression_on_the_codes_last_line(target: Target, code: str) -> None:
+    """3.11 and 3.12 underline the failing expression (`~^~`); on eval'd code's last line, which
+    has no newline, they were one column to the right. Other versions print no markers."""
+    result = probing(str(target.pid), "eval", code)
+    assert result.returncode == ExitCode.REMOTE_ERROR
+    lines = result.stderr.splitlines()
+    shown = code.splitlines()[-1].strip()
+    at = lines.index(f"    {shown}")
+    markers = lines[at + 1]
+    if set(markers.strip()) <= set("~^"):
+        assert markers.index(markers.strip()) == 4, result.stderr
+        assert len(markers.strip()) == len(shown), result.stderr
+
+
 def test_an_exception_inside_the_jobs_own_code_shows_its_frames(target: Target) -> None:
     result = probing(str(target.pid), "eval", "ratio(1, 0)")
     assert result.returncode == ExitCode.REMOTE_ERROR

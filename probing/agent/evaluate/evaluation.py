@@ -113,8 +113,11 @@ def frame_namespace(own_threads: Any, spec: str) -> Tuple[Dict[str, Any], Any]:
 def _format_exception(error: BaseException, filename: str, source: str) -> str:
     import linecache
 
-    # Let the traceback show the lines of the eval'd code, as the REPL does for <stdin>.
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    # Let the traceback show the lines of the eval'd code, as the REPL does for <stdin>. Every
+    # line ends with a newline, as a file's would: 3.11 and 3.12 count one character of the line
+    # as its newline when they place the ~^~ markers, one column off on a last line without one.
+    lines = [line if line.endswith("\n") else line + "\n" for line in source.splitlines(True)]
+    linecache.cache[filename] = (len(source), None, lines, filename)
     try:
         tb = error.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == _THIS_FILE:
