@@ -340,3 +340,17 @@ def test_root_without_cap_sys_ptrace_is_told_which_capability_it_lacks() -> None
     finally:
         job.kill()
         job.wait()
+
+
+def test_the_probing_run_launcher_waiting_for_its_child_can_be_attached() -> None:
+    """`probing run` waits for its child in wait4: a safe place to borrow, like read or poll.
+    The interrupted wait4 is restarted: the child's exit status still comes through."""
+    with Target("sleeper.py", via="run") as job:
+        launcher = job.process.pid
+        assert wait_until(lambda: open(f"/proc/{launcher}/syscall").read().startswith("61 "), timeout=10)
+        report = inject(launcher)
+        assert report["method"] == "ptrace" and report["where"] == "waiting in wait4", report
+        rows = backtrace_rows(launcher)
+        main = [row for row in rows if row["thread_name"] == "MainThread"]
+        assert main and main[0]["file"].endswith("subprocess.py"), main[:1]  # type: ignore[union-attr]
+        assert job.alive() and job.finish() == 0
