@@ -1,4 +1,4 @@
-"""Hang detection: sample every thread's stack over a while and say whether the process progresses.
+"""Hang detection: sample every thread's stack over a while; say whether the process progresses.
 
 This is the one definition of progress, used by `probing PID hang` (`watch`), the
 `probing run --hang-timeout` watchdog (`ProgressTracker`, the same verdict over a rolling
@@ -9,13 +9,15 @@ window) and the whole-job view. Over a window of samples, each thread is
 - busy: it stayed in one place but used at least BUSY_CPU_SHARE of a CPU (a long C call);
 - looping: it stayed on one line that is a wait (time.sleep, Event.wait, a queue get with a
   timeout, select...) and kept waking up there (more than WAKEUPS_PER_S voluntary context
-  switches a second): a polling loop or a timed wait that never gets what it waits for.
-  Wake-ups are not progress: a thread waiting for the GIL wakes up every 5 ms to ask for it;
+  switches a second) without using the CPU: a polling loop or a timed wait that never gets
+  what it waits for. Wake-ups are not progress: a thread waiting for the GIL wakes up every
+  5 ms to ask for it;
 - still: none of these.
 
-A thread that stayed on one line that is not a wait and kept waking up (I/O inside one C
-call) counts as moved. Wake-ups are read only when every sample came from the agent: py-spy
-stops each thread it reads, which wakes it up, so its samples' counts are its own doing.
+A thread that kept waking up and used the CPU (work between its waits: a step, then a sleep),
+or kept waking up on a line that is not a wait (I/O inside one C call), counts as moved.
+Wake-ups are read only when every sample came from the agent: py-spy stops each thread it
+reads, which wakes it up, so its samples' counts are its own doing.
 
 The process progresses when a thread that carries it moved or was busy. The thread that
 carries a process is its main thread, or, while the main thread only waits for other threads
@@ -169,13 +171,14 @@ def _waits_for_threads(thread: ThreadReport, frames: Rows) -> bool:
 
 
 def _activity(moved: bool, cpu: Optional[float], wakeups: Optional[float], waiting: bool) -> str:
+    working = (cpu or 0.0) >= BUSY_CPU_SHARE * 100
     if moved:
         return "moved"
-    if (cpu or 0.0) >= BUSY_CPU_SHARE * 100:
-        return "busy"
     if (wakeups or 0.0) > WAKEUPS_PER_S:
-        return "looping" if waiting else "moved"
-    return "still"
+        # Woken on a wait line and then using the CPU: it works between its waits (a training
+        # step, then time.sleep), the samples only ever caught it waiting.
+        return "looping" if waiting and not working else "moved"
+    return "busy" if working else "still"
 
 
 def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]], str]) -> HangReport:

@@ -26,10 +26,18 @@ _NATIVE = (
 )  # fmt: skip
 
 # Library files a wait passes through: the chain of innermost frames in them is read as one call.
-_LIBRARY = (
+# The standard library's only where it lives (lib/pythonX.Y): a job's own threading.py is not it.
+_STANDARD_LIBRARY = (
     "/threading.py", "/queue.py", "multiprocessing/", "/selectors.py", "/socket.py", "/ssl.py",
-    "/subprocess.py", "concurrent/futures/", "torch/utils/data/", "torch/distributed/",
+    "/subprocess.py", "concurrent/futures/",
 )  # fmt: skip
+_TORCH = ("torch/utils/data/", "torch/distributed/")
+
+
+def _in_library(path: str) -> bool:
+    if any(part in path for part in _TORCH):
+        return True
+    return "/lib/python" in path and any(part in path for part in _STANDARD_LIBRARY)
 
 # (part of the file's path, function names or () for any) -> state; the outermost match wins.
 _LIBRARY_CALLS = (
@@ -88,7 +96,7 @@ def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
     for frame in python[:16]:
         path = str(frame.get("file") or "").replace("\\", "/")
         func = str(frame.get("func") or "")
-        if not any(part in path for part in _LIBRARY):
+        if not _in_library(path):
             break
         if "torch/distributed/" in path:
             state = f"in torch.distributed ({func})"

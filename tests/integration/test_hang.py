@@ -84,3 +84,48 @@ def test_the_watchdog_passes_a_finished_jobs_status_through() -> None:
         [PROBING, "run", "--hang-timeout", "5", "--", *job], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 3, result.stderr
+
+
+def test_a_thread_holding_the_gil_forever_is_hung_and_named() -> None:
+    """The issue's core scenario: one thread sleeps in C holding the GIL, the main thread waits
+    for it. The holder can only say "ready" before its C call: the test then waits, bounded,
+    until py-spy sees it holding the GIL."""
+    from probing.outside.pyspy import dump
+
+    with Target("gil_held_join.py", via="plain") as job:
+
+        def holds() -> bool:
+            return any(t.get("owns_gil") and t.get("thread_name") == "gil-holder" for t in dump(job.pid))
+
+        assert wait_until(holds, timeout=10, interval=0.1)
+        result = probing(str(job.pid), "hang", "--duration", "3")
+        assert result.returncode == ExitCode.HUNG, result.stdout + result.stderr
+        assert f"PID {job.pid} is hung" in result.stdout
+        holder = next(line for line in result.stdout.splitlines() if line.startswith("gil-holder"))
+        assert " no " in holder and "holds the GIL, sleeping" in holder, result.stdout
+        report = json.loads(probing(str(job.pid), "hang", "--duration", "1", "--format", "json").stdout)
+        assert report["hung"] is True and "held the GIL" in report["reason"]
+        by_name = {thread["name"]: thread for thread in report["threads"]}
+        assert by_name["gil-holder"]["holds_gil"] is True and by_name["gil-holder"]["moved"] is False
+        assert by_name["MainThread"]["moved"] is False
+
+
+def test_a_loop_that_only_wakes_up_to_sleep_again_is_looping_not_moving() -> None:
+    with Target("polls_forever.py", via="plain") as job:
+        result = probing(str(job.pid), "hang", "--duration", "2", "--samples", "5", "--format", "json")
+        report = json.loads(result.stdout)
+        assert result.returncode == ExitCode.HUNG, result.stdout + result.stderr
+        main = next(thread for thread in report["threads"] if thread["is_main"])
+        assert main["activity"] == "looping" and main["moved"] is False and main["state"] == "sleeping"
+        assert main["wakeups_per_s"] > 20
+
+
+def test_the_watchdog_ends_a_job_whose_thread_holds_the_gil(tmp_path: Path) -> None:
+    """The watchdog judges progress as `hang` does (analysis/progress.py): the GIL held forever
+    is no progress, whatever the waiting threads' wake-ups say."""
+    result = subprocess.run(
+        [PROBING, "run", "--hang-timeout", "4", "--", VENV_PYTHON, str(TARGETS / "gil_held_join.py")],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert result.returncode == ExitCode.HUNG, result.stderr
+    assert "holds the GIL" in result.stderr

@@ -109,6 +109,14 @@ def test_waking_up_on_a_wait_line_is_looping_not_progress() -> None:
     assert "only woke up to wait again" in report.reason
 
 
+def test_waking_up_on_a_wait_line_and_working_in_between_is_progress() -> None:
+    """A training step, then time.sleep: every sample catches the sleep, the CPU says it works."""
+    report = judge(
+        sample(0, {PID: SLEEPS}, {PID: (0, 0)}), sample(10, {PID: SLEEPS}, {PID: (CLOCK * 3, 900)})
+    )
+    assert not report.hung and report.threads[0].activity == "moved"
+
+
 def test_waking_up_inside_one_call_that_is_not_a_wait_is_progress() -> None:
     report = judge(sample(0, {PID: COMPUTES}, {PID: (0, 0)}), sample(10, {PID: COMPUTES}, {PID: (0, 500)}))
     assert not report.hung and report.threads[0].activity == "moved"
