@@ -39,6 +39,7 @@ def _in_library(path: str) -> bool:
         return True
     return "/lib/python" in path and any(part in path for part in _STANDARD_LIBRARY)
 
+
 # (part of the file's path, function names or () for any) -> state; the outermost match wins.
 _LIBRARY_CALLS = (
     ("torch/utils/data/dataloader.py", ("_get_data", "_try_get_data"), "waiting for a DataLoader worker"),
