@@ -129,3 +129,36 @@ def test_the_watchdog_ends_a_job_whose_thread_holds_the_gil(tmp_path: Path) -> N
     )  # fmt: skip
     assert result.returncode == ExitCode.HUNG, result.stderr
     assert "holds the GIL" in result.stderr
+
+
+def test_a_main_thread_blocked_opening_a_fifo_reads_as_opening_a_file(tmp_path: Path) -> None:
+    """`with open(...)` on the innermost line is the open() call not returning, not a lock."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with Target("opens_fifo.py", via="plain", args=[str(fifo)]) as job:
+        # "ready" comes before the open: wait until the main thread is inside openat (257).
+        assert wait_until(lambda: Path(f"/proc/{job.pid}/syscall").read_text().startswith("257 "), timeout=10)
+        result = probing(str(job.pid), "hang", "--duration", "1", "--samples", "3", "--format", "json")
+        assert result.returncode == ExitCode.HUNG, result.stdout + result.stderr
+        main = next(thread for thread in json.loads(result.stdout)["threads"] if thread["is_main"])
+        assert main["state"] == "opening a file (`with open(fifo) as handle:`)", main
+
+
+def test_an_idle_dataloader_worker_waits_for_work() -> None:
+    pytest.importorskip("torch")
+    import psutil
+
+    with Target("dataloader_stuck.py", via="plain") as job:
+        assert wait_until(lambda: len(psutil.Process(job.pid).children()) >= 2, timeout=30)
+        expected = "main thread: DataLoader worker waiting for work (an index from its queue)"
+
+        def one_worker_idle() -> bool:
+            texts = [
+                probing(str(child.pid), "backtrace").stdout for child in psutil.Process(job.pid).children()
+            ]
+            return any(expected in text for text in texts) and any("__getitem__" in text for text in texts)
+
+        # The idle worker finishes the indices it was given first: bounded, it ends up waiting.
+        assert wait_until(one_worker_idle, timeout=30, interval=0.5)
