@@ -65,7 +65,7 @@ def test_thread_states_at_a_glance() -> None:
         text = probing(str(job.pid), "backtrace").stdout
         assert '"takes-first": blocked entering `with theirs:`' in text
         assert '"takes-second": blocked entering `with theirs:`' in text
-        assert '"MainThread", main thread: waiting in Lock.acquire' in text
+        assert '"MainThread", main thread: waiting in Thread.join' in text
 
 
 def test_children_show_the_dataloader_worker_that_holds_the_batch() -> None:
