@@ -303,9 +303,6 @@ class FrameReader:
         return Frame(header, payload)
 
 
-
-
 def recv_frame(sock: Any, max_bytes: int) -> Optional[Frame]:
     """One frame, reading nothing past it (for one-request conversations)."""
     return FrameReader(sock, max_bytes, readahead=False).read()
-

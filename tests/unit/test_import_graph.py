@@ -85,7 +85,9 @@ def edges_of(module: str) -> List[Edge]:
             assert isinstance(node, ast.ImportFrom)
             base = _resolve(module, node)
             # `from package import name` imports the submodule when `name` is one.
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names
+            ]
         edges += [Edge(target, node.lineno, type_only, top_level) for target in targets]
     return edges
 
@@ -95,7 +97,11 @@ GRAPH: Dict[str, List[Edge]] = {module: edges_of(module) for module in MODULES}
 
 def _runtime_graph() -> Dict[str, Set[str]]:
     return {
-        module: {edge.target for edge in edges if edge.target in MODULES and edge.target != module and not edge.type_only}
+        module: {
+            edge.target
+            for edge in edges
+            if edge.target in MODULES and edge.target != module and not edge.type_only
+        }
         for module, edges in GRAPH.items()
     }
 
@@ -190,7 +196,9 @@ def test_no_import_circles() -> None:
     assert not ours, "import circles:\n  " + "\n  ".join(describe_cycle(cycle) for cycle in ours)
 
 
-@pytest.mark.xfail(reason="cli/actions.py <-> launch/watchdog.py: owned by the engine/CLI branch", strict=True)
+@pytest.mark.xfail(
+    reason="cli/actions.py <-> launch/watchdog.py: owned by the engine/CLI branch", strict=True
+)
 def test_no_import_circles_in_code_of_other_branches() -> None:
     _, elsewhere = _cycles()
     assert not elsewhere, "import circles:\n  " + "\n  ".join(describe_cycle(cycle) for cycle in elsewhere)
