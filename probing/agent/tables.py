@@ -9,6 +9,7 @@ import sys
 from typing import Any, Callable, Dict, List
 
 from .. import __version__
+from ..procfs import process_start_time, thread_cpu_seconds
 from ..schema.tables import (
     BACKTRACE,
     CUDA_MEMORY,
@@ -26,7 +27,6 @@ from ..schema.tables import (
 )
 from .columns import TableBuilder
 from .identity import python_version, working_directory
-from .procfs import process_start_time, thread_cpu_seconds
 from .stacks import backtrace_rows, thread_stacks
 
 

@@ -14,7 +14,7 @@ import time
 import tracemalloc
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..procfs import memory_bytes
+from ...procfs import memory_bytes
 from ..requests import ErrorKind, RequestError
 from .census import MB, Census, cuda_device_stats, take_census, type_name
 
