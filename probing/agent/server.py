@@ -1,8 +1,9 @@
 """The agent's socket: bind, accept, check the peer, one thread per client connection.
 
 Idle cost is zero: the accept thread and every connection thread sit in blocking system
-calls; nothing polls. Request handling (and the json/protocol imports it needs) is loaded on
-the first connection, so an agent nobody talks to costs one thread and one file descriptor.
+calls; nothing polls. Request handling (and the protocol's frames and tables it needs) is
+loaded on the first connection, so an agent nobody talks to costs one thread and one file
+descriptor.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
 
+from ..protocol.messages import ErrorKind
 from .connections import Connection, busy_message, serve_on_this_thread
 from .lifecycle import JOB_HOOKS, WORK, on_stop, run_stop_hooks
 from .sockets import (
@@ -119,7 +121,7 @@ class AgentServer:
             release(conn, descriptor_identity(conn))
             return
         if uid not in (0, os.geteuid()):
-            self._refuse(conn, "PermissionDenied", f"uid {uid} may not talk to this agent")
+            self._refuse(conn, ErrorKind.PERMISSION_DENIED, f"uid {uid} may not talk to this agent")
             return
         record = Connection(conn, pid)
         refused: Optional[List[Dict[str, Any]]] = None
@@ -136,7 +138,9 @@ class AgentServer:
                 self._connection_count += 1
                 number = self._connection_count
         if refused is not None:
-            self._refuse(conn, "Busy", busy_message(refused), busy=len(refused), idle=0, connections=refused)
+            self._refuse(
+                conn, ErrorKind.BUSY, busy_message(refused), busy=len(refused), idle=0, connections=refused
+            )
             return
         thread = threading.Thread(
             target=self._serve_connection, args=(conn, record), name=f"probing-conn-{number}", daemon=True
@@ -220,7 +224,10 @@ class AgentServer:
                 from .handlers import Dispatcher, reply_buffers
             except Exception as error:  # noqa: BLE001 - a broken install: say so, don't vanish
                 message = f"the agent cannot load its request handlers: {type(error).__name__}: {error}"
-                self._send(conn, protocol.frame_buffers(protocol.error_reply(None, "InternalError", message)))
+                self._send(
+                    conn,
+                    protocol.frame_buffers(protocol.error_reply(None, ErrorKind.INTERNAL_ERROR, message)),
+                )
                 return
             dispatcher = Dispatcher(self)
             reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
@@ -236,11 +243,11 @@ class AgentServer:
                     frame = reader.read(deadline, FRAME_TIMEOUT_S)
                 except protocol.FrameTimeout as error:
                     why = f"no request within {HELLO_TIMEOUT_S:g} s of connecting" if first else str(error)
-                    outgoing += protocol.frame_buffers(protocol.error_reply(None, "Timeout", why))
+                    outgoing += protocol.frame_buffers(protocol.error_reply(None, ErrorKind.TIMEOUT, why))
                     self._send(conn, outgoing)
                     return
                 except protocol.FrameError as error:
-                    reply = protocol.error_reply(error.request_id, "BadFrame", str(error))
+                    reply = protocol.error_reply(error.request_id, ErrorKind.BAD_FRAME, str(error))
                     outgoing += protocol.frame_buffers(reply)
                     if not self._send(conn, outgoing) or error.fatal:
                         return
