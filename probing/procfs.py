@@ -107,6 +107,12 @@ def environ_value(pid: int, name: str) -> Optional[str]:
     return None
 
 
+def command_line(pid: Pid) -> List[str]:
+    """argv of the process; [] when unreadable (or a kernel thread)."""
+    data = _read_small_whole(f"/proc/{pid}/cmdline")
+    return [os.fsdecode(part) for part in (data or b"").split(b"\0") if part]
+
+
 def python_version(pid: int) -> Optional[str]:
     """'3.11' from the executable's or libpython's name; None when the process is not Python.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -58,6 +59,7 @@ def test_facts_of_this_process() -> None:
     assert procfs.process_alive(pid)
     assert procfs.effective_uid(pid) == os.geteuid()
     assert procfs.python_version(pid) is not None
+    assert procfs.command_line(pid) == sys.orig_argv
     start = procfs.process_start_time()
     assert start is not None and start == procfs.start_time(pid)
     resident, virtual, threads = procfs.memory_and_threads()
