@@ -270,6 +270,26 @@ def test_nothing_outside_the_cli_imports_the_cli_in_code_of_other_branches() -> 
     assert not found, "\n".join(found)
 
 
+FEATURES = ("probing.agent.evaluate", "probing.agent.repl", "probing.agent.memory", "probing.agent.pytorch")
+CORE = ("probing.agent.tables", "probing.agent.handlers", "probing.agent.server")
+
+
+def test_agent_features_never_import_the_core_that_serves_them() -> None:
+    """agent/tables.py (how tables are filled) and handlers.py may import the features; a feature
+    imports neither (the table definitions are in schema/tables.py, RequestError in
+    agent/requests.py) and registers its stop hooks with lifecycle.py instead of being called."""
+    found = sorted(
+        {
+            f"{module}:{edge.line} imports {edge.target}"
+            for module, edges in GRAPH.items()
+            if _prefix_of(module, FEATURES)
+            for edge in edges
+            if _prefix_of(edge.target, CORE)
+        }
+    )
+    assert not found, "\n".join(found)
+
+
 HEAVY = ("click", "duckdb", "psutil", "numpy", "torch")
 
 
