@@ -1,6 +1,8 @@
 """Every failure a user can meet, each with its exit code and the hint that fixes it.
 
-The CLI has one handler that turns these into messages; nothing below the CLI prints.
+The CLI has one handler that turns these into messages; nothing below the CLI prints. A class
+carries its usual hint (`default_hint`); a raise site passes `hint=` only where it knows better,
+and `hint=""` where no hint applies.
 """
 
 from __future__ import annotations
@@ -59,11 +61,12 @@ class ProbingError(Exception):
     """Base of every expected failure: a message, a hint and an exit code."""
 
     exit_code = ExitCode.ERROR
+    default_hint: Optional[str] = None
 
     def __init__(self, message: str, hint: Optional[str] = None) -> None:
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint: Optional[str] = (hint or None) if hint is not None else self.default_hint
 
 
 class UsageError(ProbingError):
@@ -80,10 +83,15 @@ class NotPython(ProbingError):
 
 class PermissionDenied(ProbingError):
     exit_code = ExitCode.PERMISSION_DENIED
+    default_hint = "run probing as the user that owns the process, or as root"
 
 
 class NoAgent(ProbingError):
     exit_code = ExitCode.NO_AGENT
+    default_hint = (
+        "drop --no-attach to attach to it, or start the job with the agent: "
+        "`probing run -- python train.py` or `PROBING=1 python train.py`"
+    )
 
 
 class AgentTimeout(ProbingError):
@@ -93,8 +101,10 @@ class AgentTimeout(ProbingError):
 class EvalTimedOut(AgentTimeout):
     """eval ran past its --timeout; carries what the code printed until then."""
 
+    default_hint = "raise --timeout if the code needs longer"
+
     def __init__(self, message: str, stdout: str = "", stderr: str = "") -> None:
-        super().__init__(message, hint="raise --timeout if the code needs longer")
+        super().__init__(message)
         self.stdout = stdout
         self.stderr = stderr
 
@@ -105,18 +115,43 @@ class AgentUnreachable(ProbingError):
     exit_code = ExitCode.ERROR
 
 
+class AgentBusy(AgentUnreachable):
+    """Every connection of the agent runs a request (the message names them); backtrace falls
+    back to reading from outside, and says why."""
+
+    default_hint = "try again when one of those requests has ended"
+
+
+class ProtocolMismatch(AgentUnreachable):
+    """The agent speaks another protocol version."""
+
+    default_hint = "use the same probing version for the CLI and the job"
+
+
+class AgentFailed(ProbingError):
+    """A bug in the agent: a handler raised where it should not have."""
+
+    default_hint = "this is a bug in probing; please report it"
+
+
+class RequestRefused(ProbingError):
+    """The agent would not run the request as sent: a parameter it cannot take, a method it does
+    not have, a reply too large to send, a window ended early, a statement still running."""
+
+
+class NotFound(ProbingError):
+    """The agent has no such table, thread or running function."""
+
+
 class UntrustedSocket(PermissionDenied):
     """The socket found for a process is not that process's own: a directory or file of
     another user, a symlink, or another process answering on it."""
 
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(
-            message,
-            hint=hint
-            or "an agent's socket lies in a directory of the job's own user, mode 0700 "
-            "(PROBING_SOCKET_DIR or /tmp/probing-UID); if the job set PROBING_SOCKET_DIR, "
-            "check who else can write there",
-        )
+    default_hint = (
+        "an agent's socket lies in a directory of the job's own user, mode 0700 "
+        "(PROBING_SOCKET_DIR or /tmp/probing-UID); if the job set PROBING_SOCKET_DIR, "
+        "check who else can write there"
+    )
 
 
 class BadReply(ProbingError):
@@ -124,14 +159,10 @@ class BadReply(ProbingError):
     probing version, or not an agent at all. The job is untrusted input to the CLI."""
 
     exit_code = ExitCode.BAD_REPLY
-
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(
-            message,
-            hint=hint
-            or "use the same probing version for the CLI and the job; `probing -v PID ...` "
-            "shows which process answered",
-        )
+    default_hint = (
+        "use the same probing version for the CLI and the job; `probing -v PID ...` "
+        "shows which process answered"
+    )
 
 
 class SessionGone(ProbingError):
@@ -154,6 +185,16 @@ class BadSQL(ProbingError):
 
 class NoTorch(ProbingError):
     exit_code = ExitCode.NO_TORCH
+    default_hint = (
+        "torch features work once the job has imported torch; "
+        "PROBING=1 PROBING_TORCH_TRACE=1 python train.py traces from the first step"
+    )
+
+
+class NoCuda(NoTorch):
+    """The job has imported torch but keeps everything on the CPU."""
+
+    default_hint = "the job keeps its tensors on the CPU: see `probing PID memory`"
 
 
 class RemoteError(ProbingError):

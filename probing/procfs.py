@@ -1,55 +1,104 @@
-"""Facts about a process from /proc: is it there, whose is it, is it Python, where is its agent.
+"""What /proc says about a process and its threads: the one place that parses it.
 
-Stdlib only and cheap: `probing PID backtrace` calls this on every run.
+A stdlib leaf that both sides import: the agent reads its own process ("self"), the CLI the
+target's. It returns facts and raises nothing of probing's own: a value that cannot be read is
+None, and the few functions that must tell "gone" from "not allowed" raise the builtin
+FileNotFoundError or PermissionError, which the CLI turns into ProbingErrors with their hints
+(client/discovery.py). Cheap: `probing PID backtrace` calls it on every run, and the agent's
+memory sampler every second.
 """
 
 from __future__ import annotations
 
 import os
 
-from .errors import PermissionDenied, ProcessNotFound
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional
+    from typing import Dict, List, Optional, Tuple, Union
+
+    Pid = Union[int, str]  # a PID, or "self"
 
 _PYTHON_EXE = r"^python(\d+(\.\d+)?)?[a-z]*$"
 _LIBPYTHON = r"libpython(\d+\.\d+)[a-z]*\.so"
 _PYTHON_VERSION_IN_NAME = r"python(\d+\.\d+)"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _read_small(path: str) -> Optional[bytes]:
+    # os.open/os.read rather than open(): the memory sampler reads these every second, and the
+    # io module's objects cost more than the read itself.
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(descriptor, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
+
+
+def _stat_fields(path: str) -> List[bytes]:
+    """Fields of a stat(5) file from field 3 (state) on; [] when unreadable. The command name
+    (field 2) may contain spaces and parentheses: split after the last ')'."""
+    text = _read_small(path)
+    if text is None:
+        return []
+    return text[text.rfind(b")") + 2 :].split()
+
+
+def _status_value(path: str, key: bytes) -> Optional[bytes]:
+    """The first word after `key` in a status(5)-like file of `key: value` lines."""
+    text = _read_small_whole(path)
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.startswith(key):
+            words = line[len(key) :].split()
+            return words[0] if words else None
+    return None
+
+
+def _read_small_whole(path: str) -> Optional[bytes]:
+    # status files pass 4 KiB for processes with many groups or a long Cpus_allowed_list.
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _int(value: Optional[bytes]) -> Optional[int]:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+# --- a process ------------------------------------------------------------------------------
 
 
 def process_alive(pid: int) -> bool:
     """Whether `pid` exists and has not exited (a zombie waiting to be reaped has)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    return bool(fields) and fields[0] not in (b"Z", b"X")
 
 
-def require_process(pid: int) -> None:
-    if pid <= 0 or not process_alive(pid):
-        raise ProcessNotFound(f"no process with PID {pid}", hint="check the PID with `probing list`")
-
-
-def effective_uid(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[2])
-    except (OSError, ValueError, IndexError):
-        return None
+def effective_uid(pid: Pid) -> Optional[int]:
+    value = _read_small_whole(f"/proc/{pid}/status")
+    for line in (value or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            words = line.split()
+            return _int(words[2]) if len(words) > 2 else None
     return None
 
 
 def environ_value(pid: int, name: str) -> Optional[str]:
     """A variable of the process's start-up environment (None if unreadable or unset)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as environ:
-            data = environ.read()
-    except OSError:
+    data = _read_small_whole(f"/proc/{pid}/environ")
+    if data is None:
         return None
     prefix = name.encode() + b"="
     for entry in data.split(b"\0"):
@@ -58,28 +107,24 @@ def environ_value(pid: int, name: str) -> Optional[str]:
     return None
 
 
-def python_version_of(pid: int) -> Optional[str]:
+def command_line(pid: Pid) -> List[str]:
+    """argv of the process; [] when unreadable (or a kernel thread)."""
+    data = _read_small_whole(f"/proc/{pid}/cmdline")
+    return [os.fsdecode(part) for part in (data or b"").split(b"\0") if part]
+
+
+def python_version(pid: int) -> Optional[str]:
     """'3.11' from the executable's or libpython's name; None when the process is not Python.
 
-    Raises PermissionDenied when /proc does not let us look (another user's process).
+    Raises FileNotFoundError when the process is gone and PermissionError when /proc does not
+    let us look (another user's process, or root without CAP_SYS_PTRACE).
     """
     import re  # only on the way to an error message or `probing list`: keep re off the fast path
 
     try:
         exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except FileNotFoundError:
-        raise ProcessNotFound(f"no process with PID {pid}") from None
-    except PermissionError:
-        if os.geteuid() == 0:
-            # Root that may not look: CAP_SYS_PTRACE dropped (a container's default) or Yama.
-            hint = (
-                "probing runs as root without the right to ptrace it: in a container, start it with "
-                "`docker run --cap-add=SYS_PTRACE`; or start the job with the agent: "
-                "`probing run -- python train.py`"
-            )
-        else:
-            hint = "run probing as the user that owns the process, or as root"
-        raise PermissionDenied(f"not allowed to inspect PID {pid}", hint=hint) from None
+    except (FileNotFoundError, PermissionError):
+        raise
     except OSError:  # a kernel thread has no executable
         return None
     exe = exe.replace(" (deleted)", "")
@@ -87,14 +132,140 @@ def python_version_of(pid: int) -> Optional[str]:
         match = re.search(_PYTHON_VERSION_IN_NAME, exe)
         if match:
             return match.group(1)
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as maps:
-            found = re.search(_LIBPYTHON, os.fsdecode(maps.read()))
-    except OSError:
-        found = None
+    maps = _read_small_whole(f"/proc/{pid}/maps")
+    found = re.search(_LIBPYTHON, os.fsdecode(maps)) if maps is not None else None
     if found:
         return found.group(1)
     return "3" if re.match(_PYTHON_EXE, exe) else None
+
+
+def start_time(pid: Pid = "self") -> Optional[float]:
+    """Seconds since the epoch at which the process started."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if len(fields) < 20:
+        return None
+    try:
+        with open("/proc/stat", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"btime "):
+                    return int(line.split()[1]) + int(fields[19]) / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def process_start_time() -> Optional[float]:
+    """Seconds since the epoch at which this process started."""
+    return start_time("self")
+
+
+def memory_and_threads() -> Tuple[Optional[int], Optional[int], Optional[int]]:
+    """(resident bytes, virtual bytes, OS threads) of this process, from one read of
+    /proc/self/stat (one file, not statm as well: each read costs tens of microseconds)."""
+    fields = _stat_fields("/proc/self/stat")
+    if len(fields) < 22:
+        return None, None, None
+    # Fields 20 (num_threads), 23 (vsize, bytes) and 24 (rss, pages) of stat(5).
+    return int(fields[21]) * _PAGE_SIZE, int(fields[20]), int(fields[17])
+
+
+def memory_bytes() -> Tuple[Optional[int], Optional[int]]:
+    """(resident, virtual) bytes of this process."""
+    resident, virtual, _ = memory_and_threads()
+    return resident, virtual
+
+
+def thread_count() -> Optional[int]:
+    return memory_and_threads()[2]
+
+
+def open_descriptor_count() -> Optional[int]:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def peak_resident_bytes() -> Optional[int]:
+    """The most this process has ever had resident (VmHWM)."""
+    value = _int(_status_value("/proc/self/status", b"VmHWM:"))
+    return value * 1024 if value is not None else None
+
+
+# --- its threads ------------------------------------------------------------------------------
+
+
+def thread_cpu_ticks(pid: Pid, tid: object) -> Optional[int]:
+    """User plus system CPU time of one thread, in clock ticks."""
+    fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+    if len(fields) < 13:
+        return None
+    # Fields 14 and 15 of stat(5); fields[0] here is field 3.
+    return int(fields[11]) + int(fields[12])
+
+
+def thread_cpu_seconds(native_id: Optional[int]) -> Tuple[Optional[float], Optional[float]]:
+    """(user, system) CPU seconds of one thread of this process."""
+    if native_id is None:
+        return None, None
+    fields = _stat_fields(f"/proc/self/task/{native_id}/stat")
+    if len(fields) < 13:
+        return None, None
+    return int(fields[11]) / _CLOCK_TICKS, int(fields[12]) / _CLOCK_TICKS
+
+
+def thread_wakeups(pid: Pid, tid: object) -> Optional[int]:
+    """Voluntary context switches of one thread: how often it blocked and was woken."""
+    return _int(_status_value(f"/proc/{pid}/task/{tid}/status", b"voluntary_ctxt_switches:"))
+
+
+def thread_name(tid: int) -> Optional[str]:
+    """The OS name (comm) of thread `tid`, whatever process it belongs to."""
+    name = _read_small(f"/proc/{tid}/comm")
+    return name.decode("utf-8", "replace").strip() if name is not None else None
+
+
+def thread_names(pid: Pid) -> Dict[int, str]:
+    """{native thread id: OS name} of every thread of the process (pthread_setname_np names)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    names = {}
+    for task in tasks:
+        name = _read_small(f"/proc/{pid}/task/{task}/comm")
+        if name is not None and task.isdigit():
+            names[int(task)] = name.decode("utf-8", "replace").strip()
+    return names
+
+
+def thread_work_done(pid: Pid, tid: object) -> Optional[Tuple[int, ...]]:
+    """CPU ticks, bytes read and read calls of one thread so far: they change while it works,
+    even when the Python stack does not (loading modules, reading files)."""
+    counters: List[int] = []
+    fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+    if len(fields) >= 13:
+        counters += [int(fields[11]), int(fields[12])]  # utime, stime
+        io = _read_small_whole(f"/proc/{pid}/task/{tid}/io") or b""
+        counters += [
+            int(line.split()[1]) for line in io.splitlines() if line.startswith((b"rchar", b"syscr"))
+        ]
+    return tuple(counters) or None
+
+
+def thread_syscall(pid: Pid, tid: object) -> Optional[int]:
+    """The number of the system call thread `tid` is blocked in; -1 when it runs (or is in
+    user space); None when /proc does not say (another user's process, no such thread)."""
+    text = _read_small(f"/proc/{pid}/task/{tid}/syscall")
+    if not text:
+        return None
+    first = text.split()[0]
+    if first == b"running":
+        return -1
+    return _int(first)
+
+
+# --- where a process's agent would listen -----------------------------------------------------
 
 
 class View:
@@ -115,13 +286,10 @@ class View:
                 self.root = f"/proc/{pid}/root"
         except OSError:
             pass
-        try:
-            with open(f"/proc/{pid}/status", "rb") as status:
-                for line in status:
-                    if line.startswith(b"NSpid:"):
-                        self.own_pid = int(line.split()[-1])
-        except (OSError, ValueError, IndexError):
-            pass
+        status = _read_small_whole(f"/proc/{pid}/status") or b""
+        for line in status.splitlines():
+            if line.startswith(b"NSpid:"):
+                self.own_pid = _int(line.split()[-1]) or pid
 
     def path(self, inside: str) -> str:
         """A path of the process's file system, as the CLI reaches it."""

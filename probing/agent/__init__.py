@@ -8,11 +8,12 @@ the first connection. See DESIGN.md, "Agent rules".
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from typing import Optional, Tuple
 
-from .server import AGENT_THREAD_NAME, AgentServer, descriptor_identity, release
+from .lifecycle import on_fork_in_child, run_fork_hooks
+from .server import AgentServer
+from .sockets import AGENT_THREAD_NAME, descriptor_identity, release
 
 _lock = threading.Lock()
 _server: Optional[AgentServer] = None
@@ -101,14 +102,18 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             # One set for both: the sampler and any worker the old server started are still
             # the agent's own threads, never the job's, in backtraces.
             server.own_threads = previous.own_threads
+        server.on_detach = stop
         if calling_thread_is_ours:
             server.own_threads.add(threading.get_ident())
         # The sampler starts before the socket serves: a backtrace must never catch its thread
         # before it is known as the agent's own.
         sampling_error = None
         try:
-            from .memory.census import start_sampling
+            from .memory.census import forget_after_fork, start_sampling
 
+            # TODO(lead, at merge): drop this registration if the torch/memory branch registers
+            # forget_after_fork in start_sampling itself (on_fork_in_child ignores a second one).
+            on_fork_in_child(forget_after_fork)
             start_sampling(server.own_threads)
         except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
             sampling_error = f"memory sampling: {type(error).__name__}: {error}"
@@ -173,9 +178,7 @@ def _forget_after_fork() -> None:
     server, _server = _server, None
     if server is not None:
         server.abandon_in_child()
-    memory = sys.modules.get(__package__ + ".memory.census")
-    if memory is not None:
-        memory.forget_after_fork()
+    run_fork_hooks()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -10,10 +10,10 @@ import array
 import json
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from ..protocol import ENCODING_OF_TYPE, ColumnBuffers, encode_table
+from ..protocol.tables import ENCODING_OF_TYPE, ColumnBuffers, encode_table
 
 if TYPE_CHECKING:
-    from ..protocol import ByteChunk
+    from ..protocol.frames import ByteChunk
 
 
 class _Numeric:

@@ -10,20 +10,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__, protocol
 from ..schema.tables import AGENT_TABLES as TABLES
-from .tables import BUILDERS, python_version
+from .identity import python_version, working_directory
+from .requests import ErrorKind, RequestError, bool_param, float_param, int_param, str_param, type_name
+from .tables import BUILDERS
 
 if TYPE_CHECKING:
     Reply = Tuple[Dict[str, Any], List[protocol.ByteChunk]]
-
-
-class RequestError(Exception):
-    """A request that cannot be served; becomes `{ok: false, error: {type, message, ...}}`."""
-
-    def __init__(self, error_type: str, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.error_type = error_type
-        self.message = message
-        self.details = details
 
 
 # What an error reply's header carries of a message or a traceback: a message can quote what
@@ -39,28 +31,6 @@ def _cut(text: str, limit: int) -> str:
     return f"{text[:limit]} [probing: {len(text) - limit} more characters were dropped]"
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _bool_param(params: Dict[str, Any], name: str) -> bool:
-    value = params.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise RequestError(
-            "BadRequest", f"{name} must be true or false, not {_type_name(value)} {value!r:.80}"
-        )
-    return value
-
-
-def _str_param(params: Dict[str, Any], name: str) -> Optional[str]:
-    value = params.get(name)
-    if value is not None and not isinstance(value, str):
-        raise RequestError("BadRequest", f"{name} must be a string, not {_type_name(value)} {value!r:.80}")
-    return value
-
-
 def _hello(server: Any, params: Dict[str, Any]) -> Any:
     client_version = params.get("protocol")
     if client_version is not None and (
@@ -68,22 +38,18 @@ def _hello(server: Any, params: Dict[str, Any]) -> Any:
     ):
         # Said as it is: "the agent speaks protocol 1, the client 1" for a "1" helped nobody.
         raise RequestError(
-            "BadRequest",
+            ErrorKind.BAD_REQUEST,
             f"hello 'protocol' must be an integer (this agent speaks {protocol.PROTOCOL_VERSION}), "
-            f"not {_type_name(client_version)} {client_version!r:.80}",
+            f"not {type_name(client_version)} {client_version!r:.80}",
             protocol=protocol.PROTOCOL_VERSION,
         )
-    _str_param(params, "client")
+    str_param(params, "client")
     if client_version is not None and client_version != protocol.PROTOCOL_VERSION:
         raise RequestError(
-            "ProtocolMismatch",
+            ErrorKind.PROTOCOL_MISMATCH,
             f"the agent speaks protocol {protocol.PROTOCOL_VERSION}, the client {client_version}",
             protocol=protocol.PROTOCOL_VERSION,
         )
-    try:
-        cwd = os.getcwd()
-    except OSError:
-        cwd = None
     return {
         "protocol": protocol.PROTOCOL_VERSION,
         "pid": os.getpid(),
@@ -92,7 +58,7 @@ def _hello(server: Any, params: Dict[str, Any]) -> Any:
         "implementation": sys.implementation.name,
         "probing_version": __version__,
         "argv": list(sys.argv),
-        "cwd": cwd,
+        "cwd": working_directory(),
         "executable": sys.executable,
         "socket": server.path,
         "capabilities": sorted(METHODS),
@@ -105,16 +71,18 @@ def _tables(server: Any, params: Dict[str, Any]) -> Any:
 
 
 def _table(server: Any, params: Dict[str, Any]) -> Reply:
-    name = _str_param(params, "name")
+    name = str_param(params, "name")
     table = TABLES.get(name) if name is not None else None
     if table is None:
-        raise RequestError("NotFound", f"no table {name!r:.200}; tables: {', '.join(sorted(TABLES))}")
+        raise RequestError(
+            ErrorKind.NOT_FOUND, f"no table {name!r:.200}; tables: {', '.join(sorted(TABLES))}"
+        )
     # The parameters the table builders read (tables.py), checked here once for all of them.
-    _str_param(params, "thread")
-    _bool_param(params, "locals")
-    _int_param(params, "repr_limit", 1)
-    _float_param(params, "scan_budget_s", 1.0, 0.0, float("inf"))  # tables.py clamps the range
-    _float_param(params, "step_wait_s", 1.0, 0.0, 600.0)
+    str_param(params, "thread")
+    bool_param(params, "locals")
+    int_param(params, "repr_limit", 1)
+    float_param(params, "scan_budget_s", 1.0, 0.0, float("inf"))  # tables.py clamps the range
+    float_param(params, "step_wait_s", 1.0, 0.0, 600.0)
     descriptor, chunks = BUILDERS[table.name](server, params).encode()
     return {"table": descriptor}, chunks
 
@@ -141,22 +109,15 @@ def _tracer(server: Any) -> Any:
     try:
         return torchtrace.tracer(server.own_threads)
     except torchtrace.NoTorch as error:
-        raise RequestError("NoTorch", str(error)) from None
-
-
-def _int_param(params: Dict[str, Any], name: str, low: int) -> Optional[int]:
-    value = params.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise RequestError("BadRequest", f"{name} must be an integer >= {low}, not {value!r:.80}")
-    return value
+        raise RequestError(ErrorKind.NO_TORCH, str(error)) from None
 
 
 def _trace(server: Any, params: Dict[str, Any]) -> Any:
     action = params.get("action")
     if not isinstance(action, str) or action not in ("on", "off", "status"):
-        raise RequestError("BadRequest", f"trace action must be on, off or status, not {action!r:.80}")
+        raise RequestError(
+            ErrorKind.BAD_REQUEST, f"trace action must be on, off or status, not {action!r:.80}"
+        )
     tracer = _tracer(server)
     before = tracer.hook_count()
     if action == "on":
@@ -164,14 +125,14 @@ def _trace(server: Any, params: Dict[str, Any]) -> Any:
         if patterns is not None and (
             not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns)
         ):
-            raise RequestError("BadRequest", "modules must be a list of glob patterns")
+            raise RequestError(ErrorKind.BAD_REQUEST, "modules must be a list of glob patterns")
         try:
             tracer.configure_trace(
-                _int_param(params, "every", 1), _bool_param(params, "backward"), patterns or None,
-                _int_param(params, "depth", 0), _int_param(params, "capacity", 1),
+                int_param(params, "every", 1), bool_param(params, "backward"), patterns or None,
+                int_param(params, "depth", 0), int_param(params, "capacity", 1),
             )  # fmt: skip
         except ValueError as error:
-            raise RequestError("BadRequest", str(error)) from None
+            raise RequestError(ErrorKind.BAD_REQUEST, str(error)) from None
     elif action == "off":
         tracer.trace_off()
     return {"status": tracer.status(), "hooks_before": before, "hooks_after": tracer.hook_count()}
@@ -180,8 +141,8 @@ def _trace(server: Any, params: Dict[str, Any]) -> Any:
 def _nan(server: Any, params: Dict[str, Any]) -> Any:
     action = params.get("action")
     if not isinstance(action, str) or action not in ("on", "off", "status"):
-        raise RequestError("BadRequest", f"nan action must be on, off or status, not {action!r:.80}")
-    stop = _bool_param(params, "stop")
+        raise RequestError(ErrorKind.BAD_REQUEST, f"nan action must be on, off or status, not {action!r:.80}")
+    stop = bool_param(params, "stop")
     tracer = _tracer(server)
     before = tracer.hook_count()
     if action != "status":
@@ -189,44 +150,36 @@ def _nan(server: Any, params: Dict[str, Any]) -> Any:
     return {"status": tracer.status(), "hooks_before": before, "hooks_after": tracer.hook_count()}
 
 
-def _float_param(params: Dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = params.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise RequestError(
-            "BadRequest", f"{name} must be a number from {low:g} to {high:g}, not {value!r:.80}"
-        )
-    return float(value)
-
-
 def _memory(server: Any, params: Dict[str, Any]) -> Any:
     action = params.get("action") or "summary"
     if not isinstance(action, str):
-        raise RequestError("BadRequest", f"memory action must be a string, not {_type_name(action)}")
-    budget = _float_param(params, "scan_budget_s", 1.0, 0.001, 3600.0)
-    top = _int_param(params, "top", 1) or 20
+        raise RequestError(ErrorKind.BAD_REQUEST, f"memory action must be a string, not {type_name(action)}")
+    budget = float_param(params, "scan_budget_s", 1.0, 0.001, 3600.0)
+    top = int_param(params, "top", 1) or 20
     if action == "summary":
         from .memory.census import summary
 
         return summary(budget, top)
     if action == "growth":
+        from .connections import client_gone
         from .memory.growth import watch
-        from .server import client_gone
 
-        return watch(_float_param(params, "seconds", 10.0, 0.01, 86400.0), budget, top, client_gone)
+        return watch(float_param(params, "seconds", 10.0, 0.01, 86400.0), budget, top, client_gone)
     if action == "interval":
         from .memory.census import MIN_INTERVAL_S, start_sampling
 
-        interval = _float_param(params, "interval_s", 1.0, 0.0, 86400.0)
+        interval = float_param(params, "interval_s", 1.0, 0.0, 86400.0)
         if 0 < interval < MIN_INTERVAL_S:
-            raise RequestError("BadRequest", f"interval_s must be 0 (off) or at least {MIN_INTERVAL_S:g} s")
+            raise RequestError(
+                ErrorKind.BAD_REQUEST, f"interval_s must be 0 (off) or at least {MIN_INTERVAL_S:g} s"
+            )
         sampler = start_sampling(server.own_threads, interval)
         return {"sampler": sampler.status() if sampler is not None else None}
     if action == "cuda_snapshot":
         return _cuda_snapshot()
     raise RequestError(
-        "BadRequest", f"memory action must be summary, growth, interval or cuda_snapshot, not {action!r:.80}"
+        ErrorKind.BAD_REQUEST,
+        f"memory action must be summary, growth, interval or cuda_snapshot, not {action!r:.80}",
     )
 
 
@@ -239,7 +192,7 @@ def _cuda_snapshot() -> Reply:
     if cuda is None:
         imported = "torch" in sys.modules
         raise RequestError(
-            "NoCuda" if imported else "NoTorch",
+            ErrorKind.NO_CUDA if imported else ErrorKind.NO_TORCH,
             "the process has not initialised CUDA" if imported else "the process has not imported torch",
         )
     snapshot = cuda.memory._snapshot()
@@ -291,17 +244,17 @@ class Dispatcher:
         try:
             request_id, method, params = protocol.parse_request(frame.header)
         except protocol.FrameError as error:
-            return protocol.error_reply(error.request_id, "BadRequest", str(error)), []
+            return protocol.error_reply(error.request_id, ErrorKind.BAD_REQUEST, str(error)), []
         if self.refused is not None:
-            return protocol.error_reply(request_id, "ProtocolMismatch", self.refused), []
+            return protocol.error_reply(request_id, ErrorKind.PROTOCOL_MISMATCH, self.refused), []
         handler = METHODS.get(method)
         if handler is None:
             message = f"unknown method {method!r}; methods: {', '.join(sorted(METHODS))}"
-            return protocol.error_reply(request_id, "UnknownMethod", message), []
+            return protocol.error_reply(request_id, ErrorKind.UNKNOWN_METHOD, message), []
         try:
             result = handler(self.server, params)
         except RequestError as error:
-            if error.error_type == "ProtocolMismatch" or method == "hello":
+            if error.error_type == ErrorKind.PROTOCOL_MISMATCH or method == "hello":
                 self.refused = error.message
             details = dict(error.details)
             # An error's texts (eval's output and traceback) travel in the payload.
@@ -310,7 +263,8 @@ class Dispatcher:
             return protocol.error_reply(request_id, error.error_type, message, **details), payload
         except Exception as error:  # noqa: BLE001 - a failing handler must not kill the agent
             return protocol.error_reply(
-                request_id, "InternalError", _cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS),
+                request_id, ErrorKind.INTERNAL_ERROR,
+                _cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS),
                 traceback=_cut(traceback.format_exc(), MAX_TRACEBACK_CHARS),
             ), []  # fmt: skip
         if isinstance(result, tuple):
@@ -323,3 +277,14 @@ class Dispatcher:
         repl = sys.modules.get(__package__ + ".repl.session")
         if repl is not None:
             repl.connection_closed(threading.get_ident())
+
+
+def reply_buffers(reply: Dict[str, Any], payload: Any) -> List[Any]:
+    """The frame of a reply; one whose header would pass the cap that every reader enforces
+    becomes an error reply that says so (the client would otherwise refuse the whole frame)."""
+    buffers = protocol.frame_buffers(reply, payload)
+    size = len(buffers[0]) - protocol.PREFIX.size
+    if size <= protocol.MAX_HEADER_BYTES:
+        return buffers
+    message = f"the reply's header of {size} bytes exceeds the cap of {protocol.MAX_HEADER_BYTES}"
+    return protocol.frame_buffers(protocol.error_reply(reply.get("id"), ErrorKind.REPLY_TOO_LARGE, message))

@@ -1,4 +1,5 @@
-"""What the agent undoes when it stops (`probing PID detach`, or the job closing its socket).
+"""What the agent undoes when it stops (`probing PID detach`, or the job closing its socket),
+and what a forked child forgets.
 
 Each feature registers its own stop hook when it first starts something that outlives a
 request (a sampler thread, an exit guard, a hook in torch, routed streams), so the server never
@@ -23,6 +24,7 @@ Hook = Callable[[], None]
 
 _lock = threading.Lock()
 _hooks: List[Tuple[int, int, Hook]] = []
+_fork_hooks: List[Hook] = []
 
 
 def on_stop(hook: Hook, stage: int = WORK) -> None:
@@ -45,3 +47,23 @@ def run_stop_hooks() -> List[str]:
         except Exception as error:  # one feature failing to stop must not keep the rest running
             errors.append(f"{getattr(hook, '__qualname__', hook)}: {type(error).__name__}: {error}")
     return errors
+
+
+def on_fork_in_child(hook: Hook) -> None:
+    """Run `hook` in the child of every later fork (a DataLoader worker): a feature forgets the
+    threads that did not survive the fork. Kept for every fork, not run once."""
+    with _lock:
+        if not any(known is hook or known == hook for known in _fork_hooks):
+            _fork_hooks.append(hook)
+
+
+def run_fork_hooks() -> None:
+    """In a forked child, from os.register_at_fork: nothing may raise there (it would print)."""
+    global _lock
+    # The parent's lock may have been held by a thread that does not exist in the child.
+    _lock = threading.Lock()
+    for hook in list(_fork_hooks):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001, S110 - a fork handler must never fail the job's fork
+            pass

@@ -20,6 +20,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from .lifecycle import STREAMS, on_stop
+
 # What one eval may print before its output is cut (the rest is counted, not kept).
 MAX_CAPTURE_CHARS = 4 << 20
 
@@ -85,6 +87,7 @@ class RoutedStream:
 def _install() -> None:
     # The job may have replaced sys.stdout since the last eval (a logger, tqdm): wrap
     # whatever is there now.
+    on_stop(uninstall, STREAMS)
     with _install_lock:
         if not isinstance(sys.stdout, RoutedStream):
             sys.stdout = _keep(RoutedStream(sys.stdout, _stdout_routes))

@@ -18,10 +18,10 @@ import array
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from ..protocol import ENCODING_OF_TYPE, TYPECODE_OF_ENCODING, ColumnBuffers, encode_table
+from ..protocol.tables import ENCODING_OF_TYPE, TYPECODE_OF_ENCODING, ColumnBuffers, encode_table
 
 if TYPE_CHECKING:
-    from ..protocol import ByteChunk
+    from ..protocol.frames import ByteChunk
 
 
 class _Block:

@@ -1,8 +1,9 @@
 """The agent's socket: bind, accept, check the peer, one thread per client connection.
 
 Idle cost is zero: the accept thread and every connection thread sit in blocking system
-calls; nothing polls. Request handling (and the json/protocol imports it needs) is loaded on
-the first connection, so an agent nobody talks to costs one thread and one file descriptor.
+calls; nothing polls. Request handling (and the protocol's frames and tables it needs) is
+loaded on the first connection, so an agent nobody talks to costs one thread and one file
+descriptor.
 """
 
 from __future__ import annotations
@@ -11,17 +12,29 @@ import atexit
 import errno
 import os
 import socket
-import stat
-import struct
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
+
+from ..protocol.messages import ErrorKind
+from .connections import Connection, busy_message, serve_on_this_thread
+from .lifecycle import JOB_HOOKS, WORK, on_stop, run_stop_hooks
+from .sockets import (
+    AGENT_THREAD_NAME,
+    bind_listener,
+    descriptor_identity,
+    peer_credentials,
+    release,
+    remove_dead_sockets,
+    remove_socket_file,
+)
 
 if TYPE_CHECKING:
     from .. import protocol
 
-AGENT_THREAD_NAME = "probing-agent"
+__all__ = ["AGENT_THREAD_NAME", "AgentServer"]
+
 # A connection that sends nothing for this long between requests is closed, so a stalled
 # client cannot pin a thread in the target forever (a repl reconnects on its next line).
 IDLE_TIMEOUT_S = 600.0
@@ -40,180 +53,6 @@ SEND_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 16
 # How long a refused connection stays open for the request its client sends with its hello.
 REFUSAL_LINGER_S = 0.2
-_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
-
-
-# The connection a connection thread serves, for handlers that wait long (memory --growth).
-_serving = threading.local()
-
-
-def client_gone() -> bool:
-    """Whether the client of the connection this thread serves has closed its end."""
-    conn = getattr(_serving, "connection", None)
-    if conn is None:
-        return False
-    import select
-
-    try:
-        poller = select.poll()  # not select(): a training job may have more than 1024 descriptors
-        poller.register(conn.fileno(), select.POLLIN)
-        if not poller.poll(0):
-            return False
-        return bool(conn.recv(1, socket.MSG_PEEK) == b"")
-    except OSError:
-        return True
-
-
-def default_socket_dir() -> str:
-    return os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
-
-
-def _prepare_socket_dir(path: str) -> None:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise OSError(errno.ENOTDIR, f"{path} is not a directory")
-    # Refuse a directory someone else made (or a symlink they planted) in a shared /tmp:
-    # they could otherwise read or replace our socket.
-    if info.st_uid != os.geteuid():
-        raise PermissionError(f"{path} belongs to uid {info.st_uid}, not to uid {os.geteuid()}")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)
-
-
-def peer_credentials(conn: socket.socket) -> Tuple[int, int, int]:
-    """(pid, uid, gid) of the process on the other end of a Unix socket."""
-    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    return pid, uid, gid
-
-
-def remove_dead_sockets(directory: str) -> None:
-    """Remove sockets left by processes that died without running atexit (SIGTERM, SIGKILL).
-
-    A socket goes only when its PID is gone *and* nothing answers on it, so an agent in
-    another PID namespace that shares this directory is never touched.
-    """
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        pid_text, _, suffix = name.partition(".")
-        if suffix != "sock" or not pid_text.isdigit():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-            continue  # alive (or not ours to signal): leave it
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue
-        path = os.path.join(directory, name)
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.settimeout(0.2)
-            probe.connect(path)
-        except ConnectionRefusedError:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        except OSError:
-            pass
-        finally:
-            probe.close()
-
-
-def descriptor_identity(sock: socket.socket) -> Optional[Tuple[int, int]]:
-    """(st_dev, st_ino) of what the socket's descriptor number refers to now; None if closed."""
-    try:
-        info = os.fstat(sock.fileno())
-    except (OSError, ValueError):
-        return None
-    return info.st_dev, info.st_ino
-
-
-def release(sock: socket.socket, identity: Optional[Tuple[int, int]], shutdown: Optional[int] = None) -> None:
-    """Shut down (`shutdown`: socket.SHUT_*) or close one of the agent's sockets, but only while
-    its descriptor number is still that socket.
-
-    A job may close every descriptor (os.closerange(3, ...) before daemonizing, or in an eval)
-    and open files of its own that get the same numbers: closing or shutting down "our" number
-    then would close the job's file. A number that is no longer ours is forgotten instead
-    (detach), so that the socket object's finalizer never closes it either.
-    """
-    if identity is None or descriptor_identity(sock) != identity:
-        try:
-            sock.detach()
-        except OSError:
-            pass
-        return
-    try:
-        if shutdown is None:
-            sock.close()
-        else:
-            sock.shutdown(shutdown)
-    except OSError:
-        pass
-
-
-class Connection:
-    """What the agent knows of one client connection: who, since when, doing what.
-
-    `busy_since` is set from the moment a whole request has been read until its reply is
-    sent; only then is the connection not evictable. All fields change under the server's
-    connections lock.
-    """
-
-    __slots__ = (
-        "sock",
-        "identity",
-        "pid",
-        "connected_at",
-        "requests",
-        "last_request_at",
-        "method",
-        "busy_since",
-        "evicted",
-    )
-
-    def __init__(self, sock: socket.socket, pid: int) -> None:
-        self.sock = sock
-        self.identity = descriptor_identity(sock)
-        self.pid = pid
-        self.connected_at = time.monotonic()
-        self.requests = 0
-        self.last_request_at = self.connected_at
-        self.method: Optional[str] = None
-        self.busy_since: Optional[float] = None
-        self.evicted = False
-
-    def eviction_order(self) -> Tuple[bool, float]:
-        # Peers that never completed a request go first (silent or slowloris), then the one
-        # whose last request ended longest ago.
-        return self.requests > 0, self.last_request_at
-
-    def describe(self, now: float) -> Dict[str, Any]:
-        busy = self.busy_since is not None
-        return {
-            "pid": self.pid,
-            "state": "busy" if busy else "idle",
-            "method": self.method if busy else None,
-            "age_s": round(now - self.connected_at, 3),
-            "busy_s": round(now - self.busy_since, 3) if self.busy_since is not None else None,
-            "requests": self.requests,
-        }
-
-
-def _busy_message(described: List[Dict[str, Any]]) -> str:
-    running = ", ".join(
-        f"{entry['method']} for {entry['busy_s']:.1f} s (PID {entry['pid']})" for entry in described[:8]
-    )
-    more = f" and {len(described) - 8} more" if len(described) > 8 else ""
-    return (
-        f"the agent serves {len(described)} connections, all running a request: {running}{more}; "
-        "try again when one of them ends"
-    )
 
 
 class AgentServer:
@@ -234,30 +73,13 @@ class AgentServer:
         self._connection_count = 0
         # Set by the detach request; acted on after its reply has been sent.
         self.stop_after_reply = False
+        # What a detach calls once its reply is out: the package's stop(), which also forgets
+        # this server (agent/__init__.py sets it; the server never imports its package).
+        self.on_detach: Callable[[], None] = self.stop
 
     @classmethod
     def bind(cls, socket_dir: Optional[str] = None) -> AgentServer:
-        directory = socket_dir or default_socket_dir()
-        _prepare_socket_dir(directory)
-        path = os.path.join(directory, f"{os.getpid()}.sock")
-        if len(os.fsencode(path)) > _SOCKET_PATH_MAX:
-            raise OSError(errno.ENAMETOOLONG, f"socket path {path!r} is too long for AF_UNIX")
-        # A file left here belongs to an earlier process with our PID (killed with SIGKILL):
-        # the directory is ours alone, so it is safe to replace.
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            listener.bind(path)
-            # chmod after bind rather than umask: umask is process-wide and the target's
-            # other threads may be creating files right now. The 0700 directory closes the gap.
-            os.chmod(path, 0o600)
-            listener.listen(MAX_CONNECTIONS)
-        except BaseException:
-            listener.close()
-            raise
+        listener, path = bind_listener(socket_dir, MAX_CONNECTIONS)
         return cls(listener, path)
 
     def start(self) -> None:
@@ -299,7 +121,7 @@ class AgentServer:
             release(conn, descriptor_identity(conn))
             return
         if uid not in (0, os.geteuid()):
-            self._refuse(conn, "PermissionDenied", f"uid {uid} may not talk to this agent")
+            self._refuse(conn, ErrorKind.PERMISSION_DENIED, f"uid {uid} may not talk to this agent")
             return
         record = Connection(conn, pid)
         refused: Optional[List[Dict[str, Any]]] = None
@@ -316,7 +138,9 @@ class AgentServer:
                 self._connection_count += 1
                 number = self._connection_count
         if refused is not None:
-            self._refuse(conn, "Busy", _busy_message(refused), busy=len(refused), idle=0, connections=refused)
+            self._refuse(
+                conn, ErrorKind.BUSY, busy_message(refused), busy=len(refused), idle=0, connections=refused
+            )
             return
         thread = threading.Thread(
             target=self._serve_connection, args=(conn, record), name=f"probing-conn-{number}", daemon=True
@@ -387,7 +211,7 @@ class AgentServer:
 
     def _serve_connection(self, conn: socket.socket, record: Optional[Connection] = None) -> None:
         self.own_threads.add(threading.get_ident())
-        _serving.connection = conn
+        serve_on_this_thread(conn)
         if record is None:  # a connection handed over directly (tests over a socketpair)
             record = Connection(conn, 0)
             with self._connections_lock:
@@ -397,10 +221,13 @@ class AgentServer:
             from .. import protocol
 
             try:
-                from .handlers import Dispatcher
+                from .handlers import Dispatcher, reply_buffers
             except Exception as error:  # noqa: BLE001 - a broken install: say so, don't vanish
                 message = f"the agent cannot load its request handlers: {type(error).__name__}: {error}"
-                self._send(conn, protocol.frame_buffers(protocol.error_reply(None, "InternalError", message)))
+                self._send(
+                    conn,
+                    protocol.frame_buffers(protocol.error_reply(None, ErrorKind.INTERNAL_ERROR, message)),
+                )
                 return
             dispatcher = Dispatcher(self)
             reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
@@ -416,11 +243,11 @@ class AgentServer:
                     frame = reader.read(deadline, FRAME_TIMEOUT_S)
                 except protocol.FrameTimeout as error:
                     why = f"no request within {HELLO_TIMEOUT_S:g} s of connecting" if first else str(error)
-                    outgoing += protocol.frame_buffers(protocol.error_reply(None, "Timeout", why))
+                    outgoing += protocol.frame_buffers(protocol.error_reply(None, ErrorKind.TIMEOUT, why))
                     self._send(conn, outgoing)
                     return
                 except protocol.FrameError as error:
-                    reply = protocol.error_reply(error.request_id, "BadFrame", str(error))
+                    reply = protocol.error_reply(error.request_id, ErrorKind.BAD_FRAME, str(error))
                     outgoing += protocol.frame_buffers(reply)
                     if not self._send(conn, outgoing) or error.fatal:
                         return
@@ -433,7 +260,7 @@ class AgentServer:
                 if not self._start_request(record, frame.header):
                     return  # evicted while the request came in: it never runs
                 reply, payload = dispatcher.handle(frame)
-                outgoing += _reply_buffers(reply, payload)
+                outgoing += reply_buffers(reply, payload)
                 if reader.has_frame():
                     continue
                 # Busy until the reply is out: eviction must never cut off a reply of a
@@ -445,9 +272,7 @@ class AgentServer:
                     return
                 outgoing = []
                 if self.stop_after_reply:
-                    from . import stop
-
-                    stop()
+                    self.on_detach()
                     return
         except Exception:  # noqa: BLE001 - a broken connection must never take the agent down
             return
@@ -493,30 +318,11 @@ class AgentServer:
         with self._connections_lock:
             for record in self._connections.values():
                 release(record.sock, record.identity, socket.SHUT_RDWR)
-        # Eval's exit guards and the interrupts it keeps sending to code that will not stop.
-        evaluate = sys.modules.get(__package__ + ".evaluate.evaluation")
-        if evaluate is not None:
-            evaluate.stop()
-        memory = sys.modules.get(__package__ + ".memory.census")
-        if memory is not None:
-            memory.stop_sampling()
-        growth = sys.modules.get(__package__ + ".memory.growth")
-        if growth is not None:
-            growth.cancel()
-        # Before the streams go back: an interrupted statement's last words stay captured.
-        repl = sys.modules.get(__package__ + ".repl.session")
-        if repl is not None:
-            repl.drop_all()
-        output = sys.modules.get(__package__ + ".output")
-        if output is not None:
-            output.uninstall()
-        safepoint = sys.modules.get(__package__ + ".pytorch.safepoint")
-        if safepoint is not None:
-            safepoint.stop()
-        torchtrace = sys.modules.get(__package__ + ".pytorch.tracer")
-        tracer = torchtrace.current() if torchtrace is not None else None
-        if tracer is not None:
-            tracer.uninstall()
+        _register_features_of_other_branches()
+        # Each feature undoes what it started, stage by stage (lifecycle.py): work on the agent's
+        # behalf, then sessions (before the streams go back: an interrupted statement's last
+        # words stay captured), then the streams, then hooks inside the job's libraries.
+        run_stop_hooks()
         # Last: `probing PID detach` returns when the socket file is gone, and an agent attached
         # right after must not have its sampler or hooks undone by the rest of this stop().
         self._remove_socket_file()
@@ -534,11 +340,7 @@ class AgentServer:
     def _remove_socket_file(self) -> None:
         if os.getpid() != self.owner_pid:
             return  # a forked child must never remove its parent's socket
-        try:
-            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                os.unlink(self.path)
-        except OSError:
-            pass
+        remove_socket_file(self.path)
 
     def abandon_in_child(self) -> None:
         """After fork, in the child: close our copies of the parent's sockets, touch nothing else.
@@ -554,14 +356,23 @@ class AgentServer:
         self._connections = {}
 
 
-def _reply_buffers(reply: Dict[str, Any], payload: Any) -> List[Any]:
-    """The frame of a reply; one whose header would pass the cap that every reader enforces
-    becomes an error reply that says so (the client would otherwise refuse the whole frame)."""
-    from .. import protocol
-
-    buffers = protocol.frame_buffers(reply, payload)
-    size = len(buffers[0]) - protocol.PREFIX.size
-    if size <= protocol.MAX_HEADER_BYTES:
-        return buffers
-    message = f"the reply's header of {size} bytes exceeds the cap of {protocol.MAX_HEADER_BYTES}"
-    return protocol.frame_buffers(protocol.error_reply(reply.get("id"), "ReplyTooLarge", message))
+def _register_features_of_other_branches() -> None:
+    """TODO(lead, at merge): delete this function and its call in AgentServer.stop once the
+    torch/memory branch is merged: there the memory sampler, the growth window, the safe point
+    and the tracer register their own stop hooks (lifecycle.on_stop). Until then they are
+    registered here, at the stage each belongs to, so that stop() undoes them in the same
+    order as before; on_stop ignores a hook registered twice."""
+    package = __package__ or "probing.agent"
+    memory = sys.modules.get(package + ".memory.census")
+    if memory is not None:
+        on_stop(memory.stop_sampling, WORK)
+    growth = sys.modules.get(package + ".memory.growth")
+    if growth is not None:
+        on_stop(growth.cancel, WORK)
+    safepoint = sys.modules.get(package + ".pytorch.safepoint")
+    if safepoint is not None:
+        on_stop(safepoint.stop, JOB_HOOKS)
+    tracer_module = sys.modules.get(package + ".pytorch.tracer")
+    tracer = tracer_module.current() if tracer_module is not None else None
+    if tracer is not None:
+        on_stop(tracer.uninstall, JOB_HOOKS)

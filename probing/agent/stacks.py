@@ -9,6 +9,8 @@ import threading
 from types import FrameType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from .requests import ErrorKind, RequestError
+
 # How many locals of one frame are shown; the rest are counted.
 MAX_LOCALS_PER_FRAME = 40
 
@@ -85,10 +87,8 @@ def select_threads(stacks: List[ThreadStack], selector: Optional[str]) -> List[T
         return stacks
     chosen = [stack for stack in stacks if stack.matches(selector)]
     if not chosen:
-        from .handlers import RequestError
-
         names = ", ".join(f"{stack.name} ({stack.ident})" for stack in stacks)
-        raise RequestError("NotFound", f"no thread named or numbered {selector!r}; threads: {names}")
+        raise RequestError(ErrorKind.NOT_FOUND, f"no thread named or numbered {selector!r}; threads: {names}")
     return chosen
 
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any, Callable, Dict, List
 
 from .. import __version__
+from ..procfs import process_start_time, thread_cpu_seconds
 from ..schema.tables import (
     BACKTRACE,
     CUDA_MEMORY,
@@ -25,7 +26,7 @@ from ..schema.tables import (
     Table,
 )
 from .columns import TableBuilder
-from .procfs import process_start_time, thread_cpu_seconds
+from .identity import python_version, working_directory
 from .stacks import backtrace_rows, thread_stacks
 
 
@@ -62,12 +63,8 @@ def _build_threads(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 def _build_process_info(server: Any, params: Dict[str, Any]) -> TableBuilder:
     builder = new_builder(PROCESS_INFO)
-    try:
-        cwd = os.getcwd()
-    except OSError:
-        cwd = None
     builder.append((
-        os.getpid(), os.getppid(), list(sys.argv), cwd, sys.executable, python_version(),
+        os.getpid(), os.getppid(), list(sys.argv), working_directory(), sys.executable, python_version(),
         sys.implementation.name, process_start_time(), server.started_at, __version__,
     ))  # fmt: skip
     return builder
@@ -181,14 +178,6 @@ def step_wait(params: Dict[str, Any]) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 600:
         return DEFAULT_STEP_WAIT_S
     return float(value)
-
-
-def python_version() -> str:
-    info = sys.version_info
-    text = f"{info.major}.{info.minor}.{info.micro}"
-    if info.releaselevel != "final":
-        text += f"{info.releaselevel[0]}{info.serial}"
-    return text
 
 
 # How the agent fills each table: a TableBuilder or a Ring (both have .encode()).

@@ -15,8 +15,9 @@ import os
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
+from ..client.discovery import python_version_of, require_process
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
-from ..procfs import process_alive, python_version_of, require_process, socket_candidates
+from ..procfs import process_alive, socket_candidates
 from .methods import InjectReport, choose_method
 
 Log = Callable[[str], None]

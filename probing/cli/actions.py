@@ -193,9 +193,9 @@ def _gil_holder(pid: int) -> Optional[str]:
 def _backtrace_from_outside(
     pid: int, native: bool, thread: Optional[str], why: Optional[str]
 ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    from ..client.discovery import python_version_of
     from ..errors import AgentTimeout
     from ..outside.pyspy import OutsideView, gil_holder, look, rows_from_dump
-    from ..procfs import python_version_of
 
     try:
         taken, threads = _last_look.pop(pid, (0.0, None))
@@ -360,7 +360,7 @@ def hang(context: Context, duration: float, samples: int, format: str, timeout: 
     else:
         render.write_hang(report, sys.stdout)
         if report.worker is not None:
-            from ..procfs import python_version_of
+            from ..client.discovery import python_version_of
 
             worker = report.worker["pid"]
             # Locals of the innermost frames and of __getitem__ only (the index, the path being

@@ -1,4 +1,5 @@
-"""Talking to an agent: find its socket, say hello, make requests, enforce timeouts.
+"""Talking to an agent: connect, say hello, make requests, enforce timeouts (discovery.py
+finds its socket).
 
 Never prints; failures are ProbingErrors that say what to do. Stays cheap to import, because
 `probing PID backtrace` is timed against py-spy.
@@ -7,7 +8,6 @@ Never prints; failures are ProbingErrors that say what to do. Stays cheap to imp
 from __future__ import annotations
 
 import _socket
-import os
 import time
 
 from .. import __version__, protocol
@@ -15,63 +15,26 @@ from ..errors import (
     AgentTimeout,
     AgentUnreachable,
     BadReply,
-    EvalTimedOut,
     NoAgent,
-    NoTorch,
-    NotPython,
     PermissionDenied,
-    ProbingError,
-    RemoteError,
-    SessionGone,
 )
-from ..procfs import effective_uid, python_version_of, require_process, socket_candidates
-from .replies import ReplyReader, check_error, check_result, read_reply
+from ..procfs import effective_uid
+
+# The `X as X` names are re-exported: cli/ imports them from here. TODO(lead, at merge): import
+# them from discovery and replies in the engine/CLI branch's modules, then drop the re-exports.
+from .discovery import locate_socket as locate_socket
+from .discovery import no_log, require_process
+from .replies import ReplyReader, check_result, error_from_reply, read_reply
+from .replies import decode_reply_table as decode_reply_table
+from .replies import decode_reply_texts as decode_reply_texts
 from .trust import ExpectedPeer, check_peer, check_socket_file, expected_for_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
-    Log = Callable[[str], None]
-
-START_AGENT_HINT = (
-    "drop --no-attach to attach to it, or start the job with the agent: "
-    "`probing run -- python train.py` or `PROBING=1 python train.py`"
-)
-
-
-def _no_log(message: str) -> None:
-    pass
-
-
-def locate_socket(pid: int, log: Log = _no_log) -> str:
-    """The socket of the agent in `pid`, or the ProbingError that says why there is none."""
-    require_process(pid)
-    candidates = socket_candidates(pid)
-    denied = None
-    for path in candidates:
-        try:
-            # lstat: a symlink planted where the socket should be is found here, and refused
-            # by the Client with a message, rather than followed.
-            os.lstat(path)
-        except FileNotFoundError:
-            log(f"no socket at {path}")
-            continue
-        except PermissionError:
-            log(f"not allowed to look at {path}")
-            denied = path
-            continue
-        log(f"agent socket: {path}")
-        return path
-    version = python_version_of(pid)
-    if version is None:
-        raise NotPython(f"PID {pid} is not a Python process")
-    if denied is not None:
-        raise PermissionDenied(
-            f"not allowed to reach the agent of PID {pid} ({denied})",
-            hint="run probing as the user that owns the process, or as root",
-        )
-    raise NoAgent(f"PID {pid} (Python {version}) has no probing agent", hint=START_AGENT_HINT)
+    # Re-exported: cli/ names the log callback from here.
+    from .discovery import Log as Log
 
 
 class Client:
@@ -81,7 +44,7 @@ class Client:
     read: a command costs one round trip.
     """
 
-    def __init__(self, path: str, timeout: float, log: Log = _no_log, pid: Optional[int] = None) -> None:
+    def __init__(self, path: str, timeout: float, log: Log = no_log, pid: Optional[int] = None) -> None:
         """Connect to the agent at `path`: the agent of process `pid` (as this side sees it),
         or, without a pid, whatever process the socket's name and owner say (see trust.py).
         Nothing is sent before the socket and the process answering on it are checked."""
@@ -136,19 +99,15 @@ class Client:
                 pause = min(pause * 2, 0.05)
             except FileNotFoundError:
                 sock.close()
-                raise NoAgent(f"no agent socket at {path}", hint=START_AGENT_HINT) from None
+                raise NoAgent(f"no agent socket at {path}") from None
             except ConnectionRefusedError:
                 sock.close()
                 raise NoAgent(
-                    f"nothing listens on {path} (left behind by a process that was killed?)",
-                    hint=START_AGENT_HINT,
+                    f"nothing listens on {path} (left behind by a process that was killed?)"
                 ) from None
             except PermissionError:
                 sock.close()
-                raise PermissionDenied(
-                    f"not allowed to connect to {path}",
-                    hint="run probing as the user that owns the process, or as root",
-                ) from None
+                raise PermissionDenied(f"not allowed to connect to {path}") from None
             except _socket.timeout:
                 sock.close()
                 raise AgentTimeout(
@@ -241,59 +200,3 @@ class Client:
         result, _ = self.call("tables")
         tables: List[Dict[str, Any]] = result["tables"]
         return tables
-
-
-def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.DecodedTable:
-    """The table of a `table` or `backtrace` reply, checked: a malformed one is a BadReply."""
-    try:
-        return protocol.decode_table(result["table"], payload)
-    except protocol.FrameError as error:
-        raise BadReply(str(error)) from None
-
-
-def decode_reply_texts(result: Dict[str, Any], payload: protocol.ByteChunk) -> Dict[str, Any]:
-    """A reply whose texts (eval's output, value, traceback) travel in the payload, with them in."""
-    if "texts" not in result:
-        return result
-    try:
-        return dict(result, **protocol.decode_texts(result["texts"], payload))
-    except protocol.FrameError as error:
-        raise BadReply(f"unusable texts in the agent's reply: {error}") from None
-
-
-def error_from_reply(error: Dict[str, Any], payload: protocol.ByteChunk = b"") -> ProbingError:
-    """The ProbingError for an error reply; every field the job sent is checked to be text."""
-    try:
-        error = check_error(decode_reply_texts(error, payload))
-    except BadReply as bad:
-        return bad
-    kind, message = error.get("type"), error["message"]
-    if kind == "Busy":
-        # Every connection of the agent runs a request: the message names them. backtrace
-        # falls back on this, and says why.
-        return AgentUnreachable(message, hint="try again when one of those requests has ended")
-    if kind == "RemoteError":
-        return RemoteError(
-            message,
-            traceback=error.get("traceback", ""),
-            stdout=error.get("stdout", ""),
-            stderr=error.get("stderr", ""),
-        )
-    if kind == "EvalTimeout":
-        return EvalTimedOut(message, stdout=error.get("stdout", ""), stderr=error.get("stderr", ""))
-    if kind == "PermissionDenied":
-        return PermissionDenied(message, hint="run probing as the user that owns the process, or as root")
-    if kind == "ProtocolMismatch":
-        return AgentUnreachable(message, hint="use the same probing version for the CLI and the job")
-    if kind == "NoTorch":
-        return NoTorch(
-            message, hint="torch features work once the job has imported torch; "
-            "PROBING=1 PROBING_TORCH_TRACE=1 python train.py traces from the first step",
-        )  # fmt: skip
-    if kind == "NoCuda":
-        return NoTorch(message, hint="the job keeps its tensors on the CPU: see `probing PID memory`")
-    if kind == "NoSession":
-        return SessionGone(message)
-    if kind == "InternalError":
-        return ProbingError(f"the agent failed: {message}", hint="this is a bug in probing; please report it")
-    return ProbingError(message)

@@ -15,11 +15,28 @@ import _socket
 import time
 
 from .. import protocol
-from ..errors import AgentTimeout, AgentUnreachable, BadReply
+from ..errors import (
+    AgentBusy,
+    AgentFailed,
+    AgentTimeout,
+    AgentUnreachable,
+    BadReply,
+    EvalTimedOut,
+    NoCuda,
+    NotFound,
+    NoTorch,
+    PermissionDenied,
+    ProbingError,
+    ProtocolMismatch,
+    RemoteError,
+    RequestRefused,
+    SessionGone,
+)
+from ..protocol.messages import ErrorKind
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple, Type
 
 
 # Big payloads are read this much at a time, and the buffer grows only as bytes arrive.
@@ -185,3 +202,67 @@ def check_error(error: Dict[str, Any]) -> Dict[str, Any]:
     checked = {key: value for key, value in error.items() if isinstance(value, str)}
     checked.setdefault("message", "the agent replied with an error and no message")
     return checked
+
+
+def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.DecodedTable:
+    """The table of a `table` or `backtrace` reply, checked: a malformed one is a BadReply."""
+    try:
+        return protocol.decode_table(result["table"], payload)
+    except protocol.FrameError as error:
+        raise BadReply(str(error)) from None
+
+
+def decode_reply_texts(result: Dict[str, Any], payload: protocol.ByteChunk) -> Dict[str, Any]:
+    """A reply whose texts (eval's output, value, traceback) travel in the payload, with them in."""
+    if "texts" not in result:
+        return result
+    try:
+        return dict(result, **protocol.decode_texts(result["texts"], payload))
+    except protocol.FrameError as error:
+        raise BadReply(f"unusable texts in the agent's reply: {error}") from None
+
+
+# The error each kind of error reply becomes (tests/unit/test_errors.py checks that every kind
+# of protocol.ErrorKind is here). Busy is an AgentUnreachable: backtrace falls back on it.
+ERROR_OF_KIND: Dict[str, Type[ProbingError]] = {
+    ErrorKind.BAD_REQUEST: RequestRefused,
+    ErrorKind.BAD_FRAME: RequestRefused,
+    ErrorKind.UNKNOWN_METHOD: RequestRefused,
+    ErrorKind.REPLY_TOO_LARGE: RequestRefused,
+    ErrorKind.CANCELLED: RequestRefused,
+    ErrorKind.STATEMENT_RUNNING: RequestRefused,
+    ErrorKind.PROTOCOL_MISMATCH: ProtocolMismatch,
+    ErrorKind.TIMEOUT: RequestRefused,  # the agent hung up on a client that sent nothing in time
+    ErrorKind.PERMISSION_DENIED: PermissionDenied,
+    ErrorKind.BUSY: AgentBusy,
+    ErrorKind.NOT_FOUND: NotFound,
+    ErrorKind.INTERNAL_ERROR: AgentFailed,
+    ErrorKind.NO_TORCH: NoTorch,
+    ErrorKind.NO_CUDA: NoCuda,
+    ErrorKind.REMOTE_ERROR: RemoteError,
+    ErrorKind.EVAL_TIMEOUT: EvalTimedOut,
+    ErrorKind.NO_SESSION: SessionGone,
+}
+
+
+def error_from_reply(error: Dict[str, Any], payload: protocol.ByteChunk = b"") -> ProbingError:
+    """The ProbingError for an error reply; every field the job sent is checked to be text. A
+    kind this CLI does not know (a newer agent) is a plain ProbingError with the agent's message."""
+    try:
+        error = check_error(decode_reply_texts(error, payload))
+    except BadReply as bad:
+        return bad
+    kind, message = error.get("type"), error["message"]
+    cls = ERROR_OF_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is RemoteError:
+        return RemoteError(
+            message,
+            traceback=error.get("traceback", ""),
+            stdout=error.get("stdout", ""),
+            stderr=error.get("stderr", ""),
+        )
+    if cls is EvalTimedOut:
+        return EvalTimedOut(message, stdout=error.get("stdout", ""), stderr=error.get("stderr", ""))
+    if cls is AgentFailed:
+        return AgentFailed(f"the agent failed: {message}")
+    return (cls or ProbingError)(message)

@@ -6,8 +6,9 @@ import os
 import socket
 from typing import List, NamedTuple, Optional
 
+from ..client.discovery import python_version_of
 from ..errors import ProbingError
-from ..procfs import python_version_of, socket_candidates
+from ..procfs import socket_candidates
 
 
 class PythonProcess(NamedTuple):

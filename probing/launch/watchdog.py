@@ -31,7 +31,7 @@ class Watchdog:
         self.tracker: Optional[ProgressTracker] = None
 
     def _python_pid(self) -> int:
-        from ..procfs import python_version_of
+        from ..client.discovery import python_version_of
 
         try:
             if python_version_of(self.pid) is not None:

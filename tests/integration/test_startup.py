@@ -18,7 +18,8 @@ PACKAGE = Path(probing.__file__).parent
 # Everything a target process may load: it must be valid Python 3.8.
 LOADED_IN_TARGETS = [
     PACKAGE / "__init__.py",
-    PACKAGE / "protocol.py",
+    *sorted((PACKAGE / "protocol").glob("*.py")),
+    PACKAGE / "procfs.py",
     PACKAGE / "bootstrap" / "sitecustomize.py",
     *sorted((PACKAGE / "agent").glob("*.py")),
 ]

@@ -24,7 +24,9 @@ import traceback
 from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..lifecycle import WORK, on_stop
 from ..output import CaptureBuffer, captured, release
+from ..requests import ErrorKind, RequestError
 from ..stacks import ThreadStack, thread_stacks
 from . import exitguard
 from .interrupts import set_async_exception
@@ -91,23 +93,21 @@ def _describe_stack(stack: ThreadStack) -> str:
 
 def frame_namespace(own_threads: Any, spec: str) -> Tuple[Dict[str, Any], Any]:
     """Globals and locals of the innermost frame named by `THREAD:FUNCTION` (or `FUNCTION`)."""
-    from ..handlers import RequestError
-
     thread_part, _, function = spec.rpartition(":")
     if not function:
-        raise RequestError("BadRequest", f"--frame {spec!r}: expected THREAD:FUNCTION")
+        raise RequestError(ErrorKind.BAD_REQUEST, f"--frame {spec!r}: expected THREAD:FUNCTION")
     stacks = thread_stacks(own_threads)
     if thread_part:
         stacks = [stack for stack in stacks if stack.matches(thread_part)]
         if not stacks:
-            raise RequestError("NotFound", f"no thread named or numbered {thread_part!r}")
+            raise RequestError(ErrorKind.NOT_FOUND, f"no thread named or numbered {thread_part!r}")
     for stack in stacks:  # the main thread comes first
         for frame in stack.frames():
             code = frame.f_code
             if function in (code.co_name, getattr(code, "co_qualname", None)):
                 return frame.f_globals, frame.f_locals
     where = "; ".join(f"{stack.name}: {_describe_stack(stack)}" for stack in stacks)
-    raise RequestError("NotFound", f"no frame of function {function!r} is running ({where})")
+    raise RequestError(ErrorKind.NOT_FOUND, f"no frame of function {function!r} is running ({where})")
 
 
 def _format_exception(error: BaseException, filename: str, source: str) -> str:
@@ -264,25 +264,27 @@ def stop() -> None:
 
 
 def _params(params: Dict[str, Any]) -> Tuple[str, float, Optional[str], bool]:
-    from ..handlers import RequestError
-
     source = params.get("code")
     if not isinstance(source, str):
-        raise RequestError("BadRequest", f"eval needs a 'code' string, not {type(source).__name__}")
+        raise RequestError(ErrorKind.BAD_REQUEST, f"eval needs a 'code' string, not {type(source).__name__}")
     timeout = params.get("timeout")
     if timeout is None:
         timeout = 10.0
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
         raise RequestError(
-            "BadRequest", f"eval 'timeout' must be a number of seconds above 0 and at most "
+            ErrorKind.BAD_REQUEST, f"eval 'timeout' must be a number of seconds above 0 and at most "
             f"{MAX_TIMEOUT_S:g}, not {timeout!r:.80}",
         )  # fmt: skip
     frame = params.get("frame")
     if frame is not None and (not isinstance(frame, str) or not frame):
-        raise RequestError("BadRequest", f"eval 'frame' must be a THREAD:FUNCTION string, not {frame!r:.80}")
+        raise RequestError(
+            ErrorKind.BAD_REQUEST, f"eval 'frame' must be a THREAD:FUNCTION string, not {frame!r:.80}"
+        )
     allow_exit = params.get("allow_exit", False)
     if not isinstance(allow_exit, bool):
-        raise RequestError("BadRequest", f"eval 'allow_exit' must be true or false, not {allow_exit!r:.80}")
+        raise RequestError(
+            ErrorKind.BAD_REQUEST, f"eval 'allow_exit' must be true or false, not {allow_exit!r:.80}"
+        )
     return source, float(timeout), frame, allow_exit
 
 
@@ -306,9 +308,8 @@ def _texts(job: Optional[EvalJob], traceback_text: Optional[str]) -> Tuple[Dict[
 def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
     """The eval method: (result, payload). Errors are RequestErrors whose details carry the
     texts' layout and `payload` (the dispatcher sends it)."""
-    from ..handlers import RequestError
-
     source, timeout, frame, allow_exit = _params(params)
+    on_stop(stop, WORK)  # exit guards and interrupts outlive a request that timed out
     number = next(_counter)
     filename = f"<probing-eval-{number}>"
     try:
@@ -316,7 +317,8 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         layout, payload = _texts(None, "".join(traceback.format_exception_only(type(error), error)))
         raise RequestError(
-            "RemoteError", cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS, "the message") or "",
+            ErrorKind.REMOTE_ERROR,
+            cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS, "the message") or "",
             exception=type(error).__name__, texts=layout, payload=payload,
         ) from None  # fmt: skip
     if frame:
@@ -357,7 +359,7 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
                 )
         layout, payload = _texts(job, None)
         raise RequestError(
-            "EvalTimeout", f"eval did not finish within {timeout:g} s; {state}",
+            ErrorKind.EVAL_TIMEOUT, f"eval did not finish within {timeout:g} s; {state}",
             interrupted=job.done.is_set(), caught_interrupts=landed, texts=layout, payload=payload,
         )  # fmt: skip
     if job.error is not None:
@@ -365,7 +367,7 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
         message = cut(f"{type(raised).__name__}: {raised}", MAX_MESSAGE_CHARS, "the message") or ""
         layout, payload = _texts(job, job.traceback)
         raise RequestError(
-            "RemoteError", message, exception=type(raised).__name__,
+            ErrorKind.REMOTE_ERROR, message, exception=type(raised).__name__,
             refused_exit=isinstance(raised, exitguard.ProcessExitRefused), texts=layout, payload=payload,
         )  # fmt: skip
     elapsed = time.perf_counter() - started

@@ -18,7 +18,7 @@ import time
 from types import FunctionType
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ..procfs import (
+from ...procfs import (
     memory_and_threads,
     memory_bytes,
     open_descriptor_count,

@@ -14,7 +14,8 @@ import time
 import tracemalloc
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..procfs import memory_bytes
+from ...procfs import memory_bytes
+from ..requests import ErrorKind, RequestError
 from .census import MB, Census, cuda_device_stats, take_census, type_name
 
 FRAMES = 16  # deep enough to reach the job's own line below torch's and the stdlib's frames
@@ -135,10 +136,10 @@ def _wait(seconds: float, client_gone: Any) -> bool:
 
 
 def watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
-    from ..handlers import RequestError
-
     if not _busy.acquire(blocking=False):
-        raise RequestError("Busy", "another memory --growth is watching this process; try again when it ends")
+        raise RequestError(
+            ErrorKind.BUSY, "another memory --growth is watching this process; try again when it ends"
+        )
     try:
         _cancel.clear()
         return _watch(seconds, budget_s, top, client_gone)
@@ -147,8 +148,6 @@ def watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[s
 
 
 def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
-    from ..handlers import RequestError
-
     cpu_started = time.thread_time()
     rss_before, _ = memory_bytes()
     cuda_before = _cuda_counters()
@@ -180,7 +179,9 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
             tracemalloc.stop()  # before the comparison: probing's own work needs no tracing
             _tracing_for_window = False
     if not completed and (_cancel.is_set() or client_gone()):
-        raise RequestError("Cancelled", "the window was ended early: the client left or the agent stopped")
+        raise RequestError(
+            ErrorKind.CANCELLED, "the window was ended early: the client left or the agent stopped"
+        )
     sites, site_count = _sites(after.filter_traces(exclude), before.filter_traces(exclude), top)
     del before, after
     census_after = take_census(budget_s)

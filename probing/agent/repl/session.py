@@ -35,7 +35,10 @@ from ..evaluate.statements import (
     completer,
     is_blank,
 )
+from ..identity import python_version
+from ..lifecycle import SESSIONS, on_stop
 from ..output import captured
+from ..requests import ErrorKind, RequestError
 
 MAX_SESSIONS = 16
 # A session nobody has used for this long is dropped, with the names it holds.
@@ -80,13 +83,13 @@ class Session:
 
     def push(self, line: str, owner: int) -> Dict[str, Any]:
         """code.InteractiveConsole.push: buffer the line; run the source once it is complete."""
-        from ..handlers import RequestError
-
         with self.lock:
             running = self.running
             if running is not None and not running.done.is_set():
                 if not running.interrupted:
-                    raise RequestError("StatementRunning", "a statement is still running in this session")
+                    raise RequestError(
+                        ErrorKind.STATEMENT_RUNNING, "a statement is still running in this session"
+                    )
                 # The client stopped waiting for a statement blocked outside Python, which ends
                 # when it returns to Python; what it prints from now on is not shown.
                 self.running = None
@@ -231,8 +234,7 @@ def _finished_reply(exception: Optional[str], text: str) -> Dict[str, Any]:
 
 
 def _open(own_threads: Any) -> Dict[str, Any]:
-    from ..tables import python_version
-
+    on_stop(drop_all, SESSIONS)
     session = Session(os.urandom(8).hex(), own_threads)
     with _sessions_lock:
         _sessions[session.token] = session
@@ -261,8 +263,6 @@ def _sweep() -> None:
 
 
 def _session(params: Dict[str, Any]) -> Session:
-    from ..handlers import RequestError
-
     _sweep()
     token = params.get("session")
     with _sessions_lock:
@@ -272,7 +272,7 @@ def _session(params: Dict[str, Any]) -> Session:
             session.last_used = time.monotonic()
     if session is None:
         raise RequestError(
-            "NoSession",
+            ErrorKind.NO_SESSION,
             f"no repl session {token!r:.40} in this process (closed, unused for an hour, or dropped "
             "for a newer one)",
         )
@@ -281,8 +281,6 @@ def _session(params: Dict[str, Any]) -> Session:
 
 def handle(own_threads: Any, params: Dict[str, Any]) -> Dict[str, Any]:
     """The `repl` method; the calling connection thread owns the statements it waits on."""
-    from ..handlers import RequestError
-
     action = params.get("action")
     owner = threading.get_ident()
     if action == "open":
@@ -296,16 +294,16 @@ def handle(own_threads: Any, params: Dict[str, Any]) -> Dict[str, Any]:
         "close",
     ):
         raise RequestError(
-            "BadRequest",
+            ErrorKind.BAD_REQUEST,
             f"repl action must be open, push, poll, interrupt, reset, complete or close, not {action!r:.80}",
         )
     if not isinstance(params.get("session"), str):
-        raise RequestError("BadRequest", f"repl {action} needs a 'session' string (from open)")
+        raise RequestError(ErrorKind.BAD_REQUEST, f"repl {action} needs a 'session' string (from open)")
     session = _session(params)
     if action == "push":
         line = params.get("line")
         if not isinstance(line, str):
-            raise RequestError("BadRequest", "repl push needs a 'line' string")
+            raise RequestError(ErrorKind.BAD_REQUEST, "repl push needs a 'line' string")
         return session.push(line, owner)
     if action == "poll":
         return session.poll(owner)
@@ -316,7 +314,7 @@ def handle(own_threads: Any, params: Dict[str, Any]) -> Dict[str, Any]:
     if action == "complete":
         text = params.get("text")
         if not isinstance(text, str):
-            raise RequestError("BadRequest", "repl complete needs a 'text' string")
+            raise RequestError(ErrorKind.BAD_REQUEST, "repl complete needs a 'text' string")
         return {"matches": session.complete(text)}
     with _sessions_lock:
         _sessions.pop(session.token, None)

@@ -1,0 +1,142 @@
+"""The agent's sockets as files and descriptors: the 0700 directory, binding, the peer's
+credentials, sockets left by dead processes, and closing only what is still ours.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import struct
+from typing import Optional, Tuple
+
+AGENT_THREAD_NAME = "probing-agent"
+_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+
+
+def default_socket_dir() -> str:
+    return os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
+
+
+def prepare_socket_dir(path: str) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(errno.ENOTDIR, f"{path} is not a directory")
+    # Refuse a directory someone else made (or a symlink they planted) in a shared /tmp:
+    # they could otherwise read or replace our socket.
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"{path} belongs to uid {info.st_uid}, not to uid {os.geteuid()}")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def peer_credentials(conn: socket.socket) -> Tuple[int, int, int]:
+    """(pid, uid, gid) of the process on the other end of a Unix socket."""
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid, gid
+
+
+def remove_dead_sockets(directory: str) -> None:
+    """Remove sockets left by processes that died without running atexit (SIGTERM, SIGKILL).
+
+    A socket goes only when its PID is gone *and* nothing answers on it, so an agent in
+    another PID namespace that shares this directory is never touched.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        pid_text, _, suffix = name.partition(".")
+        if suffix != "sock" or not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # alive (or not ours to signal): leave it
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        path = os.path.join(directory, name)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(0.2)
+            probe.connect(path)
+        except ConnectionRefusedError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        finally:
+            probe.close()
+
+
+def descriptor_identity(sock: socket.socket) -> Optional[Tuple[int, int]]:
+    """(st_dev, st_ino) of what the socket's descriptor number refers to now; None if closed."""
+    try:
+        info = os.fstat(sock.fileno())
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
+
+
+def release(sock: socket.socket, identity: Optional[Tuple[int, int]], shutdown: Optional[int] = None) -> None:
+    """Shut down (`shutdown`: socket.SHUT_*) or close one of the agent's sockets, but only while
+    its descriptor number is still that socket.
+
+    A job may close every descriptor (os.closerange(3, ...) before daemonizing, or in an eval)
+    and open files of its own that get the same numbers: closing or shutting down "our" number
+    then would close the job's file. A number that is no longer ours is forgotten instead
+    (detach), so that the socket object's finalizer never closes it either.
+    """
+    if identity is None or descriptor_identity(sock) != identity:
+        try:
+            sock.detach()
+        except OSError:
+            pass
+        return
+    try:
+        if shutdown is None:
+            sock.close()
+        else:
+            sock.shutdown(shutdown)
+    except OSError:
+        pass
+
+
+def bind_listener(socket_dir: Optional[str], backlog: int) -> Tuple[socket.socket, str]:
+    """A listening socket at `<socket dir>/<pid>.sock`, mode 0600, in a directory of ours, 0700."""
+    directory = socket_dir or default_socket_dir()
+    prepare_socket_dir(directory)
+    path = os.path.join(directory, f"{os.getpid()}.sock")
+    if len(os.fsencode(path)) > _SOCKET_PATH_MAX:
+        raise OSError(errno.ENAMETOOLONG, f"socket path {path!r} is too long for AF_UNIX")
+    # A file left here belongs to an earlier process with our PID (killed with SIGKILL):
+    # the directory is ours alone, so it is safe to replace.
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        listener.bind(path)
+        # chmod after bind rather than umask: umask is process-wide and the target's
+        # other threads may be creating files right now. The 0700 directory closes the gap.
+        os.chmod(path, 0o600)
+        listener.listen(backlog)
+    except BaseException:
+        listener.close()
+        raise
+    return listener, path
+
+
+def remove_socket_file(path: str) -> None:
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
