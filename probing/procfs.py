@@ -113,6 +113,14 @@ def command_line(pid: Pid) -> List[str]:
     return [os.fsdecode(part) for part in (data or b"").split(b"\0") if part]
 
 
+def executable(pid: Pid) -> Optional[str]:
+    """The path of the program the process runs; None when /proc does not let us see it."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
 def python_version(pid: int) -> Optional[str]:
     """'3.11' from the executable's or libpython's name; None when the process is not Python.
 

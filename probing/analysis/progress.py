@@ -38,6 +38,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
+from ..procfs import thread_cpu_ticks, thread_wakeups
 from .states import is_waiting, thread_state
 
 Rows = List[Dict[str, Any]]
@@ -82,26 +83,6 @@ class HangReport(NamedTuple):
             "dataloader_worker": self.worker,
             "reason": self.reason,
         }
-
-
-def _cpu_ticks(pid: int, native_id: Any) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/task/{native_id}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _wakeups(pid: int, native_id: Any) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/task/{native_id}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"voluntary_ctxt_switches:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _signature(frames: Rows) -> Tuple[Any, ...]:
@@ -149,7 +130,7 @@ def take_sample(pid: int, rows: Rows, process: Dict[str, Any]) -> Sample:
     `process` is the backtrace's process info: its "outside" (py-spy's threads, when the stacks
     were read from outside) says which thread holds the GIL."""
     natives = {row["native_id"] for row in rows}
-    counters = {native: (_cpu_ticks(pid, native), _wakeups(pid, native)) for native in natives}
+    counters = {native: (thread_cpu_ticks(pid, native), thread_wakeups(pid, native)) for native in natives}
     holder = next(
         (native for native, thread in (process.get("outside") or {}).items() if thread.get("owns_gil")),
         None,

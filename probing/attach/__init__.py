@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from ..client.discovery import python_version_of, require_process
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
-from ..procfs import process_alive, socket_candidates
+from ..procfs import executable, process_alive, socket_candidates, thread_names, thread_work_done
 from .methods import InjectReport, choose_method
 
 Log = Callable[[str], None]
@@ -40,10 +40,7 @@ def check_target(pid: int) -> str:
     """The target's Python version, or the error that says why it cannot be attached to."""
     require_process(pid)
     version = python_version_of(pid)
-    try:
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except OSError:
-        exe = ""
+    exe = os.path.basename(executable(pid) or "")
     if "pypy" in exe.lower():
         raise NotPython(f"PID {pid} runs PyPy ({exe}): probing attaches to CPython 3.8 and later only")
     if version is None:
@@ -72,38 +69,9 @@ _WAITING_NAME = "probing-attach"
 _LOADING_NAME = "probing-agent"
 
 
-def _thread_names(pid: int) -> Dict[int, str]:
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return {}
-    names = {}
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/comm") as comm:
-                names[int(task)] = comm.read().strip()
-        except (OSError, ValueError):
-            continue
-    return names
-
-
 def _bootstrap_waiting(pid: int) -> bool:
     """An earlier attach's helper thread still waits for the GIL."""
-    return _WAITING_NAME in _thread_names(pid).values()
-
-
-def _work_done(pid: int, tid: int) -> Optional[Tuple[int, ...]]:
-    """CPU time and reads of one thread so far: changes while it loads the agent."""
-    counters: List[int] = []
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        counters += [int(fields[11]), int(fields[12])]  # utime, stime
-        with open(f"/proc/{pid}/task/{tid}/io", "rb") as io:
-            counters += [int(line.split()[1]) for line in io if line.startswith((b"rchar", b"syscr"))]
-    except (OSError, ValueError, IndexError):
-        pass
-    return tuple(counters) or None
+    return _WAITING_NAME in thread_names(pid).values()
 
 
 class _Loading:
@@ -120,7 +88,7 @@ class _Loading:
         self.pid = pid
         # A helper that got the GIL at once is never seen waiting: any thread that did not
         # exist before the injection and carries either name is ours.
-        self.before = {tid for tid, name in _thread_names(pid).items() if name != _WAITING_NAME}
+        self.before = {tid for tid, name in thread_names(pid).items() if name != _WAITING_NAME}
         self.helpers: Set[int] = set()
         self.last: Dict[int, Tuple[int, ...]] = {}
         self.moved_at = 0.0
@@ -131,11 +99,11 @@ class _Loading:
         if now - self.looked_at < _LOOK_EVERY_S:
             return  # /proc/PID/task/* of a job with hundreds of threads is not read every 5 ms
         self.looked_at = now
-        for tid, name in _thread_names(self.pid).items():
+        for tid, name in thread_names(self.pid).items():
             if name == _WAITING_NAME:
                 self.helpers.add(tid)
             elif name == _LOADING_NAME and (tid in self.helpers or tid not in self.before):
-                work = _work_done(self.pid, tid)
+                work = thread_work_done(self.pid, tid)
                 if work is not None and work != self.last.get(tid):
                     self.last[tid] = work
                     self.moved_at = now

@@ -16,7 +16,7 @@ import socket
 import stat
 from typing import Optional
 
-from ..procfs import process_alive, socket_candidates
+from ..procfs import process_alive, socket_candidates, start_time
 
 
 def _refused(path: str) -> bool:
@@ -31,18 +31,6 @@ def _refused(path: str) -> bool:
     return False
 
 
-def _started_at(pid: int) -> Optional[float]:
-    """When `pid` started, in seconds since the epoch (from /proc: no psutil on this path)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            ticks = int(stat_file.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as system:
-            boot = next(int(line.split()[1]) for line in system if line.startswith(b"btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
 def stopped_agent(pid: int) -> Optional[str]:
     """The socket of the agent in `pid` that no longer listens, if the process is alive."""
     for path in socket_candidates(pid):
@@ -52,7 +40,7 @@ def stopped_agent(pid: int) -> Optional[str]:
             continue
         if not stat.S_ISSOCK(info.st_mode) or not _refused(path):
             continue
-        started = _started_at(pid)
+        started = start_time(pid)
         # btime has a resolution of a second: a socket bound in the process's first second
         # must not pass for an earlier process's.
         if started is not None and info.st_mtime < started - 1.0:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional
 
 from ..errors import PermissionDenied, ProbingError
+from ..procfs import thread_name
 
 # py-spy sometimes cannot read a process that is starting up; one retry settles it.
 _ATTEMPTS = 2
@@ -107,12 +108,8 @@ def is_agent_thread(thread: Dict[str, Any]) -> bool:
         return True
     tid = thread.get("os_thread_id")
     if isinstance(tid, int) and tid > 0:
-        try:
-            with open(f"/proc/{tid}/comm", "rb") as comm:
-                if comm.read().startswith(b"probing-"):
-                    return True
-        except OSError:
-            pass
+        if (thread_name(tid) or "").startswith("probing-"):
+            return True
     return any(
         str(frame.get("module") or "").endswith("libprobing-helper.so")
         for frame in thread.get("frames") or []
