@@ -11,8 +11,7 @@ import click
 from .. import __version__
 from ..engine.target import parse_address
 from ..errors import ExitCode, ProbingError
-from . import backtrace as backtrace_module
-from . import render
+from .backtrace import backtrace as show_backtrace
 from .detach import detach_command
 from .eval import eval_command
 from .hang import hang
@@ -22,6 +21,7 @@ from .list_processes import list_command
 from .memory import memory_command
 from .options import apply, pass_invocation
 from .query import query
+from .render import report_error, stdout_is_closed
 from .repl import repl
 from .run import run
 from .spec import BACKTRACE_OPTIONS, GLOBAL_OPTIONS, TARGET_OPTIONS
@@ -72,9 +72,9 @@ class ProbingGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ProbingError as error:
-            ctx.exit(render.report_error(error))
+            ctx.exit(report_error(error))
         except BrokenPipeError:  # `probing PID query ... | head`: the reader has all it wants
-            render.stdout_is_closed()
+            stdout_is_closed()
             ctx.exit(ExitCode.OK)
 
 
@@ -131,7 +131,7 @@ def backtrace(
     When the agent cannot answer in time (a thread holds the GIL, the process cannot be
     attached), the stacks are read from outside with py-spy, and probing says why.
     """
-    return backtrace_module.backtrace(
+    return show_backtrace(
         invocation, locals=locals, thread=thread, format=format, timeout=timeout, native=native,
         children=children, attach_children=attach_children,
     )  # fmt: skip

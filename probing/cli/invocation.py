@@ -7,7 +7,7 @@ import sys
 
 from ..engine.target import Target
 from ..errors import UsageError
-from . import render
+from .render import log_to_stderr
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class Invocation:
 
     def target(self) -> Target:
         """The engine's view of the target; a malformed TARGET is a UsageError."""
-        log = render.log_to_stderr if self.verbose else None
+        log = log_to_stderr if self.verbose else None
         return Target(self.target_text, log, self.no_attach, self.attach_timeout)
 
 

@@ -167,11 +167,11 @@ def read_tree(
     """The stacks of the target and, with `children`, of every descendant. Descendants without
     an agent are read from outside unless `attach_children`: attaching to every DataLoader
     worker would be slow and intrusive."""
-    from .processes import descendants
-
     tree = TreeStacks()
     related = []
     if children or attach_children:
+        from .processes import descendants  # psutil: only when asked for
+
         pid = target.require_pid("--children")
         related = [
             (target.related(child, not attach_children), command) for child, command in descendants(pid)

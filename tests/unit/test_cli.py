@@ -12,10 +12,8 @@ from click.testing import CliRunner
 
 from probing import protocol
 from probing.agent.columns import TableBuilder
-from probing.cli import backtrace as backtrace_command
-from probing.cli import main
+from probing.cli import group, main
 from probing.cli.fast import parse_backtrace
-from probing.cli.group import cli
 from probing.cli.invocation import Invocation
 from probing.engine.target import Target
 from probing.errors import ExitCode, RemoteError
@@ -103,7 +101,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
 
 
 def invoke(*args: str, input: Optional[str] = None) -> Any:
-    return CliRunner().invoke(cli, list(args), input=input, prog_name="probing")
+    return CliRunner().invoke(group.cli, list(args), input=input, prog_name="probing")
 
 
 def test_backtrace_reads_like_a_traceback_main_thread_first(fake: FakeClient) -> None:
@@ -265,7 +263,7 @@ def test_fast_path_parses_as_click_does(monkeypatch: pytest.MonkeyPatch, args: L
         seen.update(no_attach=invocation.no_attach, attach_timeout=invocation.attach_timeout)
         return 0
 
-    monkeypatch.setattr(backtrace_command, "backtrace", capture)
+    monkeypatch.setattr(group, "show_backtrace", capture)
     assert invoke(*args).exit_code == 0
     assert parse_backtrace(args) == seen
 

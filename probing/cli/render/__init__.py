@@ -18,15 +18,6 @@ if TYPE_CHECKING:
     from typing import IO, Any, Optional
 
 
-def stdout() -> IO[str]:
-    """The standard output as it is now (a test may have replaced it)."""
-    return sys.stdout
-
-
-def stderr() -> IO[str]:
-    return sys.stderr
-
-
 # --- what the job controls, made inert ----------------------------------------------------
 #
 # Thread, function and file names, reprs of locals, table values, eval output, agent error
@@ -127,11 +118,6 @@ def notes(messages: Any) -> None:
     for message in messages:
         note(message)
     sys.stderr.flush()
-
-
-def usage_error(message: str) -> None:
-    """A usage error found outside click's parser (the exit code is 2)."""
-    sys.stderr.write(f"probing: error: {inert(message)}\n")
 
 
 def stdout_is_closed() -> None:
