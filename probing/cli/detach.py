@@ -13,7 +13,7 @@ from .spec import timeout
 
 
 @click.command(name="detach")
-@apply(timeout(5.0, shown=False))
+@apply(timeout(5.0))
 @pass_invocation
 def detach_command(invocation: Invocation, timeout: float) -> int:
     """Stop the agent: its threads, hooks and socket go; the job runs on."""

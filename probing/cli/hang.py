@@ -25,7 +25,7 @@ from .spec import TEXT_OR_JSON, timeout
 )
 @apply(
     TEXT_OR_JSON,
-    timeout(3.0, "Seconds to wait for each sample from the agent before reading from outside.", shown=False),
+    timeout(3.0, "Seconds to wait for each sample from the agent before reading from outside."),
 )
 @pass_invocation
 def hang(invocation: Invocation, duration: float, samples: int, format: str, timeout: float) -> int:

@@ -29,9 +29,7 @@ from .spec import TEXT_OR_JSON, scan_budget, timeout
     help="Sample process.memory every S seconds from now on (0: stop sampling).",
 )  # fmt: skip
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Rows per list.")
-@apply(
-    scan_budget("Seconds each walk over the live objects may take."), TEXT_OR_JSON, timeout(10.0, shown=False)
-)
+@apply(scan_budget("Seconds each walk over the live objects may take."), TEXT_OR_JSON, timeout(10.0))
 @pass_invocation
 def memory_command(
     invocation: Invocation, growth: Optional[float], cuda_snapshot: Optional[str], interval: Optional[float],

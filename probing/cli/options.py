@@ -21,12 +21,12 @@ def click_option(option: Option) -> Callable[[Command], Command]:
     if option.choices is not None:
         return click.option(
             *names, type=click.Choice(option.choices), default=option.default,
-            show_default=option.show_default, help=option.help,
+            show_default=True, help=option.help,
         )  # fmt: skip
     value_type: Any = click.FloatRange(min=0, min_open=True) if option.value_type is float else str
     return click.option(
         *names, type=value_type, default=option.default, metavar=option.metavar,
-        show_default=option.show_default and option.default is not None, help=option.help,
+        show_default=option.default is not None, help=option.help,
     )  # fmt: skip
 
 

@@ -14,17 +14,7 @@ if TYPE_CHECKING:
 
 
 class Option:
-    __slots__ = (
-        "name",
-        "help",
-        "flag",
-        "default",
-        "choices",
-        "value_type",
-        "metavar",
-        "short",
-        "show_default",
-    )
+    __slots__ = ("name", "help", "flag", "default", "choices", "value_type", "metavar", "short")
 
     def __init__(
         self,
@@ -36,7 +26,6 @@ class Option:
         value_type: Any = str,
         metavar: Optional[str] = None,
         short: Optional[str] = None,
-        show_default: bool = True,
     ) -> None:
         self.short = short  # e.g. "-v"
         self.name = name  # the long flag, e.g. "--thread"
@@ -46,7 +35,6 @@ class Option:
         self.choices = choices
         self.value_type = value_type
         self.metavar = metavar
-        self.show_default = show_default
 
     @property
     def dest(self) -> str:
@@ -56,15 +44,15 @@ class Option:
 ROW_FORMATS = ("table", "json", "jsonl", "csv")
 
 
-def timeout(default: float, help: str = "Seconds to wait for the agent.", shown: bool = True) -> Option:
+def timeout(default: float, help: str = "Seconds to wait for the agent.") -> Option:
     """--timeout: every command that asks an agent has one; its default and meaning vary."""
-    return Option("--timeout", help, default=default, value_type=float, metavar="S", show_default=shown)
+    return Option("--timeout", help, default=default, value_type=float, metavar="S")
 
 
 TEXT_OR_JSON = Option(
-    "--format", "text for people, json for scripts", default="text", choices=("text", "json")
+    "--format", "Text for people, json for scripts.", default="text", choices=("text", "json")
 )
-ROWS_FORMAT = Option("--format", "how to print the rows", default="table", choices=ROW_FORMATS)
+ROWS_FORMAT = Option("--format", "How to print the rows.", default="table", choices=ROW_FORMATS)
 
 
 def scan_budget(help: str) -> Option:

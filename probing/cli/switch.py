@@ -43,7 +43,7 @@ def _switch(invocation: Invocation, feature: str, params: Dict[str, Any], format
     "--capacity", type=click.IntRange(min=1000), metavar="ROWS",
     help="Rows python.torch_trace keeps, newest first out last.  [default: 1000000]",
 )  # fmt: skip
-@apply(TEXT_OR_JSON, timeout(10.0, shown=False))
+@apply(TEXT_OR_JSON, timeout(10.0))
 @pass_invocation
 def trace(
     invocation: Invocation, action: str, every: Optional[int], backward: bool, patterns: Sequence[str],
@@ -74,7 +74,7 @@ def trace(
     help="Raise NonFiniteError in the training thread at the first NaN/Inf, so the job's own error "
     "handling and checkpointing run.",
 )  # fmt: skip
-@apply(TEXT_OR_JSON, timeout(10.0, shown=False))
+@apply(TEXT_OR_JSON, timeout(10.0))
 @pass_invocation
 def nan(invocation: Invocation, action: str, stop: bool, format: str, timeout: float) -> int:
     """Check module outputs and gradients for NaN/Inf into python.nan_events: on, off or status.

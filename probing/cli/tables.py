@@ -13,7 +13,7 @@ from .spec import TEXT_OR_JSON, timeout
 
 
 @click.command()
-@apply(TEXT_OR_JSON, timeout(10.0, shown=False))
+@apply(TEXT_OR_JSON, timeout(10.0))
 @pass_invocation
 def tables(invocation: Invocation, format: str, timeout: float) -> int:
     """Every table with its columns, types and what each column means."""
