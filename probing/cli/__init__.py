@@ -23,13 +23,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         fast = parse_backtrace(args)
         if fast is not None:
-            from . import actions
+            from .backtrace import backtrace
+            from .invocation import Invocation
 
-            context = actions.Context(
+            invocation = Invocation(
                 fast.pop("target"), fast.pop("verbose"), fast.pop("no_attach"), fast.pop("attach_timeout")
             )
-            return actions.backtrace(context, **fast)
-        from .commands import run_click
+            return backtrace(invocation, **fast)
+        from .group import run_click
 
         return run_click(args)
     except ProbingError as error:

@@ -14,21 +14,28 @@ import os
 import signal
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional
 
-from ..client.connection import Client, locate_socket
+import click
+
+from ..client.connection import Client
 from ..client.console import RemoteConsole, StoppedWaiting
+from ..engine.target import Target
 from ..errors import ExitCode, NoAgent, ProcessNotFound, SessionGone
 from ..procfs import process_alive
-from . import render
+from .invocation import Invocation
+from .options import apply, pass_invocation
+from .render.repl import (
+    after_ctrl_c,
+    end_of_input,
+    read_line,
+    repl_note,
+    write_repl_banner,
+    write_repl_keyboard_interrupt,
+    write_repl_reply,
+)
+from .spec import timeout as timeout_option
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
-
-    from .actions import Context
-
-PS1 = ">>> "
-PS2 = "... "
 HISTORY_LENGTH = 1000
 # A reply normally comes within ~0.35 s; after this long the agent is not answering (a thread
 # holds the GIL), and a second Ctrl-C stops waiting for it.
@@ -108,19 +115,17 @@ class LineEditing:
             pass
 
 
-def reconnect_to(context: Context, timeout: float) -> Callable[[], Client]:
+def reconnect_to(target: Target, timeout: float) -> Callable[[], Client]:
     """How the console gets a new connection to the same agent; never attaches again (after a
     detach the session is gone anyway), and says plainly when the process or agent is gone."""
-    from .actions import parse_target
 
     def reconnect() -> Client:
-        target = parse_target(context.target)
-        if target.socket is not None:
-            return Client(target.socket, timeout, context.log)
-        pid = target.pid or 0
         try:
-            return Client(locate_socket(pid, context.log), timeout, context.log, pid=pid)
+            return target.connect_existing(timeout)
         except (ProcessNotFound, NoAgent):
+            if target.pid is None:
+                raise
+            pid = target.pid
             if _exits(pid):
                 raise ProcessNotFound(f"PID {pid} exited; the repl session ended with it") from None
             raise NoAgent(
@@ -152,7 +157,7 @@ def run_statement(console: RemoteConsole, line: str) -> Dict[str, Any]:
                 return False
             if waited > SLOW_REPLY_S and not noted_slow:
                 noted_slow = True
-                render.repl_note(
+                repl_note(
                     f"the agent has not answered for {SLOW_REPLY_S:g} s: a thread may hold the GIL "
                     "(a long C call); Ctrl-C twice stops waiting"
                 )
@@ -163,7 +168,7 @@ def run_statement(console: RemoteConsole, line: str) -> Dict[str, Any]:
             interrupted_at = None
             polls = 0
             while True:
-                render.write_repl_reply(reply, sys.stdout, sys.stderr)
+                write_repl_reply(reply)
                 if reply.get("done") or reply.get("more"):
                     return dict(reply, ctrl_c=interrupts.count > 0)
                 if interrupts.count and interrupted_at is None:
@@ -179,19 +184,9 @@ def run_statement(console: RemoteConsole, line: str) -> Dict[str, Any]:
             why = "still running in the target, blocked outside Python"
         except StoppedWaiting:
             why = "the agent did not answer (a thread holds the GIL?); the statement may still be running"
-    if sys.stdin.isatty():
-        sys.stderr.write("\n")  # after the ^C the terminal echoed
-    render.repl_note(f"{why}; it will be interrupted when it returns to Python")
+    after_ctrl_c()
+    repl_note(f"{why}; it will be interrupted when it returns to Python")
     return {"more": False, "done": True, "ctrl_c": True}
-
-
-def _read(interactive: bool, more: bool) -> str:
-    if interactive:
-        return input(PS2 if more else PS1)
-    line = sys.stdin.readline()
-    if not line:
-        raise EOFError
-    return line[:-1] if line.endswith("\n") else line
 
 
 def _forgiving(console: RemoteConsole, request: Callable[[], Any], retry: bool) -> Any:
@@ -200,7 +195,7 @@ def _forgiving(console: RemoteConsole, request: Callable[[], Any], retry: bool) 
     try:
         return request()
     except SessionGone:
-        render.repl_note(
+        repl_note(
             "the agent dropped this repl session (unused for an hour, 16 newer ones opened, or "
             "the agent restarted); a new session starts: names assigned before are gone"
         )
@@ -208,26 +203,44 @@ def _forgiving(console: RemoteConsole, request: Callable[[], Any], retry: bool) 
         return request() if retry else {}
 
 
-def run_repl(context: Context, timeout: float) -> int:
+@click.command()
+@apply(
+    timeout_option(
+        10.0, "Seconds to wait for the agent to connect (statements may run as long as they like)."
+    )
+)
+@pass_invocation
+def repl(invocation: Invocation, timeout: float) -> int:
+    """Interactive Python console inside the process, as `python -i` would give.
+
+    Names of the job's __main__ are visible (read live); names you assign stay in the session
+    and never change the job's. Ctrl-C interrupts the running statement, Ctrl-D leaves; line
+    editing and history (~/.probing_history, or $PROBING_HISTORY) when stdin is a terminal.
+    Lines piped in run as a script would: exit 8 if any statement raised.
+    """
+    return run_repl(invocation.target(), timeout)
+
+
+def run_repl(target: Target, timeout: float) -> int:
     interactive = sys.stdin.isatty()
-    console = RemoteConsole(context.connect(timeout), reconnect_to(context, timeout))
+    console = RemoteConsole(target.connect(timeout), reconnect_to(target, timeout))
     editing = LineEditing(console) if interactive else None
     if interactive:
-        render.write_repl_banner(console.info, sys.stderr)
+        write_repl_banner(console.info)
     failed = False
     more = False
     try:
         while True:
             try:
-                line = _read(interactive, more)
+                line = read_line(interactive, more)
             except EOFError:
                 if interactive:
-                    sys.stdout.write("\n")
+                    end_of_input()
                 elif more:  # a script's last block ends at the end of the file
                     failed |= bool(run_statement(console, "").get("exception"))
                 break
             except KeyboardInterrupt:
-                render.write_repl_keyboard_interrupt(sys.stderr)
+                write_repl_keyboard_interrupt()
                 if not interactive:
                     return STOPPED_BY_CTRL_C
                 if more:

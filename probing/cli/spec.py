@@ -1,9 +1,9 @@
-"""Options of the commands on the fast path, declared once.
+"""Options shared by several commands, and those of the fast path, declared once.
 
 `probing PID backtrace` is timed against py-spy, and importing click alone costs more than a
 whole py-spy dump. So backtrace is parsed without click when its command line is plain
-(cli/fast.py); click builds the same command from these declarations (cli/commands.py), and
-handles everything else, including every error and --help.
+(cli/fast.py); click builds the same command from these declarations (cli/options.py turns them
+into click options), and handles everything else, including every error and --help.
 """
 
 from __future__ import annotations
@@ -43,6 +43,22 @@ class Option:
 
 ROW_FORMATS = ("table", "json", "jsonl", "csv")
 
+
+def timeout(default: float, help: str = "Seconds to wait for the agent.") -> Option:
+    """--timeout: every command that asks an agent has one; its default and meaning vary."""
+    return Option("--timeout", help, default=default, value_type=float, metavar="S")
+
+
+TEXT_OR_JSON = Option(
+    "--format", "Text for people, json for scripts.", default="text", choices=("text", "json")
+)
+ROWS_FORMAT = Option("--format", "How to print the rows.", default="table", choices=ROW_FORMATS)
+
+
+def scan_budget(help: str) -> Option:
+    return Option("--scan-budget", help, default=1.0, value_type=float, metavar="S")
+
+
 BACKTRACE_OPTIONS = (
     Option("--locals", "show each frame's local variables (bounded reprs)", flag=True, default=False),
     Option("--thread", "only the thread with this name, Python ident or native id", metavar="NAME|ID"),
@@ -71,13 +87,7 @@ BACKTRACE_OPTIONS = (
         flag=True,
         default=False,
     ),
-    Option(
-        "--timeout",
-        "seconds to wait for the agent's answer; then the stacks are read from outside (py-spy)",
-        default=3.0,
-        value_type=float,
-        metavar="S",
-    ),
+    timeout(3.0, "seconds to wait for the agent's answer; then the stacks are read from outside (py-spy)"),
 )
 
 GLOBAL_OPTIONS = (

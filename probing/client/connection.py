@@ -22,11 +22,8 @@ from ..procfs import effective_uid
 
 # The `X as X` names are re-exported: cli/ imports them from here. TODO(lead, at merge): import
 # them from discovery and replies in the engine/CLI branch's modules, then drop the re-exports.
-from .discovery import locate_socket as locate_socket
 from .discovery import no_log, require_process
-from .replies import ReplyReader, check_result, error_from_reply, read_reply
-from .replies import decode_reply_table as decode_reply_table
-from .replies import decode_reply_texts as decode_reply_texts
+from .replies import ReplyReader, check_result, decode_reply_table, error_from_reply, read_reply
 from .trust import ExpectedPeer, check_peer, check_socket_file, expected_for_path
 
 TYPE_CHECKING = False

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..agent.columns import TableBuilder
 from ..errors import PermissionDenied, ProcessNotFound
 from ..schema.tables import CLI_TABLES
 
@@ -99,10 +98,9 @@ def stats_row(pid: int) -> Tuple[Any, ...]:
     )  # fmt: skip
 
 
-def build_local_table(name: str, pid: int) -> TableBuilder:
-    builder = TableBuilder(name, LOCAL_TABLES[name].column_types())
-    builder.append(stats_row(pid))
-    return builder
+def local_rows(name: str, pid: int) -> List[Tuple[Any, ...]]:
+    """The rows of the CLI-side table `name` for `pid`, in the order of its columns."""
+    return [stats_row(pid)]
 
 
 def local_tables_described() -> List[Dict[str, Any]]:

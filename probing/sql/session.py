@@ -13,10 +13,11 @@ The registered columns show in information_schema under the `temp` catalog, as _
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 from ..errors import BadSQL
 from ..protocol import DecodedColumn, DecodedTable
+from ..schema.tables import Table
 
 _STAGING = "__probing_part"
 
@@ -60,6 +61,13 @@ def _column_expression(column: DecodedColumn, data: str, valid: str, words: str,
     if column.valid is not None:
         return f"CASE WHEN {valid} = 1 THEN {value} END"
     return value
+
+
+def _plain_value(kind: str) -> str:
+    """The parameter of an INSERT for a plain Python value of a column of type `kind`."""
+    if kind == "TIMESTAMP":
+        return "make_timestamp(CAST(round(? * 1000000) AS BIGINT))"
+    return f"CAST(? AS {kind})"
 
 
 def _numpy_column(column: DecodedColumn) -> Any:
@@ -130,9 +138,27 @@ class SqlSession:
                 f"{_column_expression(column, data, valid, words, nan)} AS {_quote(column.name)}"
             )
         self.connection.register(part, staged)
-        selects = self.parts.setdefault(table.name, [])
-        selects.append(f"SELECT {', '.join(expressions)} FROM {part}")
-        qualified = _qualified(table.name)
+        self._add_part(table.name, f"SELECT {', '.join(expressions)} FROM {part}")
+
+    def load_rows(self, table: Table, rows: Sequence[Sequence[Any]]) -> None:
+        """Add plain rows (tuples in the order of `table`'s columns) to what its name shows:
+        for tables this process builds itself (process.stats, stacks read from outside),
+        which never pass through the wire format. TIMESTAMP values are seconds since the epoch,
+        JSON values their text, as the agent's columns carry them."""
+        if not rows:
+            return
+        self.staged += 1
+        part = f"{_STAGING}{self.staged}"
+        columns = ", ".join(f"{_quote(column.name)} {column.type}" for column in table.columns)
+        self.connection.execute(f"CREATE TEMP TABLE {part} ({columns})")
+        values = ", ".join(_plain_value(column.type) for column in table.columns)
+        self.connection.executemany(f"INSERT INTO {part} VALUES ({values})", [list(row) for row in rows])
+        self._add_part(table.name, f"SELECT * FROM {part}")
+
+    def _add_part(self, name: str, select: str) -> None:
+        selects = self.parts.setdefault(name, [])
+        selects.append(select)
+        qualified = _qualified(name)
         if len(selects) == 1:
             self.connection.execute(f"DROP TABLE {qualified}")
         self.connection.execute(f"CREATE OR REPLACE VIEW {qualified} AS {' UNION ALL '.join(selects)}")

@@ -12,9 +12,10 @@ from click.testing import CliRunner
 
 from probing import protocol
 from probing.agent.columns import TableBuilder
-from probing.cli import actions, main
-from probing.cli.commands import cli
+from probing.cli import group, main
 from probing.cli.fast import parse_backtrace
+from probing.cli.invocation import Invocation
+from probing.engine.target import Target
 from probing.errors import ExitCode, RemoteError
 from probing.schema.tables import AGENT_TABLES as TABLES
 from probing.schema.tables import BACKTRACE
@@ -95,12 +96,12 @@ class FakeClient:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient()
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
+    monkeypatch.setattr(Target, "connect", lambda self, timeout, **options: client)
     return client
 
 
 def invoke(*args: str, input: Optional[str] = None) -> Any:
-    return CliRunner().invoke(cli, list(args), input=input, prog_name="probing")
+    return CliRunner().invoke(group.cli, list(args), input=input, prog_name="probing")
 
 
 def test_backtrace_reads_like_a_traceback_main_thread_first(fake: FakeClient) -> None:
@@ -147,7 +148,7 @@ def test_backtrace_rows_formats_carry_the_table_columns(fake: FakeClient, fmt: s
 
 def test_eval_prints_output_then_value(monkeypatch: pytest.MonkeyPatch) -> None:
     client = FakeClient(eval_result={"value": "42", "stdout": "hello\n", "stderr": ""})
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
+    monkeypatch.setattr(Target, "connect", lambda self, timeout, **options: client)
     result = invoke("4242", "eval", "print('hello'); 42")
     assert result.exit_code == 0 and result.output == "hello\n42\n"
     assert client.calls[0] == (
@@ -158,7 +159,7 @@ def test_eval_prints_output_then_value(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_eval_reads_code_from_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
     client = FakeClient()
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
+    monkeypatch.setattr(Target, "connect", lambda self, timeout, **options: client)
     result = invoke("4242", "eval", "--frame", "MainThread:train", "-", input="for i in x:\n    print(i)\n")
     assert result.exit_code == 0
     assert client.calls[0][1]["code"] == "for i in x:\n    print(i)\n"
@@ -170,7 +171,7 @@ def test_remote_exception_exits_with_its_code_and_traceback(
 ) -> None:
     error = RemoteError("ZeroDivisionError: division by zero", traceback="Traceback ...\nZeroDivisionError\n")
     client = FakeClient(eval_error=error)
-    monkeypatch.setattr(actions.Context, "connect", lambda self, timeout, **options: client)
+    monkeypatch.setattr(Target, "connect", lambda self, timeout, **options: client)
     result = invoke("4242", "eval", "1/0")
     assert result.exit_code == ExitCode.REMOTE_ERROR
     assert "ZeroDivisionError" in result.output and "probing: error" not in result.output
@@ -257,12 +258,12 @@ def test_no_such_process_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
 def test_fast_path_parses_as_click_does(monkeypatch: pytest.MonkeyPatch, args: List[str]) -> None:
     seen: Dict[str, Any] = {}
 
-    def capture(context: actions.Context, **options: Any) -> int:
-        seen.update(options, target=context.target, verbose=context.verbose)
-        seen.update(no_attach=context.no_attach, attach_timeout=context.attach_timeout)
+    def capture(invocation: Invocation, **options: Any) -> int:
+        seen.update(options, target=invocation.target_text, verbose=invocation.verbose)
+        seen.update(no_attach=invocation.no_attach, attach_timeout=invocation.attach_timeout)
         return 0
 
-    monkeypatch.setattr(actions, "backtrace", capture)
+    monkeypatch.setattr(group, "show_backtrace", capture)
     assert invoke(*args).exit_code == 0
     assert parse_backtrace(args) == seen
 
@@ -295,7 +296,7 @@ def test_json_rows_are_valid_json_even_with_nan(fmt: str) -> None:
     import io
     import json
 
-    from probing.cli.render import write_rows
+    from probing.cli.render.rows import write_rows
 
     out = io.StringIO()
     rows = [(float("nan"), float("inf"), -float("inf"), 1.5)]

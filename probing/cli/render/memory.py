@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from typing import IO, Any, Dict, List, Optional
 
-from .render import SourceLines
+from ...engine.sources import SourceLines
+from . import inert_stream, notes
+from .json_writer import write_json
 
 
 def size(mb: Optional[float], signed: bool = False) -> str:
@@ -203,3 +206,23 @@ def write_cuda_snapshot(result: Dict[str, Any], path: str, out: IO[str]) -> None
         f"{size(result['bytes'] / 1024.0 / 1024.0)}) {history} to {path}\n"
         "  open it at https://pytorch.org/memory_viz\n"
     )
+
+
+def write_memory_answer(answer: Any, format: str, snapshot_path: Optional[str]) -> None:
+    """`probing PID memory` in all its forms; then the agent's notes (what it cut short)."""
+    result = answer.result
+    if snapshot_path is not None:
+        with open(snapshot_path, "wb") as handle:
+            handle.write(answer.snapshot)
+        write_cuda_snapshot(result, snapshot_path, sys.stdout)
+        return
+    out = inert_stream(sys.stdout)
+    if format == "json":
+        write_json(result)
+    elif answer.action == "growth":
+        write_growth(result, SourceLines(int(result["pid"])), out)
+    elif answer.action == "interval":
+        write_sampler(result, out)
+    else:
+        write_memory(result, answer.command, out)
+    notes(result.get("notes") or ())

@@ -1,0 +1,155 @@
+"""The click command line: `probing [OPTIONS] TARGET COMMAND`, the global options, --help with
+the exit codes, and every command's module registered. Each command lives in its own module
+(cli/eval.py, cli/query.py, ...): parse, ask the engine, render."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import click
+
+from .. import __version__
+from ..engine.target import parse_address
+from ..errors import ExitCode, ProbingError
+from .backtrace import backtrace as show_backtrace
+from .detach import detach_command
+from .eval import eval_command
+from .hang import hang
+from .inject import inject_command
+from .invocation import Invocation
+from .list_processes import list_command
+from .memory import memory_command
+from .options import apply, pass_invocation
+from .query import query
+from .render import report_error, stdout_is_closed
+from .repl import repl
+from .run import run
+from .spec import BACKTRACE_OPTIONS, GLOBAL_OPTIONS, TARGET_OPTIONS
+from .switch import nan, trace
+from .tables import tables
+
+# Commands that do not act on a target process.
+TARGETLESS = ("list", "run")
+
+
+def _exit_code_table() -> str:
+    lines = ["\b", "Exit codes:"]
+    for code, meaning in ExitCode.MEANINGS.items():
+        lines.append(f"  {code:>3}  {meaning}")
+    lines.append("  probing run exits with its command's status (128+N if signal N killed it).")
+    return "\n".join(lines)
+
+
+class ProbingGroup(click.Group):
+    """`probing [OPTIONS] TARGET COMMAND`: a positional TARGET before the command.
+
+    click has no notion of an argument in front of a subcommand, so the first positional word
+    that is not a command is rewritten as `--target WORD`.
+    """
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        rewritten: List[str] = []
+        index = 0
+        while index < len(args):
+            arg = args[index]
+            if arg == "--" or arg in self.commands:
+                break
+            if arg in TARGET_OPTIONS or arg.startswith("--target="):
+                # Given as an option: a positional word after it is a (mistyped) command.
+                return super().parse_args(ctx, args)
+            if not arg.startswith("-"):
+                rewritten += ["--target", arg]
+                index += 1
+                break
+            rewritten.append(arg)
+            index += 1
+        return super().parse_args(ctx, rewritten + args[index:])
+
+    def collect_usage_pieces(self, ctx: click.Context) -> List[str]:
+        return ["[OPTIONS]", "TARGET", "COMMAND", "[ARGS]..."]
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ProbingError as error:
+            ctx.exit(report_error(error))
+        except BrokenPipeError:  # `probing PID query ... | head`: the reader has all it wants
+            stdout_is_closed()
+            ctx.exit(ExitCode.OK)
+
+
+@click.group(
+    cls=ProbingGroup,
+    epilog=_exit_code_table(),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option("-t", "--target", metavar="TARGET", help="PID of the process, or the path of its agent socket.")
+@apply(*GLOBAL_OPTIONS)
+@click.version_option(__version__, prog_name="probing")
+@click.pass_context
+def cli(
+    ctx: click.Context, target: Optional[str], verbose: bool, no_attach: bool, attach_timeout: float
+) -> None:
+    """Debug a live Python process: its stacks, its state, SQL over what it records.
+
+    \b
+      probing PID backtrace        where every thread is, right now
+      probing PID eval "CODE"      run Python inside the process
+      probing PID repl             an interactive console inside the process
+      probing PID query "SQL"      DuckDB SQL over python.backtrace, python.threads, ...
+      probing PID memory           RSS/USS, Python objects by type, torch memory, growth
+      probing list                 Python processes, and which have an agent
+      probing run -- CMD ...       start CMD with the agent in it
+
+    A process without an agent is attached to first (unless --no-attach): one of its
+    threads is borrowed for about a millisecond to load the agent; see `probing PID inject`.
+    """
+    ctx.obj = Invocation(target, verbose, no_attach, attach_timeout)
+    if ctx.invoked_subcommand not in TARGETLESS and target is None:
+        raise click.UsageError("missing TARGET: probing PID COMMAND (or probing -t PID COMMAND)")
+    if ctx.invoked_subcommand in TARGETLESS and target is not None:
+        raise click.UsageError(f"'{ctx.invoked_subcommand}' takes no TARGET")
+    if target is not None:
+        parse_address(target)  # a malformed TARGET is a usage error before any work
+
+
+@cli.command()
+@apply(*BACKTRACE_OPTIONS)
+@pass_invocation
+def backtrace(
+    invocation: Invocation,
+    locals: bool,
+    thread: Optional[str],
+    format: str,
+    native: bool,
+    children: bool,
+    attach_children: bool,
+    timeout: float,
+) -> int:
+    """Stack of every Python thread, main thread first, read like a traceback.
+
+    When the agent cannot answer in time (a thread holds the GIL, the process cannot be
+    attached), the stacks are read from outside with py-spy, and probing says why.
+    """
+    return show_backtrace(
+        invocation, locals=locals, thread=thread, format=format, timeout=timeout, native=native,
+        children=children, attach_children=attach_children,
+    )  # fmt: skip
+
+
+for _command in (hang, eval_command, repl, query, trace, nan, memory_command, tables, inject_command,
+                 detach_command, list_command, run):  # fmt: skip
+    cli.add_command(_command)
+
+
+def run_click(args: List[str]) -> int:
+    try:
+        result = cli.main(args=args, prog_name="probing", standalone_mode=False)
+    except click.exceptions.Exit as exit_:
+        return int(exit_.exit_code)
+    except click.ClickException as error:
+        error.show()
+        return int(error.exit_code)
+    except click.exceptions.Abort:
+        return 130
+    return int(result) if isinstance(result, int) else ExitCode.OK

@@ -1,0 +1,44 @@
+"""`probing PID hang`: watch every thread for a while; say what moved and what each is doing."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from ..engine.hang import sample_hang
+from ..engine.sources import SourceLines
+from ..errors import ExitCode
+from .invocation import Invocation
+from .options import apply, pass_invocation
+from .render.reports import write_hang
+from .spec import TEXT_OR_JSON, timeout
+
+
+@click.command()
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True, metavar="S",
+    help="Seconds to watch.",
+)  # fmt: skip
+@click.option(
+    "--samples", type=click.IntRange(min=2), default=10, show_default=True, help="Stack samples to take."
+)
+@apply(
+    TEXT_OR_JSON,
+    timeout(3.0, "Seconds to wait for each sample from the agent before reading from outside."),
+)
+@pass_invocation
+def hang(invocation: Invocation, duration: float, samples: int, format: str, timeout: float) -> int:
+    """Watch every thread for a while: what moved, what did not, what each is doing.
+
+    Exits 11 when the main thread neither moved nor used the CPU (a DataLoader wait leads to
+    the worker that holds the batch), 0 when it progressed.
+    """
+    target = invocation.target()
+    pid: Optional[int] = target.require_pid("hang")
+    sources = SourceLines(pid)
+    answer = sample_hang(
+        target, duration, samples, timeout, lambda frame: sources.line(frame["file"], frame["lineno"])
+    )
+    write_hang(answer, format)
+    return ExitCode.HUNG if answer.report.hung else ExitCode.OK

@@ -1,0 +1,39 @@
+"""What the global options say (the target, -v, --no-attach, --attach-timeout), and how a
+command gets its engine Target from them. Click-free: the fast path uses it too."""
+
+from __future__ import annotations
+
+import sys
+
+from ..engine.target import Target
+from ..errors import UsageError
+from .render import log_to_stderr
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+
+class Invocation:
+    __slots__ = ("target_text", "verbose", "no_attach", "attach_timeout")
+
+    def __init__(
+        self, target_text: Optional[str], verbose: bool, no_attach: bool = False, attach_timeout: float = 5.0
+    ) -> None:
+        self.target_text = target_text
+        self.verbose = verbose
+        self.no_attach = no_attach
+        self.attach_timeout = attach_timeout
+
+    def target(self) -> Target:
+        """The engine's view of the target; a malformed TARGET is a UsageError."""
+        log = log_to_stderr if self.verbose else None
+        return Target(self.target_text, log, self.no_attach, self.attach_timeout)
+
+
+def read_argument(value: str, what: str) -> str:
+    """`-` means: read it from standard input (for code or SQL with quotes and newlines)."""
+    text = sys.stdin.read() if value == "-" else value
+    if not text.strip():
+        raise UsageError(f"empty {what}")
+    return text

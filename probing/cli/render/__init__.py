@@ -1,0 +1,126 @@
+"""Every byte `probing` prints goes through this package: tracebacks, tables, JSON, eval
+output, reports, notes and errors. Command modules (cli/*.py), the engine and the watchdog never
+write; tests/unit/test_render_only_writer.py checks it over their source.
+
+This module: what the job controls made inert, the streams, notes and errors. The fast path of
+`probing PID backtrace` imports it: standard library only, nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ...errors import EvalTimedOut, ProbingError, RemoteError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Optional
+
+
+# --- what the job controls, made inert ----------------------------------------------------
+#
+# Thread, function and file names, reprs of locals, table values, eval output, agent error
+# messages: the job writes them all, and a job may be hostile (root inspects other users'
+# jobs). On a terminal, ESC starts sequences that retitle the window, clear the screen or
+# rewrite what is shown; CR and a newline can forge a line ("MainThread ..."). Every such
+# string goes through `inert` on its way to people: control characters become visible text
+# (\x1b, \r, \n), as Python's repr writes them. JSON and CSV keep the exact values (their
+# writers escape them correctly).
+
+_ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_ESCAPED.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+# Line and paragraph separators, and bidirectional overrides that reorder what is shown.
+_ESCAPED.update(
+    {code: f"\\u{code:04x}" for code in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+)
+_ESCAPED_KEEPING_LINES = {code: text for code, text in _ESCAPED.items() if code not in (0x0A, 0x09)}
+
+
+def inert(value: Any) -> str:
+    """`value` as text that cannot act on a terminal: every control character made visible."""
+    return str(value).translate(_ESCAPED)
+
+
+def inert_lines(text: str, out: IO[str]) -> str:
+    """Multi-line output of the job (eval's prints, a remote traceback) for `out`: on a
+    terminal, control characters other than newline and tab are made visible; to a file or
+    a pipe, the exact text goes through."""
+    try:
+        terminal = out.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return text.translate(_ESCAPED_KEEPING_LINES) if terminal else text
+
+
+class _InertStream:
+    """A stream whose every write is made inert except for newlines and tabs: for reports
+    (memory) that interleave many job-controlled names with their own layout."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+
+    def write(self, text: str) -> int:
+        return self._out.write(str(text).translate(_ESCAPED_KEEPING_LINES))
+
+    def flush(self) -> None:
+        self._out.flush()
+
+
+def inert_stream(out: IO[str]) -> IO[str]:
+    stream: Any = _InertStream(out)
+    return stream  # type: ignore[no-any-return]
+
+
+def report_error(error: ProbingError, err: Optional[IO[str]] = None) -> int:
+    """The single place an expected failure becomes a message; returns the exit code."""
+    err = err or sys.stderr
+    if isinstance(error, RemoteError):
+        # What the code printed before it raised, then its traceback, as Python would show it.
+        if error.stdout:
+            sys.stdout.write(inert_lines(error.stdout, sys.stdout))
+            sys.stdout.flush()
+        if error.stderr:
+            err.write(inert_lines(error.stderr, err))
+        err.write(inert_lines(error.traceback or error.message + "\n", err))
+        return int(error.exit_code)
+    if isinstance(error, EvalTimedOut):
+        if error.stdout:
+            sys.stdout.write(inert_lines(error.stdout, sys.stdout))
+            sys.stdout.flush()
+        if error.stderr:
+            err.write(inert_lines(error.stderr, err))
+    # Messages quote what the agent said and names the job chose (threads, frames, paths).
+    err.write(f"probing: error: {inert(error.message)}\n")
+    if error.hint:
+        err.write(f"  hint: {_indented(error.hint)}\n")
+    return int(error.exit_code)
+
+
+def _indented(hint: str) -> str:
+    """A hint of several lines (DuckDB's, with the SQL and a caret under the error), inert but
+    for its newlines, each further line indented: no line of it can pass for one of ours."""
+    first, *rest = hint.translate(_ESCAPED_KEEPING_LINES).split("\n")
+    return "\n".join([first, *(line if line[:1].isspace() else "        " + line for line in rest)])
+
+
+def log_to_stderr(message: str) -> None:
+    """A step taken (-v)."""
+    sys.stderr.write(f"probing: {inert(message)}\n")
+
+
+def note(message: str) -> None:
+    """A note about the answer (why it came from outside, what the agent cut short)."""
+    sys.stderr.write(f"probing: {inert(message)}\n")
+
+
+def notes(messages: Any) -> None:
+    for message in messages:
+        note(message)
+    sys.stderr.flush()
+
+
+def stdout_is_closed() -> None:
+    """After a BrokenPipeError (`probing ... | head`): silence the flush at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

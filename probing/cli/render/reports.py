@@ -1,0 +1,209 @@
+"""What the commands other than backtrace and query print: tables, attach, hang, eval,
+trace/nan switches, detach, and `probing run`'s own lines."""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any, Dict, List, Optional
+
+from . import inert, inert_lines
+from .backtrace import write_backtrace_text
+from .json_writer import write_json
+from .rows import write_table
+
+
+def write_tables(tables: List[Dict[str, Any]], format: str) -> None:
+    if format == "json":
+        write_json(tables)
+        return
+    out = sys.stdout
+    for index, table in enumerate(tables):
+        if index:
+            out.write("\n")
+        out.write(f"{inert(table['name'])}: {inert(table.get('doc', ''))}\n")
+        name_width = max(len(inert(column["name"])) for column in table["columns"])
+        type_width = max(len(inert(column["type"])) for column in table["columns"])
+        for column in table["columns"]:
+            name, kind = inert(column["name"]).ljust(name_width), inert(column["type"]).ljust(type_width)
+            out.write(f"  {name}  {kind}  {inert(column.get('doc', ''))}\n")
+
+
+def write_attach(pid: int, attached: Any, format: str) -> None:
+    out = sys.stdout
+    report = attached.report
+    if format == "json":
+        fields = report._asdict() if report is not None else {"method": None}
+        write_json(
+            {"pid": pid, "socket": attached.socket, "waited_ms": attached.waited_ms, **fields}, indent=None
+        )
+        return
+    if report is None and attached.waited_ms:
+        out.write(f"PID {pid}: the agent of an earlier attach came up at {attached.socket}\n")
+        return
+    if report is None:
+        out.write(f"PID {pid} already has an agent: {attached.socket}\n")
+        return
+    if isinstance(report.thread, int):
+        held = f"thread {report.thread} ({report.where}) was stopped for {report.stopped_ms:.2f} ms"
+    else:
+        by = "gdb" if report.method == "gdb" else f"{report.method}'s gdb"
+        held = f"every thread was stopped by {by} for up to {report.stopped_ms:.0f} ms"
+    out.write(
+        f"PID {pid}: attached with {report.method}; {held}; the agent answered "
+        f"{attached.waited_ms:.0f} ms later at {attached.socket}\n"
+    )
+
+
+def write_hang(answer: Any, format: str) -> None:
+    """`probing PID hang`: notes, then the verdict and each thread (or the report as JSON),
+    then the stuck DataLoader worker's stacks."""
+    from . import notes
+
+    notes(answer.notes)
+    if format == "json":
+        write_json(answer.report.to_json())
+        return
+    out = sys.stdout
+    _write_verdict(answer.report, out)
+    if answer.worker is not None:
+        worker = answer.worker
+        write_backtrace_text(worker.rows, worker.info, out, worker.pid)
+
+
+def _write_verdict(report: Any, out: IO[str]) -> None:
+    main = next((thread for thread in report.threads if thread.is_main), None)
+    if report.hung:
+        verdict = "hung: its main thread did not move"
+    elif main is not None and not main.moved:
+        verdict = "busy: its main thread stayed in one place but used the CPU"
+    else:
+        verdict = "progressing: its main thread moved (its stack changed, or it kept waking up)"
+    out.write(f"PID {report.pid} is {verdict} in {report.duration_s:.1f} s ({report.samples} samples)\n\n")
+    columns = ["thread", "moved", "cpu", "state", "where"]
+    rows = [
+        (
+            f"{thread.name}{' (main)' if thread.is_main else ''}",
+            "yes" if thread.moved else "no",
+            "?" if thread.cpu_percent is None else f"{thread.cpu_percent:.0f}%",
+            thread.state,
+            thread.where,
+        )
+        for thread in report.threads
+    ]
+    write_table(columns, ["VARCHAR"] * len(columns), rows, out)
+    worker = report.worker
+    if worker is not None:
+        index = f", index {worker['index']}" if worker.get("index") is not None else ""
+        where = f"{worker['where']}{index}"
+        out.write(f"\nThe DataLoader is waiting for worker PID {worker['pid']}, stuck in {inert(where)}:\n\n")
+
+
+def write_eval_result(result: Dict[str, Any]) -> None:
+    out, err = sys.stdout, sys.stderr
+    if result.get("stdout"):
+        out.write(inert_lines(result["stdout"], out))
+    if result.get("stderr"):
+        err.write(inert_lines(result["stderr"], err))
+    if result.get("value") is not None:
+        out.write(inert_lines(str(result["value"]), out) + "\n")
+
+
+def write_detached(pid: Any) -> None:
+    sys.stdout.write(f"PID {pid}: agent stopped (threads, hooks and socket removed); the job runs on\n")
+
+
+def write_started(pid: int, command: List[str]) -> None:
+    """`probing run`: the child's PID, on stderr (stdout is the job's)."""
+    sys.stderr.write(f"probing: started PID {pid}: {' '.join(command)}\n")
+    sys.stderr.flush()
+
+
+def write_hung_job(job: Any, report_path: Optional[str]) -> None:
+    """`probing run --hang-timeout`: every stack of the hung job's process tree on stderr (each
+    thread with the locals of its innermost frame), and the JSON report when asked for."""
+    from .backtrace import write_stacks_to_stderr
+
+    err = sys.stderr
+    err.write(
+        f"probing: the job made no progress for {job.stalled_s:.0f} s (its main thread neither moved "
+        "nor used the CPU); every stack of its process tree follows, then it is ended\n"
+    )
+    reports = []
+    for pid, stacks, error in job.processes:
+        if stacks is None:
+            err.write(f"\nprobing: PID {pid}: {inert(error.message)}\n")
+            continue
+        write_stacks_to_stderr(stacks)
+        reports.append({"pid": pid, "frames": stacks.rows})
+    err.flush()
+    if report_path:
+        with open(report_path, "w") as handle:
+            write_json({"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": reports}, handle)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def write_switch(feature: str, action: str, result: Dict[str, Any], format: str) -> None:
+    """What `trace` and `nan` did, and where things stand now."""
+    pid = result["pid"]
+    if format == "json":
+        write_json(dict(result["status"], pid=pid, hooks_before=result["hooks_before"],
+                        hooks_after=result["hooks_after"]), indent=None)  # fmt: skip
+        return
+    out = sys.stdout
+    status = result["status"]
+    added = result["hooks_after"] - result["hooks_before"]
+    models = ", ".join(status["models"]) or "none found yet"
+    optimizers = ", ".join(status["optimizers"]) or "none seen yet"
+    if status["trace"]:
+        if status["every_auto"]:
+            every = (
+                f"{'every step' if status['every'] == 1 else 'one step in ' + str(status['every'])} "
+                "(chosen to keep tracing under 1% of the step time; "
+                f"{status['call_cost_us']} us per traced call here)"
+            )
+        else:
+            every = "every step" if status["every"] == 1 else f"one step in {status['every']}"
+        narrowed = []
+        if status["modules"]:
+            narrowed.append("modules " + " ".join(status["modules"]))
+        if status["depth"] is not None:
+            narrowed.append(f"depth <= {status['depth']}")
+        tracing = f"on, {every}, forward{' and backward' if status['backward'] else ' only'}"
+        tracing += f" ({'; '.join(narrowed)})" if narrowed else ""
+    else:
+        tracing = "off"
+    nan = "off"
+    if status["nan"]:
+        nan = "on" + (", --stop: raise at the first NaN/Inf" if status["stop_on_nan"] else "")
+    if status["stopped_at_step"] is not None:
+        nan += f" (stopped the job at step {status['stopped_at_step']})"
+    if action == "on":
+        out.write(f"PID {pid}: {feature} on; {_plural(added, 'hook')} added\n")
+    elif action == "off":
+        removed = -added
+        kept = result["hooks_after"]
+        out.write(f"PID {pid}: {feature} off; {_plural(removed, 'hook')} removed")
+        out.write(
+            f", {_plural(kept, 'hook')} kept for {'nan' if feature == 'trace' else 'trace'}\n"
+            if kept
+            else "\n"
+        )
+    else:
+        out.write(f"PID {pid}:\n")
+    out.write(f"  tracing:    {tracing}\n")
+    out.write(f"  nan checks: {nan}\n")
+    out.write(
+        f"  models:     {models} ({_plural(status['hooked_modules'], 'module')} hooked, "
+        f"{_plural(status['hooks'], 'hook')} in all)\n"
+    )
+    out.write(f"  optimizers: {optimizers}\n")
+    dropped = f" ({status['dropped_rows']} older rows dropped)" if status["dropped_rows"] else ""
+    out.write(
+        f"  step {status['step']}; python.torch_trace holds {status['rows']} of {status['capacity']} rows"
+        f"{dropped}; python.nan_events {status['nan_events']}\n"
+    )
+    if status["error"]:
+        out.write(f"  stopped after an error in a hook (nothing was raised in the job): {status['error']}\n")

@@ -1,0 +1,94 @@
+"""Rows as people read them (an aligned table) or as scripts do (csv, json, jsonl)."""
+
+from __future__ import annotations
+
+import sys
+
+from . import inert
+from .json_writer import write_json, write_json_lines
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Iterable, Optional, Sequence
+
+    Rows = Sequence[Sequence[Any]]
+
+
+def _cell(value: Any) -> str:
+    import datetime
+
+    from .json_writer import dumps
+
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, (list, dict)):
+        return dumps(value)
+    return str(value)
+
+
+def write_rows(
+    columns: Sequence[str],
+    types: Sequence[str],
+    rows: Rows,
+    fmt: str,
+    out: Optional[IO[str]] = None,
+) -> None:
+    out = out or sys.stdout
+    if fmt == "json" or fmt == "jsonl":
+        import json
+
+        decode = [column_type.upper() == "JSON" for column_type in types]
+        objects = (
+            {
+                name: (json.loads(value) if is_json and isinstance(value, str) else value)
+                for name, value, is_json in zip(columns, row, decode)
+            }
+            for row in rows
+        )
+        if fmt == "jsonl":
+            write_json_lines(objects, out)
+        else:
+            write_json(list(objects), out)
+        return
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if value is None else _cell(value) for value in row])
+        return
+    write_table(columns, types, rows, out)
+
+
+_NUMERIC = ("INT", "DOUBLE", "FLOAT", "DECIMAL", "REAL", "NUMERIC")
+
+
+def write_table(columns: Sequence[str], types: Sequence[str], rows: Rows, out: IO[str]) -> None:
+    cells = [[inert(_cell(value)) for value in row] for row in rows]
+    columns = [inert(name) for name in columns]
+    widths = [len(name) for name in columns]
+    for row in cells:
+        widths = [max(width, len(text)) for width, text in zip(widths, row)]
+    right = [
+        any(kind in column_type.upper() for kind in _NUMERIC) and "[]" not in column_type
+        for column_type in types
+    ]
+
+    def line(values: Iterable[str]) -> str:
+        parts = [
+            text.rjust(width) if align else text.ljust(width)
+            for text, width, align in zip(values, widths, right)
+        ]
+        return "  ".join(parts).rstrip() + "\n"
+
+    out.write(line(columns))
+    out.write(line("-" * width for width in widths))
+    for row in cells:
+        out.write(line(row))

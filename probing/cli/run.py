@@ -1,0 +1,52 @@
+"""`probing run -- CMD`: start CMD with the agent in every Python process it starts, and with
+--hang-timeout, end it (exit 11) with every stack when it stops progressing."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import click
+
+from ..errors import UsageError
+from ..launch.launcher import Launcher
+from ..launch.watchdog import HungJob, Watchdog
+from .invocation import Invocation
+from .options import pass_invocation
+from .render import log_to_stderr
+from .render.reports import write_hung_job, write_started
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--hang-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
+    help="CI watchdog: if the job's main thread neither moves nor uses the CPU for S seconds, print "
+    "every stack of the process tree, end the tree and exit 11.",
+)  # fmt: skip
+@click.option(
+    "--report", type=click.Path(dir_okay=False), metavar="FILE", help="With --hang-timeout: a JSON report."
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_invocation
+def run(
+    invocation: Invocation, hang_timeout: Optional[float], report: Optional[str], command: List[str]
+) -> int:
+    """Run COMMAND with the agent in every Python process it starts.
+
+    Prints the child's PID on stderr, forwards signals, exits with the child's status.
+    """
+    if report is not None and hang_timeout is None:
+        raise click.UsageError("--report goes with --hang-timeout")
+    if not command:
+        raise UsageError("nothing to run: probing run -- python train.py")
+    launcher = Launcher(list(command))
+    child = launcher.start()
+    write_started(child.pid, list(command))
+    if hang_timeout is None:
+        return launcher.wait()
+
+    def on_hung(job: HungJob) -> None:
+        write_hung_job(job, report)
+
+    log = log_to_stderr if invocation.verbose else None
+    watchdog = Watchdog(child.pid, hang_timeout, on_hung, log)
+    return launcher.wait(watchdog.tick, watchdog.interval)

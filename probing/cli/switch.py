@@ -1,0 +1,86 @@
+"""`probing PID trace` and `probing PID nan`: turn a torch feature of the agent on or off, or
+report on it."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence
+
+import click
+
+from ..engine.requests import switch
+from ..errors import ExitCode
+from .invocation import Invocation
+from .options import apply, pass_invocation
+from .render.reports import write_switch
+from .spec import TEXT_OR_JSON, timeout
+
+ACTION = click.Choice(("on", "off", "status"))
+
+
+def _switch(invocation: Invocation, feature: str, params: Dict[str, Any], format: str, timeout: float) -> int:
+    result = switch(invocation.target(), feature, params, timeout)
+    write_switch(feature, params["action"], result, format)
+    return ExitCode.OK
+
+
+@click.command()
+@click.argument("action", type=ACTION, default="status")
+@click.option(
+    "--every", type=click.IntRange(min=1), metavar="N",
+    help="Trace one step in N. Default: chosen after each traced step so that tracing costs under 1% "
+    "of the step time.",
+)  # fmt: skip
+@click.option("--backward", is_flag=True, help="Time each module's backward pass too.")
+@click.option(
+    "--modules", "patterns", multiple=True, metavar="GLOB",
+    help="Only modules whose qualified name matches, e.g. 'model.layers.*' (repeatable).",
+)  # fmt: skip
+@click.option(
+    "--depth", type=click.IntRange(min=0), metavar="D",
+    help="Only modules at most D levels below a top-level module (0: the models themselves).",
+)  # fmt: skip
+@click.option(
+    "--capacity", type=click.IntRange(min=1000), metavar="ROWS",
+    help="Rows python.torch_trace keeps, newest first out last.  [default: 1000000]",
+)  # fmt: skip
+@apply(TEXT_OR_JSON, timeout(10.0))
+@pass_invocation
+def trace(
+    invocation: Invocation, action: str, every: Optional[int], backward: bool, patterns: Sequence[str],
+    depth: Optional[int], capacity: Optional[int], format: str, timeout: float,
+) -> int:  # fmt: skip
+    """Time the job's modules and optimizer steps into python.torch_trace: on, off or status.
+
+    \b
+      probing PID trace on                        hook the live job's models and optimizers
+      probing PID trace on --every 10 --backward  every 10th step, backward timed too
+      probing PID trace status
+      probing PID trace off                       every hook removed
+    """
+    options = (("--every", every), ("--backward", backward or None), ("--modules", patterns or None),
+               ("--depth", depth), ("--capacity", capacity))  # fmt: skip
+    given = [name for name, value in options if value is not None]
+    if given and action != "on":
+        raise click.UsageError(f"{', '.join(given)} only go with 'trace on'")
+    params = {"action": action, "every": every, "backward": backward, "modules": list(patterns) or None,
+              "depth": depth, "capacity": capacity}  # fmt: skip
+    return _switch(invocation, "trace", params, format, timeout)
+
+
+@click.command()
+@click.argument("action", type=ACTION, default="status")
+@click.option(
+    "--stop", is_flag=True,
+    help="Raise NonFiniteError in the training thread at the first NaN/Inf, so the job's own error "
+    "handling and checkpointing run.",
+)  # fmt: skip
+@apply(TEXT_OR_JSON, timeout(10.0))
+@pass_invocation
+def nan(invocation: Invocation, action: str, stop: bool, format: str, timeout: float) -> int:
+    """Check module outputs and gradients for NaN/Inf into python.nan_events: on, off or status.
+
+    Each step, the first module whose output (or input gradient) holds NaN or Inf is recorded.
+    """
+    if stop and action != "on":
+        raise click.UsageError("--stop only goes with 'nan on'")
+    return _switch(invocation, "nan", {"action": action, "stop": stop}, format, timeout)

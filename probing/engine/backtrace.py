@@ -1,0 +1,183 @@
+"""The stacks of one process: from its agent, or from outside (py-spy) when the agent cannot
+answer, with the reason as a note.
+
+The fallback policy: ask the agent; when it has been silent for EARLY_LOOK_S, look from
+outside. A thread seen holding the GIL means the agent cannot answer until that thread lets go,
+so waiting on would only waste the budget: the look itself becomes the answer. Otherwise the
+agent gets the rest of the timeout. py-spy runs only when the agent is already late, so a
+healthy job is never read from outside.
+
+Standard library only at import time (the fast path of `probing PID backtrace`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..client.replies import decode_reply_table
+from ..errors import NoAgent, ProbingError, UsageError
+from ..procfs import command_line
+from .target import Fallback
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
+
+    from ..client.connection import Client
+    from .target import Target
+
+# How long the agent may be silent before a look from outside decides whether to wait on.
+EARLY_LOOK_S = 0.3
+
+
+class Stacks:
+    """python.backtrace rows of one process, what is known of the process (`info`: pid,
+    python_version, argv, and `outside`: py-spy's threads by native id when read from
+    outside), and notes for the user (why the answer came from outside)."""
+
+    __slots__ = ("pid", "rows", "info", "notes")
+
+    def __init__(
+        self, pid: Optional[int], rows: List[Dict[str, Any]], info: Dict[str, Any], notes: List[str]
+    ) -> None:
+        self.pid = pid  # as this side sees it: the agent's own may be another PID namespace's
+        self.rows = rows
+        self.info = info
+        self.notes = notes
+
+
+def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, target: Target) -> Any:
+    """One request that gives up early (Fallback) when the agent stays silent and a look from
+    outside shows a thread holding the GIL, or when the agent times out or goes away."""
+    from ..errors import AgentTimeout, AgentUnreachable
+
+    deadline = time.monotonic() + timeout
+    try:
+        client.send(method, params)
+        if not client.answered(min(EARLY_LOOK_S, deadline - time.monotonic())):
+            holder = target.gil_holder()
+            if holder is not None:
+                raise Fallback(holder)
+            if not client.answered(deadline - time.monotonic()):
+                raise Fallback(f"the agent did not answer within {timeout:g} s")
+        return client.receive(method, max(1.0, deadline - time.monotonic()))
+    except (AgentTimeout, AgentUnreachable) as error:
+        raise Fallback(error.message, isinstance(error, AgentUnreachable)) from None
+
+
+def _from_agent(target: Target, params: Dict[str, Any], timeout: float) -> Stacks:
+    from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
+
+    started = time.monotonic()
+    try:
+        client = target.connect(timeout, attach_budget=timeout, give_up_early=True, reattach=False)
+    except (AttachTimeout, AttachFailed, AgentTimeout, AgentUnreachable) as error:
+        raise Fallback(error.message) from None
+    with client:
+        remaining = max(0.5, timeout - (time.monotonic() - started))
+        result, payload = ask(client, "backtrace", params, remaining, target)
+        rows = decode_reply_table(result, payload).to_rows()
+        return Stacks(target.pid or client.info.get("pid"), rows, dict(client.info), [])
+
+
+def _only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]:
+    chosen = [
+        row for row in rows if thread in (row["thread_name"], str(row["thread_id"]), str(row["native_id"]))
+    ]
+    if not chosen:
+        names = ", ".join(dict.fromkeys(f"{row['thread_name']} ({row['thread_id']})" for row in rows))
+        raise ProbingError(f"no thread named or numbered {thread!r}; threads: {names}")
+    return chosen
+
+
+def from_outside(target: Target, native: bool, thread: Optional[str], why: Optional[str]) -> Stacks:
+    """The stacks read with py-spy; `why` the agent did not give them (None: not asked)."""
+    from ..client.discovery import python_version_of
+    from ..errors import AgentTimeout
+    from ..outside.pyspy import OutsideView, gil_holder, look, rows_from_dump
+
+    pid = target.require_pid("reading the stacks from outside")
+    try:
+        threads = None if native else target.fresh_look()
+        if threads is not None:
+            view = OutsideView(rows_from_dump(pid, threads), gil_holder(threads), threads)
+        else:
+            view = look(pid, native=native)
+    except ProbingError as error:
+        if why is None:
+            raise
+        raise AgentTimeout(f"{why}; {error.message}") from None
+    rows = _only_thread(view.rows, thread) if thread else view.rows
+    outside = {each.get("os_thread_id"): each for each in view.threads}
+    info = {
+        "pid": pid,
+        "python_version": python_version_of(pid),
+        "argv": command_line(pid)[1:],
+        "outside": outside,
+    }
+    notes = [] if why is None else [f"{why}; answered from outside the process (py-spy)"]
+    return Stacks(pid, rows, info, notes)
+
+
+def read_stacks(
+    target: Target, locals: bool, thread: Optional[str], timeout: float, native: bool = False
+) -> Stacks:
+    """The stacks of one process: from its agent, or from outside when the agent cannot answer
+    (or when `native` asks for native frames, which only py-spy reads)."""
+    if native:
+        if target.pid is None:
+            raise UsageError("--native reads the process from outside: give its PID, not a socket")
+        return from_outside(target, True, thread, None)
+    try:
+        return _from_agent(target, {"locals": locals, "thread": thread}, timeout)
+    except NoAgent:
+        if target.pid is None or not target.no_attach:
+            raise
+        why = "no agent"
+    except Fallback as fallback:
+        if target.pid is None:
+            raise ProbingError(fallback.why) from None
+        why = fallback.why
+    return from_outside(target, False, thread, why)
+
+
+class TreeStacks:
+    """Stacks of a process and of its descendants; `failed` holds (pid, command, error) for
+    each descendant that could not be read (not Python, or gone)."""
+
+    __slots__ = ("processes", "failed")
+
+    def __init__(self) -> None:
+        self.processes: List[Stacks] = []
+        self.failed: List[Any] = []
+
+
+def read_tree(
+    target: Target,
+    locals: bool,
+    thread: Optional[str],
+    timeout: float,
+    native: bool = False,
+    children: bool = False,
+    attach_children: bool = False,
+) -> TreeStacks:
+    """The stacks of the target and, with `children`, of every descendant. Descendants without
+    an agent are read from outside unless `attach_children`: attaching to every DataLoader
+    worker would be slow and intrusive."""
+    tree = TreeStacks()
+    related = []
+    if children or attach_children:
+        from .processes import descendants  # psutil: only when asked for
+
+        pid = target.require_pid("--children")
+        related = [
+            (target.related(child, not attach_children), command) for child, command in descendants(pid)
+        ]
+    tree.processes.append(read_stacks(target, locals, thread, timeout, native))
+    for child, command in related:
+        try:
+            tree.processes.append(read_stacks(child, locals, None, timeout, native))
+        except ProbingError as error:
+            # A descendant that is not Python (a shell, a compiler), or that just exited.
+            tree.failed.append((child.pid, command, error))
+    return tree

@@ -1,0 +1,64 @@
+"""`hang` for one process: sample its stacks over a while (through the agent, or from outside
+when it cannot answer); analysis.progress judges them. For a main thread waiting on a
+DataLoader, the worker holding the batch is found among the descendants."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from ..analysis.progress import HangReport, Sample, stuck_dataloader_worker, take_sample, watch
+from ..errors import ProbingError
+from .backtrace import Stacks, read_stacks
+from .processes import descendants
+from .target import Target
+
+
+class HangAnswer(NamedTuple):
+    report: HangReport
+    worker: Optional[Stacks]  # the stuck DataLoader worker, with locals, when there is one
+    notes: List[str]
+
+
+def sample_hang(
+    target: Target,
+    duration: float,
+    samples: int,
+    timeout: float,
+    code_line: Callable[[Dict[str, Any]], str],
+) -> HangAnswer:
+    from ..client.discovery import python_version_of
+    from ..outside.pyspy import dump, rows_from_dump
+
+    pid = target.require_pid("hang")
+    notes: List[str] = []
+
+    def sample() -> Sample:
+        stacks = read_stacks(target, False, None, timeout)
+        notes.extend(note for note in stacks.notes if note not in notes)
+        return take_sample(pid, stacks.rows, stacks.info)
+
+    report = watch(pid, sample, duration, samples, code_line)
+    main = next((thread for thread in report.threads if thread.is_main), None)
+    if main is None or main.state != "waiting for a DataLoader worker":
+        return HangAnswer(report, None, notes)
+    worker_rows: Dict[int, List[Dict[str, Any]]] = {}
+    commands: Dict[int, str] = {}
+    for child, command in descendants(pid):
+        commands[child] = command
+        try:
+            worker_rows[child] = rows_from_dump(child, dump(child, locals=True))
+        except ProbingError:
+            continue
+    report = report._replace(worker=stuck_dataloader_worker(worker_rows))
+    if report.worker is None:
+        return HangAnswer(report, None, notes)
+    worker = int(report.worker["pid"])
+    # Locals of the innermost frames and of __getitem__ only (the index, the path being read),
+    # as the CI watchdog shows them: every frame's locals would bury them.
+    rows = [
+        dict(row, locals=row["locals"] if row["depth"] == 0 or row["func"] == "__getitem__" else None)
+        for row in worker_rows[worker]
+    ]
+    info = {"pid": worker, "python_version": python_version_of(worker),
+            "argv": commands.get(worker, "").split()[1:]}  # fmt: skip
+    return HangAnswer(report, Stacks(worker, rows, info, []), notes)

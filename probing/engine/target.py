@@ -1,0 +1,169 @@
+"""One target to inspect: a PID or the path of an agent's socket, and how to reach its agent.
+
+A `Target` holds everything about one process that a command needs between its steps (the
+options, the last look from outside) and nothing global, so that many of them can work side by
+side, one per rank, each in its own thread. It never prints: what it did goes to its `log`
+(the CLI's -v), and what the user should know comes back as notes with the answer.
+
+Standard library only at import time: `probing PID backtrace` goes through here (cli/fast.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from ..client.connection import Client
+from ..client.discovery import locate_socket
+from ..errors import NoAgent, ProbingError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    Log = Callable[[str], None]
+
+# A socket given as the target is only ever connected to: --no-attach has nothing to do with it.
+SOCKET_TARGET_HINT = (
+    "give the job's PID instead of its socket: probing attaches to a process that has no agent"
+)
+STOPPED_AGENT_HINT = (
+    "code in the job closed the agent's socket (a job closing its descriptors, or an eval); "
+    "drop --no-attach, or run `probing {pid} inject`, to start a new agent in it"
+)
+# How long a look from outside (py-spy) stays fresh enough to answer with.
+LOOK_FRESH_S = 0.5
+
+
+def quiet(message: str) -> None:
+    pass
+
+
+class Fallback(Exception):
+    """The agent cannot answer: read from outside instead, and say why.
+    `unreachable`: the agent went away (closed the connection), rather than stayed silent."""
+
+    def __init__(self, why: str, unreachable: bool = False) -> None:
+        super().__init__(why)
+        self.why = why
+        self.unreachable = unreachable
+
+
+def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
+    """(pid, socket path) of a TARGET as the user wrote it; exactly one of them is set."""
+    if text is None:
+        raise UsageError("this command needs a target: probing PID COMMAND (or -t PID)")
+    if text.isdigit():
+        return int(text), None
+    try:
+        if stat.S_ISSOCK(os.stat(text).st_mode):
+            return None, text
+    except OSError:
+        pass
+    raise UsageError(f"TARGET must be a PID or the path of an agent socket, not {text!r}")
+
+
+class Target:
+    """One process to inspect, named by PID or by its agent's socket.
+
+    `log` narrates each step (socket, attach, timings); `no_attach` refuses to put an agent
+    into a process that has none; `attach_timeout` bounds the wait for one that was put in.
+    """
+
+    def __init__(
+        self,
+        text: Optional[str],
+        log: Optional[Log] = None,
+        no_attach: bool = False,
+        attach_timeout: float = 5.0,
+    ) -> None:
+        self.text = text
+        self.pid, self.socket = parse_address(text)
+        self.log: Log = log or quiet
+        self.no_attach = no_attach
+        self.attach_timeout = attach_timeout
+        # The look from outside that decided to fall back, reused for the answer itself:
+        # (when it was taken, py-spy's threads).
+        self._look: Optional[Tuple[float, List[Dict[str, Any]]]] = None
+
+    def __repr__(self) -> str:
+        return f"Target({self.text!r})"
+
+    def related(self, pid: int, no_attach: bool) -> Target:
+        """Another process of the same job (a descendant), with the same options."""
+        return Target(str(pid), self.log, no_attach, self.attach_timeout)
+
+    def require_pid(self, what: str) -> int:
+        """The PID, for what can only be done to a process (read from outside, attach)."""
+        if self.pid is None:
+            raise UsageError(f"{what} needs the PID of the process, not a socket path")
+        return self.pid
+
+    def connect(
+        self,
+        timeout: float,
+        attach_budget: Optional[float] = None,
+        give_up_early: bool = False,
+        reattach: bool = True,
+    ) -> Client:
+        """A client of the target's agent; a process without one is attached to first.
+
+        An agent that stopped listening in a live process (its job closed the socket) is
+        attached to again, unless `reattach` is False: then Fallback says what happened, for a
+        command that can answer from outside instead (backtrace).
+        """
+        if self.socket is not None:
+            try:
+                return Client(self.socket, timeout, self.log)
+            except NoAgent as error:
+                raise NoAgent(error.message, hint=SOCKET_TARGET_HINT) from None
+        pid = self.pid or 0
+        try:
+            return Client(locate_socket(pid, self.log), timeout, self.log, pid=pid)
+        except NoAgent as error:
+            from ..attach.liveness import stopped_agent
+
+            stopped = stopped_agent(pid)
+            if stopped is not None:
+                why = f"the agent in PID {pid} stopped listening (nothing accepts on {stopped})"
+                if not reattach:
+                    raise Fallback(f"{why}; `probing {pid} inject` starts a new one") from None
+                if self.no_attach:
+                    raise NoAgent(why, hint=STOPPED_AGENT_HINT.format(pid=pid)) from None
+                self.log(f"{why}; attaching again")
+            elif self.no_attach:
+                raise NoAgent(error.message, hint=error.hint) from None
+        from ..attach import attach
+
+        wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
+        path = attach(pid, "auto", wait, self.log, give_up_early).socket
+        return Client(path, timeout, self.log, pid=pid)
+
+    def connect_existing(self, timeout: float) -> Client:
+        """A client of the agent already there; never attaches (detach, a repl reconnecting)."""
+        path = self.socket or locate_socket(self.pid or 0, self.log)
+        return Client(path, timeout, self.log, pid=self.pid)
+
+    # --- the look from outside, which decides whether to wait on a silent agent ---------------
+
+    def gil_holder(self) -> Optional[str]:
+        """Which thread holds the GIL, read from outside (py-spy); None when none does or
+        when it cannot be read. The look is kept for the answer that follows."""
+        from ..outside.pyspy import dump, gil_holder
+
+        if self.pid is None:
+            return None
+        try:
+            threads = dump(self.pid, timeout=1.0)
+        except ProbingError:
+            return None
+        self._look = (time.monotonic(), threads)
+        return gil_holder(threads)
+
+    def fresh_look(self) -> Optional[List[Dict[str, Any]]]:
+        """The look taken by `gil_holder` if it is recent enough to answer with (used once)."""
+        look, self._look = self._look, None
+        if look is None or time.monotonic() - look[0] >= LOOK_FRESH_S:
+            return None
+        return look[1]
