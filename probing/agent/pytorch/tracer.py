@@ -33,6 +33,8 @@ __all__ = ["NoTorch", "NonFiniteError", "Tracer", "current", "require_torch", "t
 
 
 class Tracer:
+    """A process's torch tracer: its parts, switched on and off from the agent's thread."""
+
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.lock = threading.RLock()
