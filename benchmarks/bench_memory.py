@@ -58,8 +58,8 @@ class Job:
 
     def sampler(self) -> Dict[str, Any]:
         # Read through eval: `memory` would walk every object, and that is not the sampler's cost.
-        census = "sys.modules['probing.agent.memory.census']"
-        code = f"import json, sys; print(json.dumps({census}.current().status()))"
+        sampler = "sys.modules['probing.agent.memory.sampler']"
+        code = f"import json, sys; print(json.dumps({sampler}.current().status()))"
         status: Dict[str, Any] = json.loads(self.probing("eval", code))
         return status
 

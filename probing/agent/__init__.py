@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Optional, Tuple
 
-from .lifecycle import on_fork_in_child, run_fork_hooks
+from .lifecycle import run_fork_hooks
 from .server import AgentServer
 from .sockets import AGENT_THREAD_NAME, descriptor_identity, release
 
@@ -109,11 +109,8 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
         # before it is known as the agent's own.
         sampling_error = None
         try:
-            from .memory.census import forget_after_fork, start_sampling
+            from .memory.sampler import start_sampling  # it forgets itself in a forked child
 
-            # TODO(lead, at merge): drop this registration if the torch/memory branch registers
-            # forget_after_fork in start_sampling itself (on_fork_in_child ignores a second one).
-            on_fork_in_child(forget_after_fork)
             start_sampling(server.own_threads)
         except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
             sampling_error = f"memory sampling: {type(error).__name__}: {error}"
@@ -121,7 +118,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             server.start()
         except Exception as error:  # noqa: BLE001 - can't start new thread, say
             last_error = f"{type(error).__name__}: {error}"
-            from .memory.census import stop_sampling
+            from .memory.sampler import stop_sampling
 
             stop_sampling()
             return False

@@ -166,7 +166,7 @@ def _memory(server: Any, params: Dict[str, Any]) -> Any:
 
         return watch(float_param(params, "seconds", 10.0, 0.01, 86400.0), budget, top, client_gone)
     if action == "interval":
-        from .memory.census import MIN_INTERVAL_S, start_sampling
+        from .memory.sampler import MIN_INTERVAL_S, start_sampling
 
         interval = float_param(params, "interval_s", 1.0, 0.0, 86400.0)
         if 0 < interval < MIN_INTERVAL_S:
@@ -186,7 +186,7 @@ def _memory(server: Any, params: Dict[str, Any]) -> Any:
 def _cuda_snapshot() -> Reply:
     import pickle
 
-    from .memory.census import cuda_module
+    from .memory.cuda import cuda_module
 
     cuda = cuda_module()
     if cuda is None:

@@ -12,14 +12,13 @@ import atexit
 import errno
 import os
 import socket
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
 
 from ..protocol.messages import ErrorKind
 from .connections import Connection, busy_message, serve_on_this_thread
-from .lifecycle import JOB_HOOKS, WORK, on_stop, run_stop_hooks
+from .lifecycle import run_stop_hooks
 from .sockets import (
     AGENT_THREAD_NAME,
     bind_listener,
@@ -318,7 +317,6 @@ class AgentServer:
         with self._connections_lock:
             for record in self._connections.values():
                 release(record.sock, record.identity, socket.SHUT_RDWR)
-        _register_features_of_other_branches()
         # Each feature undoes what it started, stage by stage (lifecycle.py): work on the agent's
         # behalf, then sessions (before the streams go back: an interrupted statement's last
         # words stay captured), then the streams, then hooks inside the job's libraries.
@@ -354,25 +352,3 @@ class AgentServer:
         for record in self._connections.values():
             release(record.sock, record.identity)
         self._connections = {}
-
-
-def _register_features_of_other_branches() -> None:
-    """TODO(lead, at merge): delete this function and its call in AgentServer.stop once the
-    torch/memory branch is merged: there the memory sampler, the growth window, the safe point
-    and the tracer register their own stop hooks (lifecycle.on_stop). Until then they are
-    registered here, at the stage each belongs to, so that stop() undoes them in the same
-    order as before; on_stop ignores a hook registered twice."""
-    package = __package__ or "probing.agent"
-    memory = sys.modules.get(package + ".memory.census")
-    if memory is not None:
-        on_stop(memory.stop_sampling, WORK)
-    growth = sys.modules.get(package + ".memory.growth")
-    if growth is not None:
-        on_stop(growth.cancel, WORK)
-    safepoint = sys.modules.get(package + ".pytorch.safepoint")
-    if safepoint is not None:
-        on_stop(safepoint.stop, JOB_HOOKS)
-    tracer_module = sys.modules.get(package + ".pytorch.tracer")
-    tracer = tracer_module.current() if tracer_module is not None else None
-    if tracer is not None:
-        on_stop(tracer.uninstall, JOB_HOOKS)

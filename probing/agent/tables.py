@@ -114,7 +114,7 @@ def _with_notes(builder: TableBuilder, notes: List[str]) -> TableBuilder:
 
 
 def _build_process_memory(server: Any, params: Dict[str, Any]) -> Any:
-    memory = sys.modules.get(__package__ + ".memory.census")
+    memory = sys.modules.get(__package__ + ".memory.sampler")
     sampler = memory.current() if memory is not None else None
     if sampler is None or sampler.ring is None:
         builder = new_builder(PROCESS_MEMORY)
@@ -148,7 +148,7 @@ def _build_gc_generations(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 
 def _build_cuda_memory(server: Any, params: Dict[str, Any]) -> TableBuilder:
-    from .memory.census import cuda_device_stats
+    from .memory.cuda import cuda_device_stats
 
     builder = new_builder(CUDA_MEMORY)
     found = cuda_device_stats()

@@ -57,7 +57,7 @@ def test_text_reads_like_a_traceback(target: Target) -> None:
     assert lines[0].startswith(f"Process {target.pid} (Python ")
     assert (
         lines[2]
-        == f'Thread {target.pid} "MainThread", main thread: reading a file or pipe (most recent call last):'
+        == f'Thread {target.pid} "MainThread", main thread: reading standard input (most recent call last):'
     )
     call_line = (TARGETS / "sleeper.py").read_text().splitlines().index("main_loop()") + 1
     assert lines[3].endswith(f'sleeper.py", line {call_line}, in <module>')

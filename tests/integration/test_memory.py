@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -326,3 +327,24 @@ def test_a_process_forked_during_growth_does_not_inherit_tracemalloc(tmp_path: P
             client.kill()
             client.wait(10)
         assert wait_until(lambda: evaluate(job.pid, tracing) == "False", timeout=5)
+
+
+STOP_HOOKS = """
+from probing.agent import lifecycle
+from probing.agent.memory import census, sampler
+own = set()
+running = sampler.start_sampling(own, 0.1)
+print(running.running(), census.current() is running)
+print(lifecycle.run_stop_hooks())
+running.thread.join(5)
+print(running.thread.is_alive(), sampler.current())
+sampler.stop_sampling()
+print(sampler.current())
+"""
+
+
+def test_the_sampler_stops_through_the_agents_stop_hooks() -> None:
+    """The sampler registers its own stop hook when its thread starts; stopping twice is harmless."""
+    result = subprocess.run([sys.executable, "-c", STOP_HOOKS], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["True True", "[]", "False None", "None"]

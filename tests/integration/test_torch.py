@@ -4,6 +4,8 @@ paths run where a GPU is present and skip cleanly elsewhere)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any, Dict, Iterator, List
 
 import pytest
@@ -309,3 +311,32 @@ def test_cuda_durations_and_memory_columns() -> None:
         )
         assert found and all(row["duration"] > 0 and row["allocated"] is not None for row in found)
         assert all(row["reserved"] >= row["allocated"] for row in found)
+
+
+STOP_HOOKS = """
+import torch
+from torch.optim import optimizer as opt
+from probing.agent import lifecycle
+from probing.agent.pytorch import safepoint, tracer as torchtrace
+def global_hooks():
+    return len(opt._global_optimizer_pre_hooks) + len(opt._global_optimizer_post_hooks)
+model = torch.nn.Linear(2, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+active = torchtrace.tracer()
+active.configure_trace(1, False, None, None, None)
+safepoint.read_safely(torch, (), lambda: None, 0.0)  # no step comes: installs the gate, reads here
+print(active.hook_count(), global_hooks(), safepoint._gate.handle is not None)
+print(lifecycle.run_stop_hooks())
+print(active.hook_count(), global_hooks(), safepoint._gate.handle is not None)
+torchtrace.stop()
+safepoint.stop()
+print(active.hook_count(), global_hooks())
+"""
+
+
+def test_the_tracer_and_the_safe_point_undo_their_hooks_through_the_agents_stop_hooks() -> None:
+    """The tracer and the safe-point gate register their own stop hooks when they hook the job;
+    running them removes every hook, and running them again changes nothing."""
+    result = subprocess.run([sys.executable, "-c", STOP_HOOKS], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["4 3 True", "[]", "0 0 False", "0 0"]

@@ -14,8 +14,6 @@ import ast
 from pathlib import Path
 from typing import Dict, Iterator, List, NamedTuple, Set, Tuple
 
-import pytest
-
 import probing
 
 PACKAGE = Path(probing.__file__).resolve().parent
@@ -281,27 +279,11 @@ def test_the_agent_imports_nothing_heavy_when_loaded() -> None:
     assert not found, "\n".join(found)
 
 
-# Modules allowed past MAX_LINES, each with its reason. Modules of other branches are listed
-# apart: the lead removes them when that branch is merged.
-# TODO(lead, at merge): the engine/CLI branch splits cli/; the torch/memory branch splits
-# agent/pytorch/tracer.py and agent/memory/census.py.
-LONG_ELSEWHERE = {
-    "probing.agent.pytorch.tracer": "torch/memory branch",
-    "probing.agent.memory.census": "torch/memory branch",
-}
-
-
 def _long_modules() -> Dict[str, int]:
     lengths = {module: len(path.read_text().splitlines()) for module, path in MODULES.items()}
     return {module: length for module, length in lengths.items() if length > MAX_LINES}
 
 
 def test_modules_are_under_400_lines() -> None:
-    long = {module: n for module, n in _long_modules().items() if module not in LONG_ELSEWHERE}
-    assert not long, long
-
-
-@pytest.mark.xfail(reason="long modules owned by the engine/CLI and torch/memory branches", strict=True)
-def test_modules_of_other_branches_are_under_400_lines() -> None:
-    long = {module: n for module, n in _long_modules().items() if module in LONG_ELSEWHERE}
+    long = _long_modules()
     assert not long, long

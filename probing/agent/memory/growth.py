@@ -15,8 +15,10 @@ import tracemalloc
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...procfs import memory_bytes
+from ..lifecycle import WORK, on_stop
 from ..requests import ErrorKind, RequestError
-from .census import MB, Census, cuda_device_stats, take_census, type_name
+from .census import Census, take_census, type_name
+from .cuda import MB, cuda_device_stats
 
 FRAMES = 16  # deep enough to reach the job's own line below torch's and the stdlib's frames
 CUDA_COUNTERS = (
@@ -27,11 +29,12 @@ CUDA_COUNTERS = (
 _busy = threading.Lock()
 _cancel = threading.Event()
 _tracing_for_window = False  # tracemalloc is on because a window started it
-_AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+# probing/agent: what the agent allocates is not the job's growth (this file is in agent/memory/).
+_AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cancel() -> None:
-    """End a window now (the agent is stopping)."""
+    """End a window now (a stop hook, at WORK: the agent is stopping). Safe to call again."""
     _cancel.set()
 
 
@@ -158,6 +161,7 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
     ]
     census_before = take_census(budget_s)
     started_here = not tracemalloc.is_tracing()
+    on_stop(cancel, WORK)
     bare = traced = None
     completed = False
     global _tracing_for_window

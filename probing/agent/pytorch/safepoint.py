@@ -31,6 +31,8 @@ import threading
 from types import FrameType
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
+from ..lifecycle import JOB_HOOKS, on_stop
+
 Result = TypeVar("Result")
 
 # How long a table waits for the next optimizer step unless the request says otherwise.
@@ -146,6 +148,7 @@ def _install_gate(torch: Any) -> None:
         if _gate.handle is not None or _gate.installing:
             return
         _gate.installing = True
+    on_stop(stop, JOB_HOOKS)
     handles: List[Any] = []
     training = False
     try:
@@ -224,8 +227,9 @@ def read_safely(
 
 
 def stop(wait_s: float = 0.5) -> None:
-    """Detach: remove the step hook, in the training thread at its next module call if one
-    comes soon (so no step is iterating the hooks meanwhile)."""
+    """Detach (a stop hook, at JOB_HOOKS): remove the step hook, in the training thread at its
+    next module call if one comes soon (so no step is iterating the hooks meanwhile). Safe to
+    call again."""
     with _gate.lock:
         handle, _gate.handle = _gate.handle, None
         works, _gate.pending = _gate.pending, []

@@ -3,7 +3,7 @@
 Read when queried. The module tree and tensor metadata are read from the agent's thread;
 gradients, `grad_fn` and tensor values only through `safepoint.read_safely` (in the training
 thread at its next optimizer step, or while the job is quiet), and left NULL with a note when
-neither comes. Imports torch only when the job already has (torchtrace.require_torch); with no
+neither comes. Imports torch only when the job already has (discovery.require_torch); with no
 torch in the job the tables are empty.
 """
 
@@ -16,8 +16,9 @@ from time import perf_counter
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..columns import TableBuilder
+from .discovery import NoTorch, find_optimizers, find_roots, names_of, require_torch
 from .safepoint import read_safely
-from .tracer import NoTorch, current, find_optimizers, find_roots, names_of, require_torch
+from .tracer import current
 
 # Model-table queries within this long of one another share one search for the job's models.
 ROOTS_FRESH_S = 1.0
@@ -48,7 +49,6 @@ def module_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, .
     if torch is None:
         return [], None
     tracer = current()
-    traced = tracer.traced if tracer is not None else {}
     rows = []
     modules_parameters = []
     for root_name, root in find_roots(torch, own_threads, ROOTS_FRESH_S):
@@ -64,14 +64,13 @@ def module_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, .
                     trainable += count
                 if first is None:
                     first = parameter
-            hooked = traced.get(id(module))
             rows.append([
                 name, root_name, type(module).__name__, name.count(".") - root_name.count("."),
                 params, trainable,
                 str(first.device) if first is not None else None,
                 _dtype_name(first.dtype) if first is not None else None,
                 bool(module.training), None, None,
-                hooked is not None and bool(hooked.handles),
+                tracer is not None and tracer.is_hooked(module),
             ])  # fmt: skip
     note = None
     if rows:
@@ -201,9 +200,9 @@ def optimizer_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any
     tracer = current()
     names = names_of(optimizers, own_threads)
     for optimizer in optimizers:
-        known = tracer.optimizers.get(optimizer) if tracer is not None else None
+        known = tracer.optimizer_name(optimizer) if tracer is not None else None
         if known is not None:
-            names[id(optimizer)] = known[0]
+            names[id(optimizer)] = known
     # Learning rates, betas and step counts may be tensors the step updates in place.
     rows, why = read_safely(
         torch, own_threads, lambda: _optimizer_rows(optimizers, names, _number), step_wait_s

@@ -1,0 +1,198 @@
+"""The tracer's step clock, and the rows of python.torch_trace it stamps.
+
+Steps come from global optimizer step hooks (hooks.py), so every optimizer is seen, whenever it
+was made: the first module call after an optimizer step starts the next step, so micro-batches
+of gradient accumulation share a step number and several optimizers stepping one after the
+other close one step. A job with no optimizer counts calls of its top-level module instead.
+
+Durations are perf_counter intervals on CPU. For modules on a CUDA device they come from CUDA
+events recorded around the call and read once the device has passed them (`Event.query()`, at
+step boundaries and when the table is fetched): nothing here ever synchronises the device on
+the training thread.
+
+The clock also holds the switches every hook reads on each call (what is on, and whether this
+step is traced), on one object, so that a hook pays one attribute lookup for each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import sys
+import threading
+import time
+import weakref
+from time import perf_counter
+from typing import Any, List, Optional, Set, Tuple
+
+from ...schema.tables import AGENT_TABLES
+from ..ring import Ring
+
+# Without --every, the tracer picks how many steps apart traced steps are, after each traced
+# step: the estimated cost of tracing it (its calls times the cost of one traced call, measured
+# on this machine when tracing starts, plus the time spent walking autograd graphs) stays under
+# this share of the step time. A CPU transformer step of 300 ms with 60 modules costs ~0.1%:
+# every step is traced; a 10 ms GPU step with 200 modules is traced one step in a few.
+DEFAULT_BUDGET = 0.01
+MAX_AUTO_EVERY = 100
+DEFAULT_CAPACITY = 1_000_000
+MB = 1024.0 * 1024.0
+STAGES = ("forward", "backward", "optimizer")
+
+
+def columns(table: str) -> List[Tuple[str, str]]:
+    return [(column.name, column.type) for column in AGENT_TABLES[table].columns]
+
+
+def trace_ring(capacity: int, name: str = "python.torch_trace") -> Ring:
+    return Ring(name, columns("python.torch_trace"), capacity)
+
+
+class Traced:
+    """One hooked module: its handles, names, and the calls of it under way."""
+
+    __slots__ = (
+        "module",
+        "name",
+        "type_name",
+        "name_code",
+        "type_code",
+        "depth",
+        "cuda",
+        "handles",
+        "starts",
+    )
+
+    def __init__(self, module: Any, name: str, depth: int, ring: Ring, cuda: bool) -> None:
+        self.module = weakref.ref(module)
+        self.name = name
+        self.type_name = type(module).__name__
+        self.name_code = ring.code(name)
+        self.type_code = ring.code(self.type_name)
+        self.depth = depth
+        self.cuda = cuda
+        self.handles: List[Any] = []
+        # (start, seq, autograd counter, CUDA start event) per call under way: a stack, as a
+        # module may call itself.
+        self.starts: List[Tuple[float, int, int, Any]] = []
+
+
+class StepClock:
+    """Step numbers, which steps are traced, and the rows of the traced ones."""
+
+    def __init__(self, torch: Any, lock: threading.RLock) -> None:
+        self.torch = torch
+        self.lock = lock
+        # Switches: set by the agent's thread (tracer.py), read by every hook.
+        self.trace_on = False
+        self.backward = False
+        self.nan_on = False
+        self.tracing_now = False  # trace_on, and this step is one of the traced ones
+        self.watching = False  # tracing_now or nan_on: the module hooks have work this step
+        self.error: Optional[str] = None
+        # Which steps are traced.
+        self.every = 1
+        self.auto_every = True
+        self.call_cost = 5e-6  # seconds per traced call, measured by tracer.calibrate()
+        self.step_calls = 0  # traced calls in the current step
+        self.step_walk = 0.0  # seconds spent walking autograd graphs in the current step
+        # Step numbering.
+        self.step = 0
+        self.seqs = itertools.count()
+        self.step_pending = False
+        self.optimizer_seen = False
+        self.stepped: Set[int] = set()  # optimizers that stepped in the current step
+        self.step_start = perf_counter()
+        self.clock = (time.time(), perf_counter())
+        self.rank = 0
+        self.rank_known = False
+        # Rows.
+        self.ring = trace_ring(DEFAULT_CAPACITY)
+        self.stage_codes = {stage: self.ring.code(stage) for stage in STAGES}
+        self.pending_cuda: List[Tuple[Tuple[Any, ...], Any, Any]] = []
+
+    def new_ring(self, capacity: int) -> None:
+        self.ring = trace_ring(capacity)
+        self.stage_codes = {stage: self.ring.code(stage) for stage in STAGES}
+
+    def refresh(self) -> None:
+        sampled = self.step % self.every == 0
+        self.tracing_now = self.trace_on and sampled
+        self.watching = self.tracing_now or self.nan_on
+
+    def failed(self, error: BaseException) -> None:
+        """A hook failed: stop everything rather than risk the job, and say why in status."""
+        self.error = f"{type(error).__name__}: {error}"
+        self.trace_on = self.nan_on = False
+        self.tracing_now = self.watching = False
+
+    def check_rank(self) -> None:
+        distributed = sys.modules.get("torch.distributed")
+        try:
+            if distributed is not None and distributed.is_available() and distributed.is_initialized():
+                self.rank = distributed.get_rank()
+                self.rank_known = True
+                return
+        except Exception:  # noqa: BLE001
+            pass
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+
+    def advance(self) -> None:
+        """The next step begins (in the training thread): choose whether it is traced."""
+        now = perf_counter()
+        if self.auto_every and self.tracing_now and self.step_calls:
+            cost = self.step_calls * self.call_cost + self.step_walk
+            work = max(now - self.step_start - cost, 1e-9)
+            self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(cost / (DEFAULT_BUDGET * work))))
+        self.step_calls = 0
+        self.step_walk = 0.0
+        self.step_pending = False
+        self.stepped.clear()
+        self.step += 1
+        self.seqs = itertools.count()
+        self.step_start = now
+        self.refresh()
+        if not self.rank_known:
+            self.check_rank()
+        if self.pending_cuda:
+            self.resolve_cuda()
+
+    def record(
+        self, traced: Traced, stage: str, step: int, seq: int, start: float, end: float, events: Any
+    ) -> None:
+        self.append(traced.name_code, traced.type_code, stage, step, seq, start, end, events, traced.cuda)
+
+    def append(
+        self, name_code: int, type_code: int, stage: str, step: int, seq: int, start: float, end: float,
+        events: Any, optimizer_cuda: bool = False,
+    ) -> None:  # fmt: skip
+        self.step_calls += 1
+        wall = self.clock[0] + (start - self.clock[1])
+        row: Tuple[Any, ...]
+        if optimizer_cuda:
+            cuda = self.torch.cuda
+            row = (step, seq, name_code, type_code, self.stage_codes[stage], end - start,
+                   start - self.step_start, cuda.memory_allocated() / MB, cuda.max_memory_allocated() / MB,
+                   cuda.memory_reserved() / MB, self.rank, wall)  # fmt: skip
+        else:
+            row = (step, seq, name_code, type_code, self.stage_codes[stage], end - start,
+                   start - self.step_start, None, None, None, self.rank, wall)  # fmt: skip
+        if events is None:
+            self.ring.append(row)
+        else:
+            with self.lock:
+                self.pending_cuda.append((row, events[0], events[-1]))
+
+    def resolve_cuda(self) -> None:
+        """Fill in the durations of CUDA calls the device has finished, oldest first."""
+        with self.lock:
+            done = 0
+            for row, start, end in self.pending_cuda:
+                if not end.query():
+                    break
+                finished = list(row)
+                finished[5] = start.elapsed_time(end) / 1000.0
+                self.ring.append(finished)
+                done += 1
+            del self.pending_cuda[:done]
