@@ -217,7 +217,8 @@ def _judge(threads: List[ThreadReport], frames: Dict[Tuple[Any, Any], Rows]) -> 
     for activity in progressing:
         mover = next((thread for thread in carriers if thread.activity == activity), None)
         if mover is not None:
-            return False, f"thread {mover.name!r} {activity}"
+            how = "moved" if activity == "moved" else "was busy (in one place, using the CPU)"
+            return False, f"thread {mover.name!r} {how}"
     names = ", ".join(repr(thread.name) for thread in carriers)
     looping = any(thread.activity == "looping" for thread in carriers)
     woke = "; they only woke up to wait again" if looping else ""

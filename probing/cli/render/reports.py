@@ -71,19 +71,14 @@ def write_hang(answer: Any, format: str) -> None:
 
 
 def _write_verdict(report: Any, out: IO[str]) -> None:
-    main = next((thread for thread in report.threads if thread.is_main), None)
-    if report.hung:
-        verdict = "hung: its main thread did not move"
-    elif main is not None and not main.moved:
-        verdict = "busy: its main thread stayed in one place but used the CPU"
-    else:
-        verdict = "progressing: its main thread moved (its stack changed, or it kept waking up)"
+    # The verdict in one sentence, from analysis.progress: which thread decided it and why.
+    verdict = f"{'hung' if report.hung else 'progressing'}: {inert(report.reason)}"
     out.write(f"PID {report.pid} is {verdict} in {report.duration_s:.1f} s ({report.samples} samples)\n\n")
-    columns = ["thread", "moved", "cpu", "state", "where"]
+    columns = ["thread", "activity", "cpu", "state", "where"]
     rows = [
         (
             f"{thread.name}{' (main)' if thread.is_main else ''}",
-            "yes" if thread.moved else "no",
+            thread.activity,
             "?" if thread.cpu_percent is None else f"{thread.cpu_percent:.0f}%",
             thread.state,
             thread.where,
