@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from types import FrameType
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import ExitCode, ProbingError
 
@@ -56,15 +56,28 @@ class Launcher:
         self.command = command
         self.env = agent_environment(env)
         self.process: Optional[subprocess.Popen[bytes]] = None
+        self._previous_handlers: Dict[int, Any] = {}
 
     def start(self) -> subprocess.Popen[bytes]:
+        # Forwarding starts with the child, not at wait(): a signal sent as soon as the job
+        # says it is ready (a CI runner's SIGINT) must reach it, not end this process first.
+        self._previous_handlers = {
+            signum: signal.signal(signum, self._forward) for signum in FORWARDED_SIGNALS
+        }
         try:
             self.process = subprocess.Popen(self.command, env=self.env)
         except FileNotFoundError:
+            self._restore_handlers()
             raise CommandNotFound(f"{self.command[0]}: command not found") from None
         except PermissionError:
+            self._restore_handlers()
             raise CommandNotExecutable(f"{self.command[0]}: permission denied") from None
         return self.process
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
 
     def _forward(self, signum: int, frame: Optional[FrameType]) -> None:
         process = self.process
@@ -86,7 +99,6 @@ class Launcher:
         exit code (the watchdog found the job hung and ended it), that code is returned.
         """
         assert self.process is not None
-        previous = {signum: signal.signal(signum, self._forward) for signum in FORWARDED_SIGNALS}
         try:
             while True:
                 try:
@@ -99,6 +111,5 @@ class Launcher:
                         self.process.wait()
                         return verdict
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            self._restore_handlers()
         return returncode if returncode >= 0 else 128 - returncode
