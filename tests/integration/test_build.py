@@ -166,6 +166,27 @@ def pip_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pip-cache")
 
 
+# Every module of the installed package imports on the venv's Python: mypy checks the CLI as
+# 3.10 (it cannot target 3.9), so this is what catches 3.10-only code on 3.9. __main__ would run
+# the CLI and bootstrap/ starts agents; torch is not installed there.
+IMPORT_EVERY_MODULE = """
+import importlib, pkgutil, probing
+failed = []
+for module in pkgutil.walk_packages(probing.__path__, "probing."):
+    if module.name.endswith("__main__") or module.name.startswith("probing.bootstrap"):
+        continue
+    try:
+        importlib.import_module(module.name)
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            failed.append(f"{module.name}: {error!r}")
+    except Exception as error:
+        failed.append(f"{module.name}: {error!r}")
+print("\\n".join(failed))
+raise SystemExit(1 if failed else 0)
+"""
+
+
 def cli_interpreters() -> List[object]:
     return [param for param in interpreter_params() if param.id in CLI_VERSIONS]  # type: ignore[attr-defined]
 
@@ -226,6 +247,11 @@ def test_pip_install_takes_wheels_only(
     versions = {package["name"].lower(): package["version"] for package in json.loads(listed.stdout)}
     for name, (wanted, _) in resolved.items():
         assert versions.get(name) == wanted, (name, versions.get(name), wanted)
+
+    imported = subprocess.run(
+        [str(bin_dir / "python"), "-c", IMPORT_EVERY_MODULE], capture_output=True, text=True, timeout=120
+    )
+    assert imported.returncode == 0, imported.stdout + imported.stderr
 
     # The installed CLI works on this Python (DuckDB, numpy and click as installed here): the
     # job runs with the agent from the same environment, the CLI queries it.
