@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check lint format bench soak demo docs clean
+.PHONY: help install test check-install lint format bench soak demo docs clean
 
 help: ## Show the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-14s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ format: install ## Format the code with ruff
 
 test: lint ## Lint, type-check, then run the whole test suite
 	$(BIN)/pytest
+
+check-install: install ## Build the wheel; pip install it, wheels only, on every CPython 3.8-3.13 (a few minutes)
+	$(BIN)/pytest -m install tests/integration/test_build.py
 
 bench: install ## Print the measurements of the closing notes (ratios against baselines)
 	$(BIN)/python benchmarks/bench_core.py

@@ -7,6 +7,10 @@
 2. native/ is compiled with the system C compiler into probing/_native/: the helper library
    a running process is made to load, and the ptrace injector that makes it. A missing
    compiler stops the install with a message saying so.
+3. The wheel is tagged py3-none-<platform>: its native parts are a standalone program and a
+   library that finds the interpreter's symbols with dlsym at run time, not extension modules
+   built against one Python's headers. One wheel per platform serves every supported CPython,
+   and installing it compiles nothing.
 """
 
 import os
@@ -16,6 +20,11 @@ import sysconfig
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
+
+try:  # setuptools >= 70.1 carries bdist_wheel; before that it came with the wheel package
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # pragma: no cover
+    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
 
 PTH_SOURCE = os.path.join("probing", "agent", "probing-autostart.pth")
 NATIVE = [
@@ -57,10 +66,19 @@ class BuildPy(build_py):
 
 
 class BinaryDistribution(Distribution):
-    """The wheel holds compiled code: tag it for this platform, not py3-none-any."""
+    """The wheel holds compiled code: it installs into platlib and names its platform."""
 
     def has_ext_modules(self) -> bool:
         return True
 
 
-setup(cmdclass={"build_py": BuildPy}, distclass=BinaryDistribution)
+class PlatformWheel(bdist_wheel):  # type: ignore[misc]
+    """py3-none-<platform>, not cp311-cp311-<platform>: no part of the wheel is tied to one
+    CPython's ABI (the docstring at the top says why), so every supported version takes it."""
+
+    def get_tag(self) -> tuple:  # type: ignore[type-arg]
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
+setup(cmdclass={"build_py": BuildPy, "bdist_wheel": PlatformWheel}, distclass=BinaryDistribution)

@@ -3,14 +3,56 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Optional, Set
 
 import pytest
 
 from support import Target
 
 LAYERS = ("unit", "protocol", "integration")
+ROOT = Path(__file__).resolve().parents[1]
+TREE_AT_START = pytest.StashKey[Optional[Set[str]]]()
+
+
+def tree_status() -> Optional[Set[str]]:
+    """`git status` of the checkout, ignored files left out; None outside a git checkout."""
+    try:
+        result = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(result.stdout.splitlines()) if result.returncode == 0 else None
+
+
+def new_files(before: Set[str], after: Set[str]) -> List[str]:
+    """Untracked files that appeared. Changes to tracked files are left to .ci/run's clean-tree
+    check: here they are as likely a developer's edit made while the tests ran."""
+    return sorted(line for line in after - before if line.startswith("??"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[TREE_AT_START] = tree_status()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test run writes nothing into the source tree (outside ignored paths such as .venv/ and
+    __pycache__/): a file that appeared during the run fails the session, named."""
+    before = session.config.stash.get(TREE_AT_START, None)
+    after = tree_status()
+    if before is None or after is None:
+        return
+    written = new_files(before, after)
+    if written:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "the test run wrote into the source tree", red=True)
+            for line in written:
+                reporter.write_line(f"  {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

@@ -1,6 +1,9 @@
-"""Two threads deadlocked on two locks; the main thread waits for them."""
+"""Two threads deadlocked on two locks; the main thread waits for them. "ready" once each
+thread holds its lock and stands at the `with` of the other's."""
 
+import sys
 import threading
+import time
 
 first, second = threading.Lock(), threading.Lock()
 both_hold_one = threading.Barrier(2)
@@ -19,6 +22,24 @@ threads = [
 ]
 for thread in threads:
     thread.start()
+
+
+def deadlocked():
+    frames = sys._current_frames()
+    inner = [frames.get(thread.ident) for thread in threads]
+    return (
+        first.locked()
+        and second.locked()
+        and all(
+            frame is not None and frame.f_code.co_name == "take" and frame.f_lineno == WITH_THEIRS
+            for frame in inner
+        )
+    )
+
+
+WITH_THEIRS = take.__code__.co_firstlineno + 3
+while not deadlocked():
+    time.sleep(0.001)
 print("ready", flush=True)
 for thread in threads:
     thread.join()

@@ -4,6 +4,8 @@ import random
 import threading
 import time
 
+started_working = threading.Event()
+
 
 def load():
     time.sleep(0.02)
@@ -17,10 +19,12 @@ def log():
     time.sleep(0.01)
 
 
-print("ready", flush=True)
 started = time.monotonic()
 while time.monotonic() - started < 1.0:
     random.choice((load, step, log))()
+    if not started_working.is_set():
+        started_working.set()
+        print("ready", flush=True)  # from inside the working loop
 lock = threading.Lock()
 lock.acquire()
 lock.acquire()  # never returns

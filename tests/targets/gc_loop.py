@@ -29,6 +29,8 @@ def step_forever():
 
 threading.Thread(target=collect_forever, name="collector", daemon=True).start()
 threading.Thread(target=step_forever, name="stepper", daemon=True).start()
+while collections == 0 or steps == 0:  # ready once both loops run
+    stop.wait(0.001)
 print("ready", os.getpid(), flush=True)
 for _ in sys.stdin:
     pass

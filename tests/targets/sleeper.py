@@ -1,5 +1,5 @@
 """At rest: the main thread reads stdin inside main_loop(), a thread named "worker" waits
-inside worker_loop(). Exits when its stdin closes."""
+inside worker_loop(). "ready" once the worker waits. Exits when its stdin closes."""
 
 import os
 import sys
@@ -34,6 +34,16 @@ def main_loop():
     stop.set()
 
 
+def wait_until_inside(thread, function):
+    """Return once `function` is the thread's innermost Python frame."""
+    while True:
+        frame = sys._current_frames().get(thread.ident)
+        if frame is not None and frame.f_code.co_name == function:
+            return
+        threading.Event().wait(0.001)
+
+
 worker = threading.Thread(target=worker_loop, args=(1,), name="worker", daemon=True)
 worker.start()
+wait_until_inside(worker, "wait")  # Condition.wait, under stop.wait()
 main_loop()

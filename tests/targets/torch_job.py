@@ -8,7 +8,8 @@
     --gate             say ready, then wait for a "go" line on stdin before training
     --steps N          stop training after N steps, then idle until stdin closes
 
-Prints `ready`, then `loss <step> <float.hex>` per step with --print-losses, `stopped ...` if
+Prints `ready` once its first step is done (with --gate: once it waits for "go"), and
+`loss <step> <float.hex>` per step with --print-losses, `stopped ...` if
 NonFiniteError stops it (its checkpoint-and-exit path), and `done` after the last step. Exits
 when stdin closes.
 """
@@ -107,13 +108,15 @@ def train() -> None:
         if options.print_losses:
             print(f"loss {step} {loss.item().hex()}", flush=True)
         step += 1
+        if step == 1 and not options.gate:
+            print("ready", flush=True)  # the training loop runs
         time.sleep(options.pause)
     print("done", flush=True)
 
 
 threading.Thread(target=watch_stdin, daemon=True).start()
-print("ready", flush=True)
 if options.gate:
+    print("ready", flush=True)
     go.wait()
 train()
 stop.wait()

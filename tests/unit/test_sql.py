@@ -11,7 +11,7 @@ from probing import protocol
 from probing.agent.columns import TableBuilder
 from probing.errors import BadSQL, ExitCode
 from probing.schema.tables import AGENT_TABLES as TABLES
-from probing.sql.session import SqlSession
+from probing.sql.session import SqlSession, sql_error
 
 SEED_QUERIES = [
     "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10",
@@ -132,6 +132,80 @@ def test_syntax_error_points_into_the_query(session: SqlSession) -> None:
         session.run("SELEC 1")
     assert "syntax error" in raised.value.message
     assert raised.value.hint is not None and "SELEC 1" in raised.value.hint
+
+
+def bad_sql(session: SqlSession, sql: str) -> BadSQL:
+    """The error a query raises, checked for what every SQL error shares: exit code 9, one
+    line of DuckDB's message behind "SQL: ", the rest (hint, pointer) below it."""
+    with pytest.raises(BadSQL) as raised:
+        session.run(sql)
+    error = raised.value
+    assert error.exit_code == ExitCode.BAD_SQL
+    assert error.message.startswith("SQL: ") and "\n" not in error.message
+    return error
+
+
+def test_an_unknown_schema_names_the_schema(session: SqlSession) -> None:
+    error = bad_sql(session, "SELECT * FROM nosuchschema.t")
+    assert "Catalog Error" in error.message and 'schema "nosuchschema" does not exist' in error.message
+    assert error.hint is not None and "LINE 1: SELECT * FROM nosuchschema.t" in error.hint
+
+
+def test_an_unknown_column_names_it_and_the_columns_that_exist(session: SqlSession) -> None:
+    error = bad_sql(session, "SELECT nosuch FROM python.backtrace")
+    assert error.message.startswith('SQL: Binder Error: Referenced column "nosuch" not found')
+    assert error.hint is not None
+    assert "Candidate bindings" in error.hint and "LINE 1: SELECT nosuch FROM python.backtrace" in error.hint
+
+
+def test_a_syntax_error_at_the_end_names_the_last_word(session: SqlSession) -> None:
+    error = bad_sql(session, "SELECT func FROM python.backtrace WHERE")
+    assert error.message == 'SQL: Parser Error: syntax error at or near "WHERE"'
+    # The pointer sits under the word once the hint is shown as the CLI shows it.
+    assert error.hint is not None
+    query, pointer = ("  hint: " + error.hint).split("\n")[-2:]
+    assert query.endswith("LINE 1: SELECT func FROM python.backtrace WHERE")
+    assert pointer.index("^") == query.index("WHERE")
+
+
+def test_a_value_that_does_not_convert_is_a_conversion_error(session: SqlSession) -> None:
+    error = bad_sql(session, "SELECT CAST(func AS INTEGER) FROM python.backtrace")
+    assert "Conversion Error" in error.message and "Could not convert string" in error.message
+    assert "INT32" in error.message
+
+
+def test_a_function_over_the_wrong_type_lists_the_candidates(session: SqlSession) -> None:
+    error = bad_sql(session, "SELECT sum(func) FROM python.backtrace")
+    assert (
+        error.message.startswith("SQL: Binder Error: No function matches") and "sum(VARCHAR)" in error.message
+    )
+    assert error.hint is not None and "sum(arg BIGINT" in error.hint
+
+
+def test_a_query_parameter_without_a_value_is_an_sql_error(session: SqlSession) -> None:
+    error = bad_sql(session, "SELECT func FROM python.backtrace WHERE lineno = ?")
+    assert "Invalid Input Error" in error.message
+
+
+@pytest.mark.xfail(
+    raises=AttributeError,
+    reason="SqlSession.run: DuckDB answers a query with no statement (blank, or only a comment) "
+    "with None instead of a cursor; run should raise BadSQL('SQL: the query has no statement')",
+)
+@pytest.mark.parametrize("sql", ["", "   ", "-- only a comment"])
+def test_a_query_with_no_statement_is_an_sql_error(session: SqlSession, sql: str) -> None:
+    bad_sql(session, sql)
+
+
+def test_sql_error_keeps_duckdbs_first_line_and_indents_the_rest() -> None:
+    error = sql_error(RuntimeError("Binder Error: no\n\nLINE 1: SELECT x\n       ^"))
+    assert error.message == "SQL: Binder Error: no"
+    assert error.hint == "LINE 1: SELECT x\n               ^"  # 8 spaces: under "  hint: "
+    assert sql_error(RuntimeError("Parser Error: one line")).hint is None
+
+
+def test_sql_error_with_no_text_names_the_error_type() -> None:
+    assert sql_error(ValueError("")).message == "SQL: ValueError"
 
 
 def test_only_named_tables_are_fetched(session: SqlSession) -> None:
