@@ -18,9 +18,7 @@ if TYPE_CHECKING:
 
     Pid = Union[int, str]  # a PID, or "self"
 
-_PYTHON_EXE = r"^python(\d+(\.\d+)?)?[a-z]*$"
 _LIBPYTHON = r"libpython(\d+\.\d+)[a-z]*\.so"
-_PYTHON_VERSION_IN_NAME = r"python(\d+\.\d+)"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -121,14 +119,26 @@ def executable(pid: Pid) -> Optional[str]:
         return None
 
 
+def _version_in_executable_name(name: str) -> Optional[str]:
+    """'3.11' of python3.11, python3.11d; '' for python, python3 (a Python, version unsaid);
+    None for a name that is not python's. No `re`: this is on backtrace's fast path."""
+    if not name.startswith("python"):
+        return None
+    rest = name[len("python") :].rstrip("abcdefghijklmnopqrstuvwxyz")
+    major, dot, minor = rest.partition(".")
+    if not rest or (major.isdigit() and not dot):
+        return ""
+    if major.isdigit() and minor.isdigit():
+        return rest
+    return None
+
+
 def python_version(pid: int) -> Optional[str]:
     """'3.11' from the executable's or libpython's name; None when the process is not Python.
 
     Raises FileNotFoundError when the process is gone and PermissionError when /proc does not
     let us look (another user's process, or root without CAP_SYS_PTRACE).
     """
-    import re  # only on the way to an error message or `probing list`: keep re off the fast path
-
     try:
         exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
     except (FileNotFoundError, PermissionError):
@@ -136,15 +146,16 @@ def python_version(pid: int) -> Optional[str]:
     except OSError:  # a kernel thread has no executable
         return None
     exe = exe.replace(" (deleted)", "")
-    if re.match(_PYTHON_EXE, exe):
-        match = re.search(_PYTHON_VERSION_IN_NAME, exe)
-        if match:
-            return match.group(1)
+    named = _version_in_executable_name(exe)
+    if named:
+        return named
+    import re  # only for an executable that does not say its version (an embedding program)
+
     maps = _read_small_whole(f"/proc/{pid}/maps")
     found = re.search(_LIBPYTHON, os.fsdecode(maps)) if maps is not None else None
     if found:
         return found.group(1)
-    return "3" if re.match(_PYTHON_EXE, exe) else None
+    return "3" if named == "" else None
 
 
 def start_time(pid: Pid = "self") -> Optional[float]:
@@ -271,6 +282,21 @@ def thread_syscall(pid: Pid, tid: object) -> Optional[int]:
     if first == b"running":
         return -1
     return _int(first)
+
+
+def running_threads(pid: Pid) -> Optional[int]:
+    """How many threads of the process are running or waiting for a CPU (state R) right now;
+    None when /proc does not show them."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    running = 0
+    for task in tasks:
+        fields = _stat_fields(f"/proc/{pid}/task/{task}/stat")
+        if fields and fields[0] == b"R":
+            running += 1
+    return running
 
 
 # --- where a process's agent would listen -----------------------------------------------------

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ..client.discovery import python_version_of, require_process
+from ..client.discovery import agent_listens, python_version_of, require_process
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
 from ..procfs import executable, process_alive, socket_candidates, thread_names, thread_work_done
 from .methods import InjectReport, choose_method
@@ -55,8 +55,6 @@ def check_target(pid: int) -> str:
 
 
 def _answering_socket(pid: int) -> Optional[str]:
-    from ..engine.listing import agent_listens
-
     for path in socket_candidates(pid):
         if os.path.exists(path) and agent_listens(path):
             return path

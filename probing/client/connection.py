@@ -28,7 +28,7 @@ from .trust import ExpectedPeer, check_peer, check_socket_file, expected_for_pat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     # Re-exported: cli/ names the log callback from here.
     from .discovery import Log as Log
@@ -41,10 +41,20 @@ class Client:
     read: a command costs one round trip.
     """
 
-    def __init__(self, path: str, timeout: float, log: Log = no_log, pid: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        timeout: float,
+        log: Log = no_log,
+        pid: Optional[int] = None,
+        stuck: Optional[Callable[[], Optional[str]]] = None,
+    ) -> None:
         """Connect to the agent at `path`: the agent of process `pid` (as this side sees it),
         or, without a pid, whatever process the socket's name and owner say (see trust.py).
-        Nothing is sent before the socket and the process answering on it are checked."""
+        Nothing is sent before the socket and the process answering on it are checked.
+        `stuck`, asked while the agent's queue of connections stays full, says why waiting
+        for room is pointless (or None to wait on)."""
+        self._stuck = stuck
         self.path = path
         self.timeout = timeout
         self.log = log
@@ -87,6 +97,9 @@ class Client:
                 sock.close()
                 if pause == 0.001:
                     self.log(f"{path}: the agent's queue of connections is full; trying again")
+                why = self._stuck() if self._stuck is not None else None
+                if why is not None:
+                    raise AgentTimeout(f"the agent's queue of connections is full, and {why}") from None
                 if time.monotonic() + pause >= deadline:
                     raise AgentTimeout(
                         f"the agent at {path} did not accept a connection in {timeout:g} s "

@@ -50,6 +50,19 @@ def python_version_of(pid: int) -> Optional[str]:
         raise PermissionDenied(f"not allowed to inspect PID {pid}", hint=hint) from None
 
 
+def agent_listens(path: str) -> bool:
+    """Whether something accepts connections on the socket at `path` (connects, says nothing)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.2)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def locate_socket(pid: int, log: Log = no_log) -> str:
     """The socket of the agent in `pid`, or the ProbingError that says why there is none."""
     require_process(pid)

@@ -1,11 +1,11 @@
 """The stacks of one process: from its agent, or from outside (py-spy) when the agent cannot
 answer, with the reason as a note.
 
-The fallback policy: ask the agent; when it has been silent for EARLY_LOOK_S, look from
-outside. A thread seen holding the GIL means the agent cannot answer until that thread lets go,
-so waiting on would only waste the budget: the look itself becomes the answer. Otherwise the
-agent gets the rest of the timeout. py-spy runs only when the agent is already late, so a
-healthy job is never read from outside.
+The fallback policy: ask the agent; when it has been silent for EARLY_LOOK_S, or sooner while no
+thread of the process runs at all, look from outside. A thread seen holding the GIL means the
+agent cannot answer until that thread lets go, so waiting on would only waste the budget: the
+look itself becomes the answer. Otherwise the agent gets the rest of the timeout. py-spy runs
+only when the agent is late or the job is stuck, so a healthy job is never read from outside.
 
 Standard library only at import time (the fast path of `probing PID backtrace`).
 """
@@ -17,7 +17,7 @@ import time
 from ..client.replies import decode_reply_table
 from ..errors import NoAgent, ProbingError, UsageError
 from ..procfs import command_line
-from .target import Fallback
+from .target import STILL_CHECK_S, Fallback, Stillness
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, tar
     deadline = time.monotonic() + timeout
     try:
         client.send(method, params)
-        if not client.answered(min(EARLY_LOOK_S, deadline - time.monotonic())):
+        if not _answered_or_stuck(client, target, min(EARLY_LOOK_S, timeout)):
             holder = target.gil_holder()
             if holder is not None:
                 raise Fallback(holder)
@@ -63,6 +63,25 @@ def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, tar
         return client.receive(method, max(1.0, deadline - time.monotonic()))
     except (AgentTimeout, AgentUnreachable) as error:
         raise Fallback(error.message, isinstance(error, AgentUnreachable)) from None
+
+
+def _answered_or_stuck(client: Client, target: Target, wait: float) -> bool:
+    """Wait up to `wait` seconds for the agent's reply: True once it starts arriving, False when
+    the wait ends or, sooner, when the process is found stuck on its GIL (target.Stillness).
+    py-spy then looks; a healthy job is never found stuck, so it is not read from outside any
+    sooner than after EARLY_LOOK_S, as before."""
+    end = time.monotonic() + wait
+    stillness = Stillness(target.pid)
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        if client.answered(min(STILL_CHECK_S, left)):
+            return True
+        why = stillness.check()
+        if why is not None:
+            target.log(f"the agent is silent and {why}: looking from outside")
+            return False
 
 
 def _from_agent(target: Target, params: Dict[str, Any], timeout: float) -> Stacks:
@@ -115,6 +134,8 @@ def from_outside(target: Target, native: bool, thread: Optional[str], why: Optio
         "argv": command_line(pid)[1:],
         "outside": outside,
     }
+    if why is not None and view.gil_holder and view.gil_holder not in why:
+        why = f"{why}; {view.gil_holder}"  # what the look showed, when it was not the reason
     notes = [] if why is None else [f"{why}; answered from outside the process (py-spy)"]
     return Stacks(pid, rows, info, notes)
 

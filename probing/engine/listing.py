@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import List, NamedTuple, Optional
 
-from ..client.discovery import python_version_of
+from ..client.discovery import agent_listens, python_version_of
 from ..errors import ProbingError
 from ..procfs import socket_candidates
 
@@ -17,16 +16,6 @@ class PythonProcess(NamedTuple):
     python_version: Optional[str]
     agent: bool
     command: str
-
-
-def agent_listens(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.2)
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-    return True
 
 
 def python_processes() -> List[PythonProcess]:

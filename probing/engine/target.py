@@ -34,6 +34,10 @@ STOPPED_AGENT_HINT = (
 )
 # How long a look from outside (py-spy) stays fresh enough to answer with.
 LOOK_FRESH_S = 0.5
+# While the agent is silent (or its queue of connections full): how often the process's threads
+# are looked at, and how many looks in a row finding none running say it is stuck (Stillness).
+STILL_CHECK_S = 0.002
+STILL_CHECKS = 2
 
 
 def quiet(message: str) -> None:
@@ -62,6 +66,37 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
     except OSError:
         pass
     raise UsageError(f"TARGET must be a PID or the path of an agent socket, not {text!r}")
+
+
+class Stillness:
+    """Whether a process whose agent does not answer is stuck on its GIL.
+
+    An agent needs the GIL to answer, and a running holder lets go of it within a switch
+    interval (5 ms). So when no thread of the process runs (state R) in STILL_CHECKS looks in a
+    row, whoever holds the GIL is blocked holding it (a C call that sleeps or waits), and
+    waiting on is pointless. A healthy job always has a thread running while its agent waits
+    for the GIL, or its agent answers at once: it is never found still.
+    """
+
+    __slots__ = ("pid", "still", "looked_at")
+
+    def __init__(self, pid: Optional[int]) -> None:
+        self.pid = pid
+        self.still = 0
+        self.looked_at = 0.0
+
+    def check(self) -> Optional[str]:
+        """Why waiting on is pointless, or None while it may not be (or cannot be told)."""
+        from ..procfs import running_threads
+
+        now = time.monotonic()
+        if self.pid is not None and now - self.looked_at >= STILL_CHECK_S:
+            self.looked_at = now
+            running = running_threads(self.pid)
+            self.still = self.still + 1 if running == 0 else 0
+        if self.still < STILL_CHECKS:
+            return None
+        return f"no thread of PID {self.pid} runs: the GIL is held by a thread that is blocked"
 
 
 class Target:
@@ -120,7 +155,8 @@ class Target:
                 raise NoAgent(error.message, hint=SOCKET_TARGET_HINT) from None
         pid = self.pid or 0
         try:
-            return Client(locate_socket(pid, self.log), timeout, self.log, pid=pid)
+            stuck = Stillness(pid).check if give_up_early else None
+            return Client(locate_socket(pid, self.log), timeout, self.log, pid=pid, stuck=stuck)
         except NoAgent as error:
             from ..attach.liveness import stopped_agent
 

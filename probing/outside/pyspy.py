@@ -7,29 +7,44 @@ python.backtrace rows with source = 'py-spy'.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
+import os
 import sys
-from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional
 
 from ..errors import PermissionDenied, ProbingError
 from ..procfs import thread_name
+from ..protocol.frames import json_dumps, json_loads
+from . import spawn
+
+# typing, json, shutil, pathlib and subprocess stay unimported: this module is on the path of
+# `probing PID backtrace` when a stuck job is read from outside, timed against py-spy itself.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 # py-spy sometimes cannot read a process that is starting up; one retry settles it.
 _ATTEMPTS = 2
 
 
-class OutsideView(NamedTuple):
-    rows: List[Dict[str, Any]]
-    gil_holder: Optional[str]  # "thread 'x' holds the GIL in f (file.py:12)", if any
-    threads: List[Dict[str, Any]]  # py-spy's own view, for the thread states
+class OutsideView:
+    """The stacks of a process read with py-spy: python.backtrace rows, which thread holds the
+    GIL ("thread 'x' holds the GIL in f (file.py:12)", if any), and py-spy's own threads (for
+    the thread states)."""
+
+    __slots__ = ("rows", "gil_holder", "threads")
+
+    def __init__(self, rows: List[Dict[str, Any]], gil_holder: Optional[str], threads: List[Dict[str, Any]]):
+        self.rows = rows
+        self.gil_holder = gil_holder
+        self.threads = threads
 
 
 def py_spy() -> Optional[str]:
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.exists() else shutil.which("py-spy")
+    """py-spy beside this interpreter (the same environment), else the first on PATH."""
+    candidates = [os.path.join(os.path.dirname(sys.executable), "py-spy")]
+    candidates += [
+        os.path.join(folder, "py-spy") for folder in os.environ.get("PATH", "").split(os.pathsep) if folder
+    ]
+    return next((path for path in candidates if os.access(path, os.X_OK) and not os.path.isdir(path)), None)
 
 
 def dump(pid: int, native: bool = False, timeout: float = 2.0, locals: bool = False) -> List[Dict[str, Any]]:
@@ -42,17 +57,17 @@ def dump(pid: int, native: bool = False, timeout: float = 2.0, locals: bool = Fa
     error: Optional[ProbingError] = None
     for _ in range(_ATTEMPTS):
         try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+            _, stdout, stderr = spawn.run(command, timeout)
+        except spawn.TimedOut:
             error = ProbingError(
                 f"py-spy did not read the stacks of PID {pid} within {timeout:g} s",
                 hint=_WITHOUT_NATIVE if native else None,
             )
             continue
         try:
-            threads = json.loads(result.stdout)
+            threads = json_loads(stdout.decode("utf-8", "replace"))
         except ValueError:
-            error = _dump_failed(pid, result.stderr, native)
+            error = _dump_failed(pid, stderr.decode("utf-8", "replace"), native)
             if isinstance(error, PermissionDenied):
                 raise error from None
             continue
@@ -141,7 +156,7 @@ def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, An
                     "file": frame.get("module") if native else frame.get("filename"),
                     "lineno": frame.get("line") or None,
                     "frame_type": "Native" if native else "Python",
-                    "locals": json.dumps({v["name"]: v.get("repr") for v in local_values})
+                    "locals": json_dumps({v["name"]: v.get("repr") for v in local_values})
                     if local_values
                     else None,
                     "source": "py-spy",

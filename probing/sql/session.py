@@ -166,6 +166,8 @@ class SqlSession:
     def run(self, sql: str) -> QueryResult:
         try:
             cursor = self.connection.execute(sql)
+            if cursor is None:  # DuckDB's answer to a query of blanks and comments
+                raise BadSQL("SQL: there is no statement in the query (only blanks or comments)")
             description = cursor.description or []
             rows = cursor.fetchall() if description else []
         except self._duckdb.Error as error:
@@ -175,6 +177,7 @@ class SqlSession:
 
 def sql_error(error: Exception) -> BadSQL:
     """DuckDB's message in one line; its hint and the pointer into the query below it."""
-    lines = [line for line in str(error).splitlines() if line.strip()]
+    # DuckDB indents its candidate lists with tabs; the hint is indented with spaces.
+    lines = [line.replace("\t", "    ") for line in str(error).splitlines() if line.strip()]
     message = lines[0] if lines else type(error).__name__
     return BadSQL(f"SQL: {message}", hint="\n        ".join(lines[1:]) or None)

@@ -101,3 +101,25 @@ def test_a_query_over_python_backtrace_takes_the_same_path() -> None:
         assert "python.backtrace read from outside the process (py-spy)" in result.stderr
         other = probing(str(job.pid), "query", "--timeout", "1", "SELECT * FROM python.threads")
         assert other.returncode == 7 and "only queries over python.backtrace" in other.stderr
+
+
+def test_a_job_stuck_on_its_gil_is_read_from_outside_without_waiting_out_the_early_look() -> None:
+    """No thread of the process runs while its agent is silent: the GIL's holder is blocked, so
+    the look from outside comes at once, not after EARLY_LOOK_S; a connection queue the stuck
+    agent cannot drain is given up as soon too (each earlier probe left a connection in it)."""
+    with Target("gil_holder.py") as job:
+        for _ in range(12):  # more than the agent's listen backlog
+            result = probing("-v", str(job.pid), "backtrace")
+            assert result.returncode == 0, result.stderr
+            assert f"no thread of PID {job.pid} runs" in result.stderr
+            assert "thread 'gil-holder' holds the GIL" in result.stderr
+        assert job.alive()
+
+
+def test_a_busy_job_is_answered_by_its_agent_and_never_taken_for_stuck() -> None:
+    """A thread running Python keeps the process from looking still: the agent answers."""
+    with Target("busy.py") as job:
+        for _ in range(5):
+            result = probing("-v", str(job.pid), "backtrace", "--format", "json")
+            assert "runs: looking from outside" not in result.stderr
+            assert {row["source"] for row in rows_of(result)} == {"agent"}

@@ -244,6 +244,24 @@ def test_nothing_outside_the_cli_imports_the_cli() -> None:
     assert not found, "\n".join(found)
 
 
+# Below the engine (DESIGN.md): the parts it drives never reach back up into it, or into the
+# launcher that drives it in turn.
+BELOW_THE_ENGINE = (
+    "probing.client", "probing.attach", "probing.outside", "probing.analysis", "probing.sql",
+)  # fmt: skip
+
+
+def test_the_parts_below_the_engine_never_import_it() -> None:
+    found = sorted(
+        f"{module}:{edge.line} imports {edge.target}"
+        for module, edges in GRAPH.items()
+        if _prefix_of(module, BELOW_THE_ENGINE)
+        for edge in edges
+        if _prefix_of(edge.target, ("probing.engine", "probing.launch"))
+    )
+    assert not found, "\n".join(found)
+
+
 FEATURES = ("probing.agent.evaluate", "probing.agent.repl", "probing.agent.memory", "probing.agent.pytorch")
 CORE = ("probing.agent.tables", "probing.agent.handlers", "probing.agent.server")
 

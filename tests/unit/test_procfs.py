@@ -6,6 +6,9 @@ import os
 import sys
 import threading
 import time
+from typing import Optional
+
+import pytest
 
 from probing import procfs
 
@@ -76,3 +79,21 @@ def test_a_process_that_is_gone() -> None:
         pass
     else:
         raise AssertionError("python_version of a process that is gone must raise FileNotFoundError")
+
+
+@pytest.mark.parametrize(
+    "name, version",
+    [
+        ("python3.11", "3.11"), ("python3.13t", "3.13"), ("python3.11d", "3.11"),
+        ("python3", ""), ("python", ""), ("pypy3", None), ("python3.x", None), ("node", None),
+    ],
+)  # fmt: skip
+def test_the_python_version_is_read_from_the_executable_name_without_re(
+    name: str, version: Optional[str]
+) -> None:
+    assert procfs._version_in_executable_name(name) == version
+
+
+def test_running_threads_counts_this_thread_running() -> None:
+    assert (procfs.running_threads(os.getpid()) or 0) >= 1  # this one, reading /proc
+    assert procfs.running_threads(2**22 + 1) is None  # no such process
