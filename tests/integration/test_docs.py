@@ -208,11 +208,15 @@ def run_in_order(example: Example, jobs: Jobs) -> None:
                 OUTCOMES[block.where] = str(failure)
     if all(block.where in OUTCOMES for block in sharing):
         jobs.release(example.target)
-        outcome = OUTCOMES[block.where]
-        if outcome is not None:
-            if block is example:
-                pytest.fail(outcome, pytrace=False)
-            first_line = outcome.splitlines()[0] if outcome else ""
+    # This block's own outcome, else the first earlier block on the same job that failed (its
+    # job may be left in another state than the docs assume).
+    outcome = OUTCOMES[example.where]
+    if outcome is not None:
+        pytest.fail(outcome, pytrace=False)
+    for block in sharing[: sharing.index(example)]:
+        failed = OUTCOMES[block.where]
+        if failed is not None:
+            first_line = failed.splitlines()[0] if failed else ""
             pytest.fail(f"{example.where} runs after {block.where} on the same job, which failed: "
                         f"{first_line}", pytrace=False)  # fmt: skip
 
