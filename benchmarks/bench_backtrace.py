@@ -3,8 +3,9 @@ py-spy reading the same process in the same run (medians, interleaved).
 
     .venv/bin/python benchmarks/bench_backtrace.py [--runs 15]
 
-1. a healthy process (the agent answers) and one whose GIL is held forever (the answer
-   comes from outside), each vs `py-spy dump`
+1. a healthy process and a torch training job (the agent answers), and one whose GIL is held
+   forever (the answer comes from outside), each vs `py-spy dump`; for the torch job, where
+   the time goes: the interpreter's start, probing's imports, the round trip to the agent
 2. `--children` on a job with a 4-worker DataLoader, vs `py-spy dump --subprocesses`
 3. `--native` on a process with torch imported, vs `py-spy dump --native`
 """
@@ -67,6 +68,46 @@ def medians(commands: Dict[str, List[str]], runs: int) -> Dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+# Run from a directory without a `probing` folder, so that `python -c "import probing..."` times
+# the installed package, as the command uses it.
+NEUTRAL_CWD = "/"
+ROUND_TRIP = """
+import statistics, sys, time
+from probing.client.connection import Client
+from probing.client.discovery import locate_socket
+pid = int(sys.argv[1])
+path, times = locate_socket(pid), []
+for _ in range(int(sys.argv[2])):
+    started = time.perf_counter()
+    with Client(path, 5.0, pid=pid) as client:
+        client.call("backtrace", {"locals": False, "thread": None})
+    times.append((time.perf_counter() - started) * 1000)
+    time.sleep(0.02)
+print(statistics.median(times))
+"""
+
+
+def where_the_time_goes(pid: int, runs: int) -> None:
+    """The command's parts, each measured on its own in the same run."""
+    python = str(BIN / "python")
+    parts = {
+        "interpreter start (python -c pass)": [python, "-c", "pass"],
+        "+ imports of the backtrace path": [python, "-c", "import probing.cli.backtrace, probing.cli.fast"],
+    }
+    times: Dict[str, List[float]] = {name: [] for name in parts}
+    for _ in range(runs):
+        for name, command in parts.items():
+            started = time.perf_counter()
+            subprocess.run(command, capture_output=True, cwd=NEUTRAL_CWD, check=True)
+            times[name].append((time.perf_counter() - started) * 1000)
+    start, imports = (statistics.median(times[name]) for name in parts)
+    trip = subprocess.run([python, "-c", ROUND_TRIP, str(pid), str(runs * 2)], capture_output=True,
+                          text=True, cwd=NEUTRAL_CWD, check=True)  # fmt: skip
+    print(f"   where the time goes: interpreter start {start:.1f} ms, probing's imports "
+          f"{imports - start:.1f} ms, connect + hello + backtrace round trip "
+          f"{float(trip.stdout):.1f} ms (median of {runs * 2}, one process); the rest renders")  # fmt: skip
+
+
 def report(title: str, figures: Dict[str, float]) -> None:
     names = list(figures)
     print(f"\n{title}")
@@ -81,14 +122,17 @@ def main() -> None:
     runs = parser.parse_args().runs
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
     for label, script in (("healthy process (agent answers)", TARGETS / "sleeper.py"),
+                          ("torch training job (agent answers)", TARGETS / "torch_job.py"),
                           ("GIL held forever (answer from outside)", TARGETS / "gil_holder.py")):  # fmt: skip
         process, pid = start(script, agent=True)
         try:
             figures = medians({"probing backtrace": [PROBING, str(pid), "backtrace"],
                                "py-spy dump": [PY_SPY, "dump", "--pid", str(pid)]}, runs)  # fmt: skip
+            report(f"1. {label}, median of {runs}", figures)
+            if script.name == "torch_job.py":
+                where_the_time_goes(pid, runs)
         finally:
             stop(process, pid)
-        report(f"1. {label}, median of {runs}", figures)
     process, pid = start(HERE / "dataloader_target.py", agent=False)
     children = {
         "probing backtrace --children": [PROBING, str(pid), "backtrace", "--children"],
