@@ -28,9 +28,13 @@ except ImportError:  # pragma: no cover
 
 PTH_SOURCE = os.path.join("probing", "agent", "probing-autostart.pth")
 NATIVE = [
-    # (output, source, flags)
-    ("libprobing-helper.so", "native/helper.c", ["-shared", "-fPIC", "-pthread", "-ldl"]),
-    ("probing-inject", "native/inject.c", []),
+    # (output, sources, flags)
+    ("libprobing-helper.so", ["native/helper.c"], ["-shared", "-fPIC", "-pthread", "-ldl"]),
+    (
+        "probing-inject",
+        ["native/inject.c", "native/report.c", "native/maps.c", "native/threads.c", "native/borrow.c"],
+        [],
+    ),
 ]
 
 
@@ -52,12 +56,12 @@ class BuildPy(build_py):
         target = os.path.join(self.build_lib, "probing", "_native")
         os.makedirs(target, exist_ok=True)
         cc = compiler()
-        for output, source, flags in NATIVE:
-            command = [cc, "-O2", "-Wall", "-o", os.path.join(target, output), source, *flags]
+        for output, sources, flags in NATIVE:
+            command = [cc, "-O2", "-Wall", "-o", os.path.join(target, output), *sources, *flags]
             self.announce(" ".join(command), level=2)
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
-                raise SystemExit(f"probing: compiling {source} failed:\n{result.stderr}")
+                raise SystemExit(f"probing: compiling {' '.join(sources)} failed:\n{result.stderr}")
 
     def get_outputs(self, include_bytecode: bool = True) -> list:  # type: ignore[override]
         native = [os.path.join(self.build_lib, "probing", "_native", output) for output, _, _ in NATIVE]

@@ -86,8 +86,9 @@ def test_the_sdist_carries_what_the_build_needs(tmp_path: Path) -> None:
     )
     (sdist,) = tmp_path.glob("probing-*.tar.gz")
     names = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
-    for needed in ("native/helper.c", "native/inject.c", "setup.py", "probing/agent/probing-autostart.pth",
-                   "probing/bootstrap/attach.py", "probing/cli/bin/probing"):  # fmt: skip
+    for needed in ("native/helper.c", "native/inject.c", "native/inject.h", "native/borrow.c", "setup.py",
+                   "probing/agent/probing-autostart.pth", "probing/bootstrap/attach.py",
+                   "probing/cli/bin/probing"):  # fmt: skip
         assert needed in names, needed
 
 

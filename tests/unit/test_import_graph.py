@@ -305,3 +305,10 @@ def _long_modules() -> Dict[str, int]:
 def test_modules_are_under_400_lines() -> None:
     long = _long_modules()
     assert not long, long
+
+
+def test_native_sources_are_under_400_lines() -> None:
+    native = Path(__file__).resolve().parents[2] / "native"
+    lengths = {path.name: len(path.read_text().splitlines()) for path in native.glob("*.[ch]")}
+    assert lengths, f"no C sources in {native}"
+    assert not {name: n for name, n in lengths.items() if n > MAX_LINES}, lengths
