@@ -10,6 +10,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -80,10 +81,23 @@ class Terminal:
         while text not in self.output[self.seen :]:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._read(remaining):
-                raise AssertionError(f"no {text!r} in the terminal; it shows:\n{self.output[self.seen :]}")
+                raise AssertionError(
+                    f"no {text!r} in the terminal; it shows:\n{self.output[self.seen :]}\n{self.state()}"
+                )
         end = self.output.index(text, self.seen) + len(text)
         shown, self.seen = self.output[self.seen : end], end
         return shown.replace("\r\n", "\n")
+
+    def state(self) -> str:
+        """The CLI's signal dispositions and where it is, for a failure to say why it is deaf."""
+        try:
+            with open(f"/proc/{self.pid}/status") as status:
+                lines = [line for line in status if line.startswith(("State", "Sig", "Shd"))]
+        except OSError as error:
+            return f"(no /proc for the CLI: {error})"
+        py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        where = subprocess.run([py_spy, "dump", "--pid", str(self.pid)], capture_output=True, text=True)
+        return "".join(lines) + where.stdout + where.stderr
 
     def _read(self, timeout: float) -> bool:
         if not select.select([self.fd], [], [], timeout)[0]:
