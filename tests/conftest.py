@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Iterator, List, Optional, Set
@@ -12,6 +13,15 @@ import pytest
 from support import Target
 
 LAYERS = ("unit", "protocol", "integration")
+
+# A shell without job control starts background commands (`make test &`, a CI step sent to the
+# background) with SIGINT and SIGQUIT ignored, and an ignored signal stays ignored across exec:
+# every process the tests start would be deaf to Ctrl-C, which the repl and `probing run` tests
+# send. The tests stand for a user at a terminal, where both have their default action.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 ROOT = Path(__file__).resolve().parents[1]
 TREE_AT_START = pytest.StashKey[Optional[Set[str]]]()
 
