@@ -285,8 +285,9 @@ def thread_syscall(pid: Pid, tid: object) -> Optional[int]:
 
 
 def running_threads(pid: Pid) -> Optional[int]:
-    """How many threads of the process are running or waiting for a CPU (state R) right now;
-    None when /proc does not show them."""
+    """How many threads of the process are running or waiting for a CPU (state R), or in an
+    uninterruptible wait (D: disk I/O, a page fault: work under way), right now; None when
+    /proc does not show them."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -294,7 +295,7 @@ def running_threads(pid: Pid) -> Optional[int]:
     running = 0
     for task in tasks:
         fields = _stat_fields(f"/proc/{pid}/task/{task}/stat")
-        if fields and fields[0] == b"R":
+        if fields and fields[0] in (b"R", b"D"):
             running += 1
     return running
 

@@ -36,7 +36,7 @@ STOPPED_AGENT_HINT = (
 LOOK_FRESH_S = 0.5
 # While the agent is silent (or its queue of connections full): how often the process's threads
 # are looked at, and how many looks in a row finding none running say it is stuck (Stillness).
-STILL_CHECK_S = 0.002
+STILL_CHECK_S = 0.001
 STILL_CHECKS = 2
 
 
@@ -72,8 +72,8 @@ class Stillness:
     """Whether a process whose agent does not answer is stuck on its GIL.
 
     An agent needs the GIL to answer, and a running holder lets go of it within a switch
-    interval (5 ms). So when no thread of the process runs (state R) in STILL_CHECKS looks in a
-    row, whoever holds the GIL is blocked holding it (a C call that sleeps or waits), and
+    interval (5 ms). So when no thread of the process runs (state R) or does I/O (state D) in
+    STILL_CHECKS looks in a row, whoever holds the GIL is blocked holding it (a C call that sleeps or waits), and
     waiting on is pointless. A healthy job always has a thread running while its agent waits
     for the GIL, or its agent answers at once: it is never found still.
     """
