@@ -74,8 +74,8 @@ class Stillness:
     An agent needs the GIL to answer, and a running holder lets go of it within a switch
     interval (5 ms). So when no thread of the process runs (state R) or does I/O (state D) in
     STILL_CHECKS looks in a row, whoever holds the GIL is blocked holding it (a C call that
-    sleeps or waits), and waiting on is pointless. A healthy job always has a thread running while its agent waits
-    for the GIL, or its agent answers at once: it is never found still.
+    sleeps or waits), and waiting on is pointless. A healthy job always has a thread running
+    while its agent waits for the GIL, or its agent answers at once: it is never found still.
     """
 
     __slots__ = ("pid", "still", "looked_at")
