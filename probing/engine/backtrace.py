@@ -134,8 +134,6 @@ def from_outside(target: Target, native: bool, thread: Optional[str], why: Optio
         "argv": command_line(pid)[1:],
         "outside": outside,
     }
-    if why is not None and view.gil_holder and view.gil_holder not in why:
-        why = f"{why}; {view.gil_holder}"  # what the look showed, when it was not the reason
     notes = [] if why is None else [f"{why}; answered from outside the process (py-spy)"]
     return Stacks(pid, rows, info, notes)
 
