@@ -29,7 +29,7 @@ from ..output import CaptureBuffer, captured, release
 from ..requests import ErrorKind, RequestError
 from ..stacks import ThreadStack, thread_stacks
 from . import exitguard
-from .interrupts import set_async_exception
+from .interrupts import Interruptible
 
 # How long the request waits, past its timeout, for interrupted code to end.
 INTERRUPT_GRACE_S = 1.0
@@ -131,7 +131,9 @@ def _format_exception(error: BaseException, filename: str, source: str) -> str:
         linecache.cache.pop(filename, None)
 
 
-class EvalJob:
+class EvalJob(Interruptible):
+    interrupt_with = EvalTimeout
+
     def __init__(
         self,
         own_threads: Any,
@@ -153,10 +155,7 @@ class EvalJob:
         self.traceback = ""
         self.out, self.err = CaptureBuffer(), CaptureBuffer()
         self.ident: Optional[int] = None
-        # Interrupts go out under this lock, and only while `finished` is False: the thread's
-        # ident may be reused by a thread of the job once it has ended.
-        self._lock = threading.Lock()
-        self._finished = False
+        super().__init__()
         self._started = False
 
     def run(self) -> None:
@@ -198,19 +197,8 @@ class EvalJob:
                 self.error = error
                 self.traceback = _format_exception(error, self.filename, self.source)
 
-    def _finish(self, ident: int) -> None:
-        # From here on no interrupt is sent, and one sent just before is withdrawn.
-        with self._lock:
-            self._finished = True
-            set_async_exception(ident, None)
-
-    def interrupt(self) -> bool:
-        """Raise EvalTimeout in the code; False once it has ended."""
-        with self._lock:
-            if self._finished or self.ident is None:
-                return False
-            set_async_exception(self.ident, EvalTimeout)
-            return True
+    def running_ident(self) -> Optional[int]:
+        return self.ident
 
     def landed(self) -> int:
         return _landed.get(self.ident, 0) if self.ident is not None else 0

@@ -4,6 +4,7 @@ stop code that runs in a thread of its own."""
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Optional
 
 
@@ -13,3 +14,39 @@ def set_async_exception(ident: int, exception: Optional[type]) -> None:
     A blocking C call (time.sleep, a lock) is interrupted only when it returns to Python."""
     pending = ctypes.py_object(exception) if exception is not None else None
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), pending)
+
+
+class Interruptible:
+    """Code run in a thread of its own (an eval, a repl statement) that another thread may
+    interrupt. Interrupts go out under a lock and only until the code has finished: the thread's
+    ident may be reused by a thread of the job once it has ended, and one sent just before the
+    end is withdrawn."""
+
+    interrupt_with: type = KeyboardInterrupt
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._finished = False
+
+    def running_ident(self) -> Optional[int]:
+        """The ident of the thread that runs the code; None before it has started."""
+        raise NotImplementedError
+
+    def _finish(self, ident: int) -> None:
+        # From here on no interrupt is sent, and one sent just before is withdrawn.
+        with self._lock:
+            self._finished = True
+            set_async_exception(ident, None)
+
+    def interrupt(self) -> bool:
+        """Raise `interrupt_with` in the code; False when it has ended (or not begun)."""
+        with self._lock:
+            ident = self.running_ident()
+            if self._finished or ident is None:
+                return False
+            self._interrupted()
+            set_async_exception(ident, self.interrupt_with)
+            return True
+
+    def _interrupted(self) -> None:
+        """Called, under the lock, as an interrupt goes out."""

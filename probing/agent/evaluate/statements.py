@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Set
 
 from ..output import CaptureBuffer, captured, release
 from . import exitguard
-from .interrupts import set_async_exception
+from .interrupts import Interruptible
 from .namespace import DISPLAY_NAME, LeaveRepl
 
 # Output a statement may have waiting for the client; beyond it, text is counted, not kept.
@@ -170,7 +170,7 @@ class StreamBuffer(CaptureBuffer):
         return text
 
 
-class Statement:
+class Statement(Interruptible):
     """One complete input, running in its own thread."""
 
     def __init__(
@@ -191,8 +191,7 @@ class Statement:
         self.leave = False
         self.interrupted = False
         self._started = False
-        self._finished = False
-        self._lock = threading.Lock()
+        super().__init__()
         self.thread = threading.Thread(target=self._run, name=f"probing-repl-{number}", daemon=True)
 
     def _run(self) -> None:
@@ -233,21 +232,11 @@ class Statement:
                 self.exception = type(error).__name__
                 self.traceback = format_exception(error, self.sources)
 
-    def _finish(self, ident: int) -> None:
-        # From here on no interrupt is sent, and one sent just before is withdrawn.
-        with self._lock:
-            self._finished = True
-            set_async_exception(ident, None)
+    def running_ident(self) -> Optional[int]:
+        return self.thread.ident
 
-    def interrupt(self) -> bool:
-        """Raise KeyboardInterrupt in the statement; False when it has ended (or not begun)."""
-        with self._lock:
-            ident = self.thread.ident
-            if self._finished or ident is None:
-                return False
-            self.interrupted = True
-            set_async_exception(ident, KeyboardInterrupt)
-            return True
+    def _interrupted(self) -> None:
+        self.interrupted = True
 
 
 def format_exception(error: BaseException, sources: Dict[str, str]) -> str:
