@@ -156,33 +156,23 @@ class EvalJob(Interruptible):
         self.out, self.err = CaptureBuffer(), CaptureBuffer()
         self.ident: Optional[int] = None
         super().__init__()
-        self._started = False
 
     def run(self) -> None:
         ident = threading.get_ident()
         self.own_threads.add(ident)
         if not self.allow_exit:
             exitguard.guard(ident)
-        # An interrupt can land anywhere until _finish has run, even outside the user's code:
-        # go round until it has. One escaping this thread would be printed by
-        # threading.excepthook on the job's stderr.
-        while True:
-            try:
-                if not self._started:
-                    self._started = True
-                    self._execute(ident)
-                self._finish(ident)
-                break
-            except BaseException as error:  # noqa: BLE001 - an interrupt outside the user's code
-                if self.error is None:
-                    self.error = error
-                continue
+        self._run_to_the_end(ident)
         release(ident)
         if not self.allow_exit:
             exitguard.release(ident)
         _landed.pop(ident, None)
         self.own_threads.discard(ident)
         self.done.set()
+
+    def _escaped(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
 
     def _execute(self, ident: int) -> None:
         with captured(ident, self.out, self.err):

@@ -27,10 +27,32 @@ class Interruptible:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._finished = False
+        self._started = False
 
     def running_ident(self) -> Optional[int]:
         """The ident of the thread that runs the code; None before it has started."""
         raise NotImplementedError
+
+    def _execute(self, ident: int) -> None:
+        """Run the code, in thread `ident`."""
+        raise NotImplementedError
+
+    def _escaped(self, error: BaseException) -> None:
+        """An interrupt that landed outside the code (after it ended, before _finish)."""
+
+    def _run_to_the_end(self, ident: int) -> None:
+        """Run the code once, then stop interrupts. An interrupt can land anywhere until
+        _finish has run, even outside the code: go round until it has. One escaping the
+        thread would be printed by threading.excepthook on the job's stderr."""
+        while True:
+            try:
+                if not self._started:
+                    self._started = True
+                    self._execute(ident)
+                self._finish(ident)
+                return
+            except BaseException as error:  # noqa: BLE001 - an interrupt outside the code
+                self._escaped(error)
 
     def _finish(self, ident: int) -> None:
         # From here on no interrupt is sent, and one sent just before is withdrawn.

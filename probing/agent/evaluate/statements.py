@@ -150,14 +150,9 @@ class StreamBuffer(CaptureBuffer):
 
     def write(self, text: str) -> int:
         with self._lock:
-            room = self.limit - self.size
-            if len(text) > room:
-                self.dropped += len(text) - max(room, 0)
-                text = text[: max(room, 0)]
-            self.parts.append(text)
-            self.size += len(text)
+            written = super().write(text)
         self._activity.set()
-        return len(text)
+        return written
 
     def take(self) -> str:
         with self._lock:
@@ -190,25 +185,13 @@ class Statement(Interruptible):
         self.traceback = ""
         self.leave = False
         self.interrupted = False
-        self._started = False
         super().__init__()
         self.thread = threading.Thread(target=self._run, name=f"probing-repl-{number}", daemon=True)
 
     def _run(self) -> None:
         ident = threading.get_ident()
         self.own_threads.add(ident)
-        # An interrupt can land anywhere until _finish has run, even outside the user's code:
-        # go round until it has. One escaping this thread would be printed by
-        # threading.excepthook on the job's stderr.
-        while True:
-            try:
-                if not self._started:
-                    self._started = True
-                    self._execute(ident)
-                self._finish(ident)
-                break
-            except BaseException:  # noqa: BLE001, S112 - an interrupt after the user's code ended
-                continue
+        self._run_to_the_end(ident)
         release(ident)
         self.own_threads.discard(ident)
         self.done.set()
