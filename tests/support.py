@@ -167,6 +167,87 @@ class Target:
         self.kill()
 
 
+class TorchrunJob:
+    """A real torchrun job of tests/targets/ranks_job.py (gloo, CPU), `ranks` processes on this
+    machine, standalone (its own rendezvous port, so two jobs never share one). Ready once every
+    rank said `ready RANK PID`; `pids` maps rank to PID, `agent_pid` is torchrun's own process.
+    The whole session (torchrun and its ranks) is killed on exit."""
+
+    def __init__(self, scenario: str = "healthy", ranks: int = 4, args: Optional[List[str]] = None,
+                 env: Optional[Dict[str, str]] = None, ready_timeout: float = 120.0) -> None:  # fmt: skip
+        environment = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        environment.pop("PROBING", None)
+        environment.update(env or {})
+        command = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}",
+                   str(TARGETS / "ranks_job.py"), "--scenario", scenario, *(args or [])]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=environment, start_new_session=True,
+        )  # fmt: skip
+        self.agent_pid = self.process.pid
+        self.pids: Dict[int, int] = {}
+        self.stdout_lines: List[str] = []
+        self.stderr_lines: List[str] = []
+        self._ready = threading.Event()
+        self._expected = ranks
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.process.stdout, self.stdout_lines), daemon=True),
+            threading.Thread(target=self._read, args=(self.process.stderr, self.stderr_lines), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+        if not self._ready.wait(ready_timeout):
+            self.kill()
+            raise RuntimeError(f"torchrun job never got ready: {self.output()}")
+
+    def _read(self, stream: object, lines: List[str]) -> None:
+        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            lines.append(line)
+            match = re.match(r"ready (\d+) (\d+)$", line)
+            if match:
+                self.pids[int(match.group(1))] = int(match.group(2))
+                if len(self.pids) == self._expected:
+                    self._ready.set()
+
+    def output(self) -> str:
+        return "\n".join(self.stdout_lines) + "\n--- stderr ---\n" + "\n".join(self.stderr_lines[-40:])
+
+    def kill(self) -> None:
+        """torchrun starts each rank in a session of its own: they are killed one by one."""
+        import psutil
+
+        try:
+            agent = psutil.Process(self.agent_pid)
+            processes = [agent, *agent.children(recursive=True)]
+        except psutil.Error:
+            processes = []
+        # A rank whose torchrun died first is no child of it any more.
+        for pid in self.pids.values():
+            try:
+                rank = psutil.Process(pid)
+                if "ranks_job.py" in " ".join(rank.cmdline()):
+                    processes.append(rank)
+            except psutil.Error:
+                pass
+        for process in processes:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(30)
+
+    def __enter__(self) -> TorchrunJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
 def probing(
     *args: str,
     input: Optional[str] = None,

@@ -1,0 +1,71 @@
+"""A distributed training loop for the --ranks tests: run it under torchrun (gloo, CPU).
+
+    --scenario healthy    every rank trains forever: a small step, an all_reduce, a short pause
+    --scenario stall      rank --rank-at stalls in load_shard() before the all_reduce of step --step
+    --scenario gil        rank --rank-at holds the GIL in a C call (libc sleep) at that step
+    --scenario mismatch   rank --rank-at calls a broadcast where the others all_reduce at that step
+
+Every rank prints `ready <rank> <pid>` once the state under test exists, or is about to: for
+stall/gil/mismatch, just before the step where it goes wrong (the stuck rank just before it
+stalls; the others just before they enter the collective that cannot complete). Healthy ranks
+say ready after their first step. Each rank exits when the job's stdin closes (torchrun gives
+it none: the test kills the job).
+"""
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--scenario", choices=("healthy", "stall", "gil", "mismatch"), default="healthy")
+parser.add_argument("--rank-at", type=int, default=2)
+parser.add_argument("--step", type=int, default=5)
+options = parser.parse_args()
+
+
+def say(line: str) -> None:
+    # write(2) in one call: ranks share torchrun's stdout, and a print may be split.
+    os.write(1, f"{line}\n".encode())
+
+
+def load_shard(step: int) -> None:
+    """The data shard that never arrives."""
+    time.sleep(3600)
+
+
+def hold_the_gil() -> None:
+    sys.setswitchinterval(1000.0)
+    ctypes.PyDLL(None).sleep(3600)
+
+
+def train() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(16, 16)
+    weights = torch.ones(16)
+    for step in range(10**9):
+        loss = model(torch.randn(4, 16)).sum()
+        loss.backward()
+        if options.scenario != "healthy" and step == options.step:
+            say(f"ready {rank} {os.getpid()}")
+            if rank == options.rank_at:
+                if options.scenario == "stall":
+                    load_shard(step)
+                elif options.scenario == "gil":
+                    hold_the_gil()
+                elif options.scenario == "mismatch":
+                    dist.broadcast(weights, 0)
+                    continue
+        dist.all_reduce(weights)
+        if options.scenario == "healthy":
+            if step == 0:
+                say(f"ready {rank} {os.getpid()}")
+            time.sleep(0.02)
+
+
+train()
