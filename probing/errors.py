@@ -33,6 +33,7 @@ class ExitCode:
     HUNG = 11
     NO_TORCH = 12
     BAD_REPLY = 13
+    PARTIAL = 14
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -49,9 +50,10 @@ class ExitCode:
         REMOTE_ERROR: "the code run by eval (or a statement piped into repl) raised an exception",
         BAD_SQL: "the SQL query failed",
         ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
-        HUNG: "hang / run --hang-timeout: the job's main thread made no progress",
+        HUNG: "hang / run --hang-timeout: the job's main thread made no progress (with --ranks: the job is stuck)",
         NO_TORCH: "trace / nan / memory --cuda-snapshot: the process has not imported torch (or CUDA)",
         BAD_REPLY: "what answered on the agent's socket sent a reply probing cannot use",
+        PARTIAL: "--ranks: some ranks answered and others did not (the output names those missing and why)",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }

@@ -105,6 +105,26 @@ def environ_value(pid: int, name: str) -> Optional[str]:
     return None
 
 
+def environ_values(pid: int, names: Tuple[str, ...]) -> Optional[Dict[str, str]]:
+    """Those of `names` set in the process's start-up environment; None when it cannot be read
+    (gone, or another user's process)."""
+    data = _read_small_whole(f"/proc/{pid}/environ")
+    if data is None:
+        return None
+    wanted = {name.encode() for name in names}
+    found = {}
+    for entry in data.split(b"\0"):
+        name, equals, value = entry.partition(b"=")
+        if equals and name in wanted:
+            found[os.fsdecode(name)] = os.fsdecode(value)
+    return found
+
+
+def parent_pid(pid: Pid) -> Optional[int]:
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    return _int(fields[1]) if len(fields) > 1 else None
+
+
 def command_line(pid: Pid) -> List[str]:
     """argv of the process; [] when unreadable (or a kernel thread)."""
     data = _read_small_whole(f"/proc/{pid}/cmdline")

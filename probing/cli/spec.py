@@ -109,3 +109,10 @@ GLOBAL_OPTIONS = (
     ),
 )
 TARGET_OPTIONS = ("-t", "--target")
+
+RANKS = Option(
+    "--ranks",
+    "every rank of the distributed job TARGET belongs to (all), or some (0,2-3); TARGET may be any "
+    "rank or the torchrun process",
+    metavar="all|LIST",
+)

@@ -1,0 +1,89 @@
+"""Many ranks at once: one thread per rank, each doing what a command does for one target, so
+that `--ranks all` costs about one rank's time and one slow or dead rank never holds the others.
+
+Each rank's work carries its own timeouts (the same as for one target); `gather` also stops
+waiting at an overall deadline, names the ranks that have not answered by then, and leaves
+their threads behind (daemons: Python cannot stop a thread, and the process exits after the
+answer anyway).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Dict, Generic, List, NamedTuple, Optional, Tuple, TypeVar
+
+from ..errors import AgentTimeout, ExitCode, ProbingError
+from .job import Rank
+
+Answer = TypeVar("Answer")
+
+
+class Missing(NamedTuple):
+    """A rank that gave no answer, and why."""
+
+    rank: Rank
+    error: ProbingError
+
+
+class Gathered(Generic[Answer]):
+    """What the ranks answered, by rank, and the ranks that did not."""
+
+    def __init__(self, answers: List[Tuple[Rank, Answer]], missing: List[Missing]) -> None:
+        self.answers = answers
+        self.missing = missing
+
+    def exit_code(self) -> int:
+        """OK when every rank answered; PARTIAL when some did; the first failure's own code
+        when none did (every rank without an agent, say, is exit 6 as for one process)."""
+        if not self.missing:
+            return ExitCode.OK
+        if self.answers:
+            return ExitCode.PARTIAL
+        return self.missing[0].error.exit_code
+
+
+class _Outcome:
+    __slots__ = ("answer", "error", "crash", "done")
+
+    def __init__(self) -> None:
+        self.answer: Optional[object] = None
+        self.error: Optional[ProbingError] = None
+        self.crash: Optional[BaseException] = None  # a bug, raised again in the caller's thread
+        self.done = threading.Event()
+
+
+def gather(ranks: List[Rank], work: Callable[[Rank], Answer], deadline_s: float) -> Gathered[Answer]:
+    """`work(rank)` for every rank in parallel; what each answered by the deadline."""
+    outcomes: Dict[int, _Outcome] = {}
+
+    def run(rank: Rank, outcome: _Outcome) -> None:
+        try:
+            outcome.answer = work(rank)
+        except ProbingError as error:
+            outcome.error = error
+        except BaseException as crash:  # noqa: BLE001 - handed to the caller's thread
+            outcome.crash = crash
+        finally:
+            outcome.done.set()
+
+    for rank in ranks:
+        outcome = outcomes[rank.rank] = _Outcome()
+        thread = threading.Thread(target=run, args=(rank, outcome), name=f"probing-rank-{rank.rank}")
+        thread.daemon = True
+        thread.start()
+    end = time.monotonic() + deadline_s
+    answers: List[Tuple[Rank, Answer]] = []
+    missing: List[Missing] = []
+    for rank in ranks:
+        outcome = outcomes[rank.rank]
+        if not outcome.done.wait(max(0.0, end - time.monotonic())):
+            late = f"rank {rank.rank} (PID {rank.pid}) gave no answer within {deadline_s:g} s"
+            missing.append(Missing(rank, AgentTimeout(late)))
+        elif outcome.crash is not None:
+            raise outcome.crash
+        elif outcome.error is not None:
+            missing.append(Missing(rank, outcome.error))
+        else:
+            answers.append((rank, outcome.answer))  # type: ignore[arg-type]
+    return Gathered(answers, missing)

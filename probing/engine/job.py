@@ -1,0 +1,198 @@
+"""A distributed job found from any one of its processes, and the ranks a command is given.
+
+torchrun (and torch.distributed.launch, and most launchers after them) tells every rank who it
+is in its environment: RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK (the node), MASTER_ADDR/PORT
+(the rendezvous) and, under torchrun, TORCHELASTIC_RUN_ID. That start-up environment, read
+from /proc, is what finds a job: no agent is needed, and a job that planned nothing for
+probing is found as well as one that did.
+
+The ranks of one job are the processes started by one launcher (torchrun's elastic agent, the
+parent of every rank on its node) that carry the same run id and rendezvous: two jobs on one
+machine never mix, even when both use torchrun's default run id ("none"). A DataLoader worker
+inherits its rank's environment; it is taken for its rank.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
+
+from ..errors import ProbingError, UsageError
+from ..procfs import environ_values, parent_pid, process_alive
+
+VARIABLES = (
+    "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+)  # fmt: skip
+NOT_A_JOB_HINT = (
+    "--ranks works on a rank of a distributed job (torchrun sets RANK and WORLD_SIZE in each "
+    "rank's environment), or on the torchrun process that started them; `probing list` shows jobs"
+)
+
+
+class NotAJob(ProbingError):
+    """The process is not part of a distributed job this machine can see."""
+
+
+class Rank(NamedTuple):
+    rank: int  # global rank
+    local_rank: int  # rank on its node
+    node: int  # torchrun's GROUP_RANK: which node of the job
+    pid: int
+
+
+class Job(NamedTuple):
+    run_id: Optional[str]  # TORCHELASTIC_RUN_ID; None when not started by torchrun
+    launcher: Optional[int]  # the PID that started the ranks (torchrun's elastic agent)
+    master: Optional[str]  # MASTER_ADDR:MASTER_PORT, the job's rendezvous
+    world_size: int
+    ranks: List[Rank]  # the ranks found on this machine, by rank
+
+    def name(self) -> str:
+        """How a person reads which job this is."""
+        parts = []
+        if self.run_id is not None:
+            parts.append(f"run {self.run_id}")
+        if self.launcher is not None:
+            parts.append(f"torchrun PID {self.launcher}")
+        if self.master is not None:
+            parts.append(f"rendezvous {self.master}")
+        return ", ".join(parts) or "distributed job"
+
+
+# (parent PID, run id, rendezvous): what one job's ranks share.
+JobKey = Tuple[Optional[int], Optional[str], Optional[str]]
+
+
+class _Found(NamedTuple):
+    key: JobKey
+    rank: Rank
+    world_size: int
+
+
+def _integer(value: Optional[str]) -> Optional[int]:
+    # The environment is the job's: any text may be there.
+    try:
+        return int(value) if value is not None and len(value) < 12 else None
+    except ValueError:
+        return None
+
+
+def _rank_of(pid: int) -> Optional[_Found]:
+    """The rank `pid` is, from its start-up environment; None when it is not a rank (or the
+    environment cannot be read)."""
+    variables = environ_values(pid, VARIABLES)
+    if not variables:
+        return None
+    rank, world_size = _integer(variables.get("RANK")), _integer(variables.get("WORLD_SIZE"))
+    if rank is None or world_size is None or not 0 <= rank < world_size:
+        return None
+    local_rank = _integer(variables.get("LOCAL_RANK"))
+    node = _integer(variables.get("GROUP_RANK"))
+    address, port = variables.get("MASTER_ADDR"), variables.get("MASTER_PORT")
+    master = f"{address}:{port}" if address and port else None
+    key = (parent_pid(pid), variables.get("TORCHELASTIC_RUN_ID"), master)
+    local = local_rank if local_rank is not None else rank
+    return _Found(key, Rank(rank, local, node if node is not None else 0, pid), world_size)
+
+
+def _topmost(pid: int, found: _Found) -> Tuple[int, _Found]:
+    """The rank process itself when `pid` is one of its descendants (a DataLoader worker
+    inherits its environment): the highest ancestor with the same rank and job."""
+    while True:
+        parent = found.key[0]
+        above = _rank_of(parent) if parent else None
+        if above is None or above.rank.rank != found.rank.rank or above.key[1:] != found.key[1:]:
+            return pid, found
+        pid, found = parent or 0, above
+
+
+def _children(pid: int, recursive: bool) -> List[int]:
+    import psutil  # only for --ranks and `ranks`
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=recursive)]
+    except psutil.Error:
+        return []
+
+
+def _ranks_under(launcher: int, key: JobKey) -> List[_Found]:
+    found = []
+    for child in _children(launcher, recursive=False):
+        each = _rank_of(child)
+        if each is not None and each.key == key and process_alive(child):
+            found.append(each)
+    return found
+
+
+def _job(key: JobKey, ranks: List[_Found]) -> Job:
+    by_rank: Dict[int, Rank] = {}
+    for each in sorted(ranks, key=lambda each: each.rank.pid):
+        by_rank.setdefault(each.rank.rank, each.rank)  # a restarted rank's older process left over
+    world_size = max(each.world_size for each in ranks)
+    return Job(key[1], key[0], key[2], world_size, sorted(by_rank.values()))
+
+
+def find_job(pid: int) -> Job:
+    """The job `pid` belongs to: `pid` is a rank (or a process under one), or the launcher
+    that started the ranks (or a process above it, such as a shell script)."""
+    found = _rank_of(pid)
+    if found is not None:
+        pid, found = _topmost(pid, found)
+        launcher = found.key[0]
+        ranks = _ranks_under(launcher, found.key) if launcher else []
+        return _job(found.key, ranks or [found])
+    jobs: Dict[JobKey, List[_Found]] = {}
+    for child in _children(pid, recursive=True):
+        each = _rank_of(child)
+        if each is None or not process_alive(child):
+            continue
+        top, each = _topmost(child, each)
+        if top == child:
+            jobs.setdefault(each.key, []).append(each)
+    if not jobs:
+        raise NotAJob(
+            f"PID {pid} is not part of a distributed job: neither it nor a process under it has "
+            "RANK and WORLD_SIZE in its environment",
+            hint=NOT_A_JOB_HINT,
+        )
+    if len(jobs) > 1:
+        names = "; ".join(
+            f"{_job(key, ranks).name()} (rank PIDs {', '.join(str(each.rank.pid) for each in ranks)})"
+            for key, ranks in jobs.items()
+        )
+        raise UsageError(f"more than one distributed job runs under PID {pid}: {names}; give one of its PIDs")
+    key, ranks = next(iter(jobs.items()))
+    return _job(key, ranks)
+
+
+def parse_ranks(text: str) -> Optional[Set[int]]:
+    """--ranks: None for `all`, else the ranks of a list such as `0,2-3`."""
+    if text.strip() == "all":
+        return None
+    chosen: Set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise UsageError(f"--ranks takes `all` or a list such as 0,2-3, not {text!r}") from None
+        if low < 0 or high < low or high - low > 1 << 20:
+            raise UsageError(f"--ranks: {part.strip()!r} is not a range of ranks")
+        chosen.update(range(low, high + 1))
+    return chosen
+
+
+def choose(job: Job, text: str) -> List[Rank]:
+    """The ranks of `job` that --ranks names; a rank the job has not here is a usage error."""
+    wanted = parse_ranks(text)
+    if wanted is None:
+        return list(job.ranks)
+    here = {rank.rank: rank for rank in job.ranks}
+    absent = sorted(wanted - set(here))
+    if absent:
+        listed = ", ".join(str(rank) for rank in sorted(here)) or "none"
+        raise UsageError(
+            f"--ranks {text}: no rank {', '.join(map(str, absent[:8]))} in {job.name()} on this machine "
+            f"(ranks here: {listed}; world size {job.world_size})"
+        )
+    return [here[rank] for rank in sorted(wanted)]
