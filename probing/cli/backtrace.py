@@ -6,9 +6,12 @@ command from the options cli/spec.py declares.
 
 from __future__ import annotations
 
-from ..engine.backtrace import read_tree
-from ..errors import ExitCode
+from ..engine.backtrace import read_stacks, read_tree
+from ..errors import ExitCode, UsageError
 from .render.backtrace import write_tree
+
+# Beyond --timeout and --attach-timeout, what a rank may take to be read from outside (py-spy).
+OUTSIDE_LOOK_S = 3.0
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +29,22 @@ def backtrace(
     native: bool = False,
     children: bool = False,
     attach_children: bool = False,
+    ranks: Optional[str] = None,
 ) -> int:
+    if ranks is not None:
+        if children or attach_children:
+            raise UsageError("--ranks reads every rank already; --children does not go with it")
+        from ..engine.fanout import gather
+        from .render.per_rank import write_job_stacks
+
+        job, chosen = invocation.job(ranks)
+        gathered = gather(
+            chosen,
+            lambda rank: read_stacks(invocation.rank_target(rank), locals, thread, timeout, native),
+            timeout + invocation.attach_timeout + OUTSIDE_LOOK_S,
+        )
+        write_job_stacks(job, gathered, format)
+        return gathered.exit_code()
     tree = read_tree(invocation.target(), locals, thread, timeout, native, children, attach_children)
     write_tree(tree, format)
     return ExitCode.OK

@@ -6,12 +6,12 @@ from typing import Optional
 
 import click
 
-from ..engine.requests import evaluate
+from ..engine.requests import EVAL_REPLY_GRACE_S, evaluate
 from ..errors import ExitCode
 from .invocation import Invocation, read_argument
 from .options import apply, pass_invocation
 from .render.reports import write_eval_result
-from .spec import timeout
+from .spec import RANKS, timeout
 
 
 @click.command(name="eval")
@@ -20,17 +20,32 @@ from .spec import timeout
     "--frame", metavar="THREAD:FUNCTION",
     help="Run with that frame's locals over its globals (e.g. MainThread:train).",
 )  # fmt: skip
-@apply(timeout(10.0, "Seconds the code may run; then it is interrupted."))
+@apply(timeout(10.0, "Seconds the code may run; then it is interrupted."), RANKS)
 @click.option(
     "--force", is_flag=True,
     help="Let the code end the process (os._exit, os.abort, os.kill of itself, exec), refused otherwise.",
 )  # fmt: skip
 @pass_invocation
-def eval_command(invocation: Invocation, code: str, frame: Optional[str], timeout: float, force: bool) -> int:
+def eval_command(
+    invocation: Invocation, code: str, frame: Optional[str], timeout: float, ranks: Optional[str], force: bool
+) -> int:
     """Run CODE in the process's __main__ namespace ('-' reads it from stdin).
 
     What the code prints comes back; a final expression's value is shown as the REPL would.
+    With --ranks, on every rank at once; the same output from several ranks is shown once.
     """
     source = read_argument(code, "code")
+    if ranks is not None:
+        from ..engine.fanout import gather
+        from .render.per_rank import write_job_evals
+
+        job, chosen = invocation.job(ranks)
+        gathered = gather(
+            chosen,
+            lambda rank: evaluate(invocation.rank_target(rank), source, frame, timeout, force),
+            invocation.attach_timeout + timeout + EVAL_REPLY_GRACE_S + 1.0,
+        )
+        write_job_evals(job, gathered)
+        return gathered.exit_code()
     write_eval_result(evaluate(invocation.target(), source, frame, timeout, force))
     return ExitCode.OK

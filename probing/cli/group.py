@@ -125,15 +125,17 @@ def backtrace(
     children: bool,
     attach_children: bool,
     timeout: float,
+    ranks: Optional[str],
 ) -> int:
     """Stack of every Python thread, main thread first, read like a traceback.
 
     When the agent cannot answer in time (a thread holds the GIL, the process cannot be
-    attached), the stacks are read from outside with py-spy, and probing says why.
+    attached), the stacks are read from outside with py-spy, and probing says why. With
+    --ranks, every rank of the job; a stack the same on several ranks is shown once.
     """
     return show_backtrace(
         invocation, locals=locals, thread=thread, format=format, timeout=timeout, native=native,
-        children=children, attach_children=attach_children,
+        children=children, attach_children=attach_children, ranks=ranks,
     )  # fmt: skip
 
 

@@ -11,7 +11,9 @@ from .render import log_to_stderr
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import List, Optional, Tuple
+
+    from ..engine.job import Job, Rank
 
 
 class Invocation:
@@ -29,6 +31,24 @@ class Invocation:
         """The engine's view of the target; a malformed TARGET is a UsageError."""
         log = log_to_stderr if self.verbose else None
         return Target(self.target_text, log, self.no_attach, self.attach_timeout)
+
+    def job(self, ranks: str) -> Tuple[Job, List[Rank]]:
+        """--ranks: the job the target belongs to, and the ranks chosen of it."""
+        from ..client.discovery import require_process
+        from ..engine.job import choose, find_job
+
+        pid = self.target().require_pid("--ranks")
+        require_process(pid)
+        job = find_job(pid)
+        return job, choose(job, ranks)
+
+    def rank_target(self, rank: Rank) -> Target:
+        """One rank of the job, with the global options; -v lines name the rank."""
+
+        def log(message: str) -> None:
+            log_to_stderr(f"rank {rank.rank}: {message}")
+
+        return Target(str(rank.pid), log if self.verbose else None, self.no_attach, self.attach_timeout)
 
 
 def read_argument(value: str, what: str) -> str:

@@ -11,7 +11,7 @@ from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.memory import write_memory_answer
-from .spec import TEXT_OR_JSON, scan_budget, timeout
+from .spec import RANKS, TEXT_OR_JSON, scan_budget, timeout
 
 
 @click.command(name="memory")
@@ -29,11 +29,11 @@ from .spec import TEXT_OR_JSON, scan_budget, timeout
     help="Sample process.memory every S seconds from now on (0: stop sampling).",
 )  # fmt: skip
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Rows per list.")
-@apply(scan_budget("Seconds each walk over the live objects may take."), TEXT_OR_JSON, timeout(10.0))
+@apply(scan_budget("Seconds each walk over the live objects may take."), TEXT_OR_JSON, timeout(10.0), RANKS)
 @pass_invocation
 def memory_command(
     invocation: Invocation, growth: Optional[float], cuda_snapshot: Optional[str], interval: Optional[float],
-    top: int, scan_budget: float, format: str, timeout: float,
+    top: int, scan_budget: float, format: str, timeout: float, ranks: Optional[str],
 ) -> int:  # fmt: skip
     """Where the process's memory is: RSS/USS, Python objects by type, torch's CPU and CUDA memory,
     growth since the agent started.
@@ -51,6 +51,25 @@ def memory_command(
         raise click.UsageError("--interval is 0 (stop sampling) or at least 0.1 s")
     if format == "json" and cuda_snapshot is not None:
         raise click.UsageError("--cuda-snapshot writes a file; --format json does not apply")
+    if ranks is not None:
+        if cuda_snapshot is not None:
+            raise click.UsageError(
+                "--cuda-snapshot writes one rank's snapshot: give that rank's PID, not --ranks"
+            )
+        from ..engine.fanout import gather
+        from .render.per_rank import write_job_memory
+
+        job, members = invocation.job(ranks)
+        window = (growth or 0.0) + 2 * scan_budget
+        gathered = gather(
+            members,
+            lambda rank: memory(
+                invocation.rank_target(rank), growth, False, interval, top, timeout, scan_budget
+            ),
+            invocation.attach_timeout + timeout + window + 1.0,
+        )
+        write_job_memory(job, gathered, format)
+        return gathered.exit_code()
     target = invocation.target()
     answer = memory(target, growth, cuda_snapshot is not None, interval, top, timeout, scan_budget)
     write_memory_answer(answer, format, cuda_snapshot)

@@ -59,6 +59,13 @@ def scan_budget(help: str) -> Option:
     return Option("--scan-budget", help, default=1.0, value_type=float, metavar="S")
 
 
+RANKS = Option(
+    "--ranks",
+    "every rank of the distributed job TARGET belongs to (all), or some (0,2-3); TARGET may be any "
+    "rank or the torchrun process",
+    metavar="all|LIST",
+)
+
 BACKTRACE_OPTIONS = (
     Option("--locals", "show each frame's local variables (bounded reprs)", flag=True, default=False),
     Option("--thread", "only the thread with this name, Python ident or native id", metavar="NAME|ID"),
@@ -88,6 +95,7 @@ BACKTRACE_OPTIONS = (
         default=False,
     ),
     timeout(3.0, "seconds to wait for the agent's answer; then the stacks are read from outside (py-spy)"),
+    RANKS,
 )
 
 GLOBAL_OPTIONS = (
@@ -109,10 +117,3 @@ GLOBAL_OPTIONS = (
     ),
 )
 TARGET_OPTIONS = ("-t", "--target")
-
-RANKS = Option(
-    "--ranks",
-    "every rank of the distributed job TARGET belongs to (all), or some (0,2-3); TARGET may be any "
-    "rank or the torchrun process",
-    metavar="all|LIST",
-)

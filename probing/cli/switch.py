@@ -12,12 +12,31 @@ from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.reports import write_switch
-from .spec import TEXT_OR_JSON, timeout
+from .spec import RANKS, TEXT_OR_JSON, timeout
 
 ACTION = click.Choice(("on", "off", "status"))
 
 
-def _switch(invocation: Invocation, feature: str, params: Dict[str, Any], format: str, timeout: float) -> int:
+def _switch(
+    invocation: Invocation,
+    feature: str,
+    params: Dict[str, Any],
+    format: str,
+    timeout: float,
+    ranks: Optional[str],
+) -> int:
+    if ranks is not None:
+        from ..engine.fanout import gather
+        from .render.per_rank import write_job_switches
+
+        job, chosen = invocation.job(ranks)
+        gathered = gather(
+            chosen,
+            lambda rank: switch(invocation.rank_target(rank), feature, params, timeout),
+            invocation.attach_timeout + timeout + 1.0,
+        )
+        write_job_switches(job, feature, params["action"], gathered, format)
+        return gathered.exit_code()
     result = switch(invocation.target(), feature, params, timeout)
     write_switch(feature, params["action"], result, format)
     return ExitCode.OK
@@ -43,11 +62,11 @@ def _switch(invocation: Invocation, feature: str, params: Dict[str, Any], format
     "--capacity", type=click.IntRange(min=1000), metavar="ROWS",
     help="Rows python.torch_trace keeps, newest first out last.  [default: 1000000]",
 )  # fmt: skip
-@apply(TEXT_OR_JSON, timeout(10.0))
+@apply(TEXT_OR_JSON, timeout(10.0), RANKS)
 @pass_invocation
 def trace(
     invocation: Invocation, action: str, every: Optional[int], backward: bool, patterns: Sequence[str],
-    depth: Optional[int], capacity: Optional[int], format: str, timeout: float,
+    depth: Optional[int], capacity: Optional[int], format: str, timeout: float, ranks: Optional[str],
 ) -> int:  # fmt: skip
     """Time the job's modules and optimizer steps into python.torch_trace: on, off or status.
 
@@ -64,7 +83,7 @@ def trace(
         raise click.UsageError(f"{', '.join(given)} only go with 'trace on'")
     params = {"action": action, "every": every, "backward": backward, "modules": list(patterns) or None,
               "depth": depth, "capacity": capacity}  # fmt: skip
-    return _switch(invocation, "trace", params, format, timeout)
+    return _switch(invocation, "trace", params, format, timeout, ranks)
 
 
 @click.command()
@@ -74,13 +93,15 @@ def trace(
     help="Raise NonFiniteError in the training thread at the first NaN/Inf, so the job's own error "
     "handling and checkpointing run.",
 )  # fmt: skip
-@apply(TEXT_OR_JSON, timeout(10.0))
+@apply(TEXT_OR_JSON, timeout(10.0), RANKS)
 @pass_invocation
-def nan(invocation: Invocation, action: str, stop: bool, format: str, timeout: float) -> int:
+def nan(
+    invocation: Invocation, action: str, stop: bool, format: str, timeout: float, ranks: Optional[str]
+) -> int:
     """Check module outputs and gradients for NaN/Inf into python.nan_events: on, off or status.
 
     Each step, the first module whose output (or input gradient) holds NaN or Inf is recorded.
     """
     if stop and action != "on":
         raise click.UsageError("--stop only goes with 'nan on'")
-    return _switch(invocation, "nan", {"action": action, "stop": stop}, format, timeout)
+    return _switch(invocation, "nan", {"action": action, "stop": stop}, format, timeout, ranks)

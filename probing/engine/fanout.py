@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable, Dict, Generic, List, NamedTuple, Optional, Tuple, TypeVar
 
-from ..errors import AgentTimeout, ExitCode, ProbingError
+from ..errors import AgentTimeout, ExitCode, ProbingError, ProcessNotFound
 from .job import Rank
 
 Answer = TypeVar("Answer")
@@ -69,6 +69,13 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Answer], deadline_s: float)
 
     for rank in ranks:
         outcome = outcomes[rank.rank] = _Outcome()
+        if rank.pid == 0:
+            outcome.error = ProcessNotFound(
+                f"rank {rank.rank} (local rank {rank.local_rank}) is not running: no process of the job "
+                "has it on this machine (it exited or was killed)"
+            )
+            outcome.done.set()
+            continue
         thread = threading.Thread(target=run, args=(rank, outcome), name=f"probing-rank-{rank.rank}")
         thread.daemon = True
         thread.start()

@@ -20,7 +20,8 @@ from ..errors import ProbingError, UsageError
 from ..procfs import environ_values, parent_pid, process_alive
 
 VARIABLES = (
-    "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT",
 )  # fmt: skip
 NOT_A_JOB_HINT = (
     "--ranks works on a rank of a distributed job (torchrun sets RANK and WORLD_SIZE in each "
@@ -36,7 +37,7 @@ class Rank(NamedTuple):
     rank: int  # global rank
     local_rank: int  # rank on its node
     node: int  # torchrun's GROUP_RANK: which node of the job
-    pid: int
+    pid: int  # 0: a rank of this node whose process is gone (`Job.absent`)
 
 
 class Job(NamedTuple):
@@ -45,6 +46,8 @@ class Job(NamedTuple):
     master: Optional[str]  # MASTER_ADDR:MASTER_PORT, the job's rendezvous
     world_size: int
     ranks: List[Rank]  # the ranks found on this machine, by rank
+    # Ranks this machine should have (LOCAL_WORLD_SIZE of them) whose process is gone, pid 0.
+    absent: List[Rank] = []
 
     def name(self) -> str:
         """How a person reads which job this is."""
@@ -66,6 +69,7 @@ class _Found(NamedTuple):
     key: JobKey
     rank: Rank
     world_size: int
+    local_world_size: Optional[int]
 
 
 def _integer(value: Optional[str]) -> Optional[int]:
@@ -91,7 +95,8 @@ def _rank_of(pid: int) -> Optional[_Found]:
     master = f"{address}:{port}" if address and port else None
     key = (parent_pid(pid), variables.get("TORCHELASTIC_RUN_ID"), master)
     local = local_rank if local_rank is not None else rank
-    return _Found(key, Rank(rank, local, node if node is not None else 0, pid), world_size)
+    local_world_size = _integer(variables.get("LOCAL_WORLD_SIZE"))
+    return _Found(key, Rank(rank, local, node if node is not None else 0, pid), world_size, local_world_size)
 
 
 def _topmost(pid: int, found: _Found) -> Tuple[int, _Found]:
@@ -128,7 +133,22 @@ def _job(key: JobKey, ranks: List[_Found]) -> Job:
     for each in sorted(ranks, key=lambda each: each.rank.pid):
         by_rank.setdefault(each.rank.rank, each.rank)  # a restarted rank's older process left over
     world_size = max(each.world_size for each in ranks)
-    return Job(key[1], key[0], key[2], world_size, sorted(by_rank.values()))
+    present = sorted(by_rank.values())
+    return Job(key[1], key[0], key[2], world_size, present, _absent(ranks, present))
+
+
+def _absent(found: List[_Found], present: List[Rank]) -> List[Rank]:
+    """Local ranks of this node that no live process has. Their global rank is the one torchrun
+    gives on nodes of equal size (node * LOCAL_WORLD_SIZE + local rank)."""
+    sizes = {each.local_world_size for each in found}
+    if len(sizes) != 1 or None in sizes:
+        return []
+    size = sizes.pop() or 0
+    node = present[0].node
+    here = {rank.local_rank for rank in present}
+    return [
+        Rank(node * size + local, local, node, 0) for local in range(min(size, 4096)) if local not in here
+    ]
 
 
 def find_job(pid: int) -> Job:
@@ -183,11 +203,12 @@ def parse_ranks(text: str) -> Optional[Set[int]]:
 
 
 def choose(job: Job, text: str) -> List[Rank]:
-    """The ranks of `job` that --ranks names; a rank the job has not here is a usage error."""
+    """The ranks of `job` that --ranks names; a rank the job has not here is a usage error. A
+    rank whose process is gone is chosen too (pid 0): the answer says it is missing."""
     wanted = parse_ranks(text)
     if wanted is None:
-        return list(job.ranks)
-    here = {rank.rank: rank for rank in job.ranks}
+        return sorted(job.ranks + job.absent)
+    here = {rank.rank: rank for rank in job.ranks + job.absent}
     absent = sorted(wanted - set(here))
     if absent:
         listed = ", ".join(str(rank) for rank in sorted(here)) or "none"

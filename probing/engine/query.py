@@ -4,17 +4,22 @@ into a DuckDB session in this process (DESIGN.md says why SQL runs here)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
-from ..schema.tables import AGENT_TABLES, BACKTRACE
-from ..sql.session import SqlSession
+from ..protocol import DecodedTable
+from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
+from ..sql.session import SqlSession, referenced_tables
 from .backtrace import ask, from_outside
+from .fanout import Missing, gather
+from .job import Rank
 from .process_tables import LOCAL_TABLES, local_rows, local_tables_described
 from .target import Fallback, Target
 
 # Beyond --step-wait, what a torch table may take to install its step hook on first use.
 STEP_HOOK_INSTALL_S = 1.0
+# What reading a rank's stacks from outside (py-spy) may take, when its agent cannot answer.
+OUTSIDE_LOOK_S = 3.0
 
 
 class LoadedTables(NamedTuple):
@@ -25,27 +30,45 @@ class LoadedTables(NamedTuple):
     notes: List[str]
 
 
-def static_session() -> SqlSession:
+class Fetched(NamedTuple):
+    """The tables a query names, as read from one target, not yet in any session: `described`
+    is the agent's own list of tables (None when it could not be asked), `tables` what it sent,
+    `rows` plain rows read on this side (from outside, process.stats)."""
+
+    described: Optional[List[Dict[str, Any]]]
+    tables: List[DecodedTable]
+    rows: List[Tuple[Table, List[Any]]]
+    pid: Optional[int]
+    notes: List[str]
+
+
+def static_session(added: Sequence[Column] = ()) -> SqlSession:
     """A session with the tables this CLI knows (the agent's own list may differ by version)."""
-    return SqlSession([table.describe() for table in AGENT_TABLES.values()] + local_tables_described())
+    return SqlSession([table.describe() for table in AGENT_TABLES.values()] + local_tables_described(), added)
 
 
-def load_tables(
+def _known_names() -> List[str]:
+    return list(AGENT_TABLES) + list(LOCAL_TABLES)
+
+
+def fetch_tables(
     target: Target, sql: str, timeout: float, scan_budget: float = 1.0, step_wait: float = 1.0
-) -> LoadedTables:
-    """Fetch the tables `sql` names into a new session; run the query with `.session.run(sql)`."""
-    session = static_session()
-    wanted = session.referenced_tables(sql)
+) -> Fetched:
+    """Read the tables `sql` names from the target (no DuckDB here: many ranks fetch at once)."""
+    wanted = referenced_tables(_known_names(), sql)
     local = [name for name in wanted if name in LOCAL_TABLES]
     pid = target.pid
     notes: List[str] = []
+    described: Optional[List[Dict[str, Any]]] = None
+    tables: List[DecodedTable] = []
+    rows: List[Tuple[Table, List[Any]]] = []
     if target.pid is None or not wanted or len(local) < len(wanted):
         try:
             with target.connect(timeout, attach_budget=timeout, give_up_early=True) as client:
-                described, _ = ask(client, "tables", {}, timeout, target)
-                session = SqlSession(described["tables"] + local_tables_described())
+                answer, _ = ask(client, "tables", {}, timeout, target)
+                described = list(answer["tables"])
                 pid = pid or client.info.get("pid")  # ours: the agent's may be a container's
-                for name in session.referenced_tables(sql):
+                for name in referenced_tables([table["name"] for table in described], sql):
                     if name in LOCAL_TABLES:
                         continue
                     target.log(f"fetching {name}")
@@ -53,22 +76,47 @@ def load_tables(
                     wait = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
                     table = client.fetch_table(name, params, wait)
                     notes.extend(table.notes)
-                    session.load(table)
+                    tables.append(table)
         except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
-            session = _outside_session(target, sql, error.message, isinstance(error, AgentUnreachable), notes)
+            fell_back: Optional[Tuple[str, bool]] = (error.message, isinstance(error, AgentUnreachable))
         except Fallback as fallback:
-            session = _outside_session(target, sql, fallback.why, fallback.unreachable, notes)
+            fell_back = (fallback.why, fallback.unreachable)
+        else:
+            fell_back = None
+        if fell_back is not None:
+            described, tables = None, []
+            rows.append(_from_outside(target, wanted, fell_back[0], fell_back[1], notes))
     for name in local:
         target.log(f"reading {name} with psutil")
-        session.load_rows(LOCAL_TABLES[name], local_rows(name, pid or 0))
-    return LoadedTables(session, pid, notes)
+        rows.append((LOCAL_TABLES[name], local_rows(name, pid or 0)))
+    return Fetched(described, tables, rows, pid, notes)
 
 
-def _outside_session(target: Target, sql: str, why: str, unreachable: bool, notes: List[str]) -> SqlSession:
-    """A session over python.backtrace read from outside; other tables cannot be, and the
-    error says why the agent did not give them: it went away (exit 1) or stayed silent (7)."""
-    session = static_session()
-    wanted = session.referenced_tables(sql)
+def fill(session: SqlSession, fetched: Fetched, constants: Optional[Dict[str, Any]] = None) -> None:
+    for table in fetched.tables:
+        session.load(table, constants)
+    for schema, rows in fetched.rows:
+        session.load_rows(schema, rows, constants)
+
+
+def load_tables(
+    target: Target, sql: str, timeout: float, scan_budget: float = 1.0, step_wait: float = 1.0
+) -> LoadedTables:
+    """Fetch the tables `sql` names into a new session; run the query with `.session.run(sql)`."""
+    fetched = fetch_tables(target, sql, timeout, scan_budget, step_wait)
+    if fetched.described is not None:
+        session = SqlSession(fetched.described + local_tables_described())
+    else:
+        session = static_session()
+    fill(session, fetched)
+    return LoadedTables(session, fetched.pid, fetched.notes)
+
+
+def _from_outside(
+    target: Target, wanted: List[str], why: str, unreachable: bool, notes: List[str]
+) -> Tuple[Table, List[Any]]:
+    """python.backtrace read from outside; other tables cannot be, and the error says why the
+    agent did not give them: it went away (exit 1) or stayed silent (7)."""
     if (
         target.pid is None
         or BACKTRACE.name not in wanted
@@ -81,12 +129,48 @@ def _outside_session(target: Target, sql: str, why: str, unreachable: bool, note
     stacks = from_outside(target, False, None, why)
     names = BACKTRACE.column_names()
     rows: List[Any] = [tuple(row[name] for name in names) for row in stacks.rows]
-    session.load_rows(BACKTRACE, rows)
     notes.append(f"{why}; python.backtrace read from outside the process (py-spy)")
-    return session
+    return BACKTRACE, rows
 
 
 def describe_tables(target: Target, timeout: float) -> List[Dict[str, Any]]:
     """Every table of the target (the agent's, then this side's) with its documented columns."""
     with target.connect(timeout) as client:
         return client.describe_tables() + local_tables_described()
+
+
+class JobTables(NamedTuple):
+    """One session over the tables of many ranks, each row with its rank's `rank`,
+    `local_rank` and `node`; the ranks that could not give theirs, and notes by rank."""
+
+    session: SqlSession
+    missing: List[Missing]
+    notes: List[str]
+
+
+def load_job_tables(
+    ranks: List[Rank],
+    target_of: Callable[[Rank], Target],
+    sql: str,
+    timeout: float,
+    attach_timeout: float,
+    scan_budget: float = 1.0,
+    step_wait: float = 1.0,
+) -> JobTables:
+    """The tables `sql` names, fetched from every rank at once and loaded into one session."""
+    per_table = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
+    tables = max(1, len(referenced_tables(_known_names(), sql)))
+    deadline = attach_timeout + timeout + per_table * tables + OUTSIDE_LOOK_S
+    gathered = gather(
+        ranks, lambda rank: fetch_tables(target_of(rank), sql, timeout, scan_budget, step_wait), deadline
+    )
+    described = next((fetched.described for _, fetched in gathered.answers if fetched.described), None)
+    if described is not None:
+        session = SqlSession(described + local_tables_described(), RANK_COLUMNS)
+    else:
+        session = static_session(RANK_COLUMNS)
+    notes: List[str] = []
+    for rank, fetched in sorted(gathered.answers, key=lambda pair: pair[0].rank):
+        fill(session, fetched, {"rank": rank.rank, "local_rank": rank.local_rank, "node": rank.node})
+        notes.extend(f"rank {rank.rank}: {note}" for note in fetched.notes)
+    return JobTables(session, gathered.missing, notes)

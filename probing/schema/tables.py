@@ -35,6 +35,15 @@ class Table(NamedTuple):
         }
 
 
+# What every table gains when the rows of many ranks go into one (--ranks): which process of the
+# job each row came from, from torchrun's environment of that process.
+RANK_COLUMNS = [
+    Column("rank", "INTEGER", "global rank of the process the row came from (--ranks)"),
+    Column("local_rank", "INTEGER", "rank of that process on its node (--ranks)"),
+    Column("node", "INTEGER", "node of that process: torchrun's GROUP_RANK (--ranks)"),
+]
+
+
 BACKTRACE = Table(
     "python.backtrace",
     "One row per frame of every Python thread of the process, read at the time of the query.",

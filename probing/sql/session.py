@@ -13,11 +13,11 @@ The registered columns show in information_schema under the `temp` catalog, as _
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import BadSQL
 from ..protocol import DecodedColumn, DecodedTable
-from ..schema.tables import Table
+from ..schema.tables import Column, Table
 
 _STAGING = "__probing_part"
 
@@ -78,12 +78,38 @@ def _numpy_column(column: DecodedColumn) -> Any:
     return numpy.frombuffer(data, dtype=dtypes[column.encoding])
 
 
+def referenced_tables(names: Sequence[str], sql: str) -> List[str]:
+    """Those of `names` whose name appears in the query (one too many is cheap, one too few wrong)."""
+    found = []
+    for name in names:
+        short = name.split(".")[-1]
+        if re.search(rf"(?<![\w$]){re.escape(short)}(?![\w$])", sql, re.IGNORECASE):
+            found.append(name)
+    return found
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 class SqlSession:
-    def __init__(self, tables: List[Dict[str, Any]]) -> None:
+    """DuckDB over fetched tables. `added`: columns every table gains (name, type), whose value
+    each load gives as a constant: `rank`, `local_rank` and `node` when the rows of many ranks
+    go into one table. A table that has such a column already takes the given value too."""
+
+    def __init__(self, tables: List[Dict[str, Any]], added: Sequence[Column] = ()) -> None:
         import duckdb
 
         self._duckdb = duckdb
         self.connection = duckdb.connect(":memory:")
+        self.added = [(column.name, column.type) for column in added]
+        tables = [with_columns(table, added) for table in tables]
         self.tables = {table["name"]: table for table in tables}
         schemas = sorted({name.split(".")[0] for name in self.tables})
         for schema in schemas:
@@ -99,15 +125,11 @@ class SqlSession:
 
     def referenced_tables(self, sql: str) -> List[str]:
         """Tables whose name appears in the query (one too many is cheap, one too few wrong)."""
-        found = []
-        for name in self.tables:
-            short = name.split(".")[-1]
-            if re.search(rf"(?<![\w$]){re.escape(short)}(?![\w$])", sql, re.IGNORECASE):
-                found.append(name)
-        return found
+        return referenced_tables(list(self.tables), sql)
 
-    def load(self, table: DecodedTable) -> None:
-        """Make the rows of a fetched table what its name shows (a second load adds rows)."""
+    def load(self, table: DecodedTable, constants: Optional[Dict[str, Any]] = None) -> None:
+        """Make the rows of a fetched table what its name shows (a second load adds rows);
+        `constants` give the added columns' values for these rows."""
         if table.rows == 0:
             return
         import numpy
@@ -137,10 +159,30 @@ class SqlSession:
             expressions.append(
                 f"{_column_expression(column, data, valid, words, nan)} AS {_quote(column.name)}"
             )
+        if self.added:
+            names = [column.name for column in table.columns]
+            expressions = self._with_constants(names, expressions, constants or {})
         self.connection.register(part, staged)
         self._add_part(table.name, f"SELECT {', '.join(expressions)} FROM {part}")
 
-    def load_rows(self, table: Table, rows: Sequence[Sequence[Any]]) -> None:
+    def _with_constants(
+        self, names: List[str], expressions: List[str], constants: Dict[str, Any]
+    ) -> List[str]:
+        """The SELECT list of a part with the added columns: a column the table has takes the
+        constant in its place, the others come after the table's own, in the session's order."""
+        kinds = dict(self.added)
+        chosen = list(expressions)
+        for index, name in enumerate(names):
+            if name in kinds:
+                chosen[index] = f"CAST({_literal(constants.get(name))} AS {kinds[name]}) AS {_quote(name)}"
+        for name, kind in self.added:
+            if name not in names:
+                chosen.append(f"CAST({_literal(constants.get(name))} AS {kind}) AS {_quote(name)}")
+        return chosen
+
+    def load_rows(
+        self, table: Table, rows: Sequence[Sequence[Any]], constants: Optional[Dict[str, Any]] = None
+    ) -> None:
         """Add plain rows (tuples in the order of `table`'s columns) to what its name shows:
         for tables this process builds itself (process.stats, stacks read from outside),
         which never pass through the wire format. TIMESTAMP values are seconds since the epoch,
@@ -153,7 +195,11 @@ class SqlSession:
         self.connection.execute(f"CREATE TEMP TABLE {part} ({columns})")
         values = ", ".join(_plain_value(column.type) for column in table.columns)
         self.connection.executemany(f"INSERT INTO {part} VALUES ({values})", [list(row) for row in rows])
-        self._add_part(table.name, f"SELECT * FROM {part}")
+        select = "*"
+        if self.added:
+            names = table.column_names()
+            select = ", ".join(self._with_constants(names, [_quote(name) for name in names], constants or {}))
+        self._add_part(table.name, f"SELECT {select} FROM {part}")
 
     def _add_part(self, name: str, select: str) -> None:
         selects = self.parts.setdefault(name, [])
@@ -173,6 +219,13 @@ class SqlSession:
         except self._duckdb.Error as error:
             raise sql_error(error) from None
         return QueryResult([d[0] for d in description], [str(d[1]) for d in description], rows)
+
+
+def with_columns(table: Dict[str, Any], added: Sequence[Column]) -> Dict[str, Any]:
+    """A table's description with the `added` columns it lacks appended."""
+    have = {column["name"] for column in table["columns"]}
+    extra = [column._asdict() for column in added if column.name not in have]
+    return dict(table, columns=list(table["columns"]) + extra) if extra else table
 
 
 def sql_error(error: Exception) -> BadSQL:

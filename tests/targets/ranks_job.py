@@ -4,6 +4,8 @@
     --scenario stall      rank --rank-at stalls in load_shard() before the all_reduce of step --step
     --scenario gil        rank --rank-at holds the GIL in a C call (libc sleep) at that step
     --scenario mismatch   rank --rank-at calls a broadcast where the others all_reduce at that step
+    --scenario idle       after one all_reduce, every rank sleeps in a loop outside any collective
+                          (so that one rank can die without the others failing in gloo)
 
 Every rank prints `ready <rank> <pid>` once the state under test exists, or is about to: for
 stall/gil/mismatch, just before the step where it goes wrong (the stuck rank just before it
@@ -22,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--scenario", choices=("healthy", "stall", "gil", "mismatch"), default="healthy")
+parser.add_argument("--scenario", choices=("healthy", "stall", "gil", "mismatch", "idle"), default="healthy")
 parser.add_argument("--rank-at", type=int, default=2)
 parser.add_argument("--step", type=int, default=5)
 options = parser.parse_args()
@@ -62,6 +64,10 @@ def train() -> None:
                     dist.broadcast(weights, 0)
                     continue
         dist.all_reduce(weights)
+        if options.scenario == "idle":
+            say(f"ready {rank} {os.getpid()}")
+            while True:
+                time.sleep(0.05)
         if options.scenario == "healthy":
             if step == 0:
                 say(f"ready {rank} {os.getpid()}")

@@ -208,15 +208,18 @@ def write_cuda_snapshot(result: Dict[str, Any], path: str, out: IO[str]) -> None
     )
 
 
-def write_memory_answer(answer: Any, format: str, snapshot_path: Optional[str]) -> None:
-    """`probing PID memory` in all its forms; then the agent's notes (what it cut short)."""
+def write_memory_answer(
+    answer: Any, format: str, snapshot_path: Optional[str], to: Optional[IO[str]] = None
+) -> None:
+    """`probing PID memory` in all its forms; then the agent's notes (what it cut short).
+    `to`: where the text goes (one rank's part of many), instead of stdout."""
     result = answer.result
     if snapshot_path is not None:
         with open(snapshot_path, "wb") as handle:
             handle.write(answer.snapshot)
         write_cuda_snapshot(result, snapshot_path, sys.stdout)
         return
-    out = inert_stream(sys.stdout)
+    out = inert_stream(to or sys.stdout)
     if format == "json":
         write_json(result)
     elif answer.action == "growth":

@@ -140,14 +140,23 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def write_switch(feature: str, action: str, result: Dict[str, Any], format: str) -> None:
-    """What `trace` and `nan` did, and where things stand now."""
+def switch_fields(result: Dict[str, Any]) -> Dict[str, Any]:
+    """`trace` / `nan` --format json: the status with the PID and the hook counts."""
+    return dict(result["status"], pid=result["pid"], hooks_before=result["hooks_before"],
+                hooks_after=result["hooks_after"])  # fmt: skip
+
+
+def write_switch(
+    feature: str, action: str, result: Dict[str, Any], format: str, out: Optional[IO[str]] = None
+) -> None:
+    """What `trace` and `nan` did, and where things stand now. `out` given (one rank of many):
+    the text without the PID, which heads it there."""
     pid = result["pid"]
     if format == "json":
-        write_json(dict(result["status"], pid=pid, hooks_before=result["hooks_before"],
-                        hooks_after=result["hooks_after"]), indent=None)  # fmt: skip
+        write_json(switch_fields(result), indent=None)
         return
-    out = sys.stdout
+    who = "" if out is not None else f"PID {pid}: "
+    out = out or sys.stdout
     status = result["status"]
     added = result["hooks_after"] - result["hooks_before"]
     models = ", ".join(status["models"]) or "none found yet"
@@ -176,17 +185,17 @@ def write_switch(feature: str, action: str, result: Dict[str, Any], format: str)
     if status["stopped_at_step"] is not None:
         nan += f" (stopped the job at step {status['stopped_at_step']})"
     if action == "on":
-        out.write(f"PID {pid}: {feature} on; {_plural(added, 'hook')} added\n")
+        out.write(f"{who}{feature} on; {_plural(added, 'hook')} added\n")
     elif action == "off":
         removed = -added
         kept = result["hooks_after"]
-        out.write(f"PID {pid}: {feature} off; {_plural(removed, 'hook')} removed")
+        out.write(f"{who}{feature} off; {_plural(removed, 'hook')} removed")
         out.write(
             f", {_plural(kept, 'hook')} kept for {'nan' if feature == 'trace' else 'trace'}\n"
             if kept
             else "\n"
         )
-    else:
+    elif who:
         out.write(f"PID {pid}:\n")
     out.write(f"  tracing:    {tracing}\n")
     out.write(f"  nan checks: {nan}\n")

@@ -1,0 +1,231 @@
+"""What many ranks answered (`--ranks`), for people and for scripts.
+
+For people, answers that are the same on several ranks are shown once, headed by those ranks
+("ranks 0,1,3"): in a stuck job of 64 ranks, 63 identical stacks and the one that differs is
+the whole story. Ranks that gave no answer are named on stderr with why, after the answers.
+
+For scripts, `--format json` is one object: {"job": {...}, "ranks": [...]}, one entry per
+rank with `rank`, `local_rank`, `node`, `pid` and either the command's own JSON fields or
+`error` and `exit_code`. Row formats gain `rank`, `local_rank` and `node` columns.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+
+from . import inert, inert_lines
+from .json_writer import write_json
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Callable, Dict, List, Sequence, Tuple
+
+    from ...engine.backtrace import Stacks
+    from ...engine.fanout import Gathered, Missing
+    from ...engine.job import Job, Rank
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """0,1,3 or 0-3: runs of three or more as ranges."""
+    ordered = sorted(set(ranks))
+    parts: List[str] = []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        if end - start >= 2:
+            parts.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            parts.extend(str(rank) for rank in ordered[start : end + 1])
+        start = end + 1
+    return ",".join(parts)
+
+
+def heading(ranks: Sequence[Rank]) -> str:
+    numbers = [rank.rank for rank in ranks]
+    pids = ", ".join(str(rank.pid) for rank in sorted(ranks))
+    word = "rank" if len(numbers) == 1 else "ranks"
+    return f"{word} {ranks_text(numbers)} (PID{'s' if len(ranks) > 1 else ''} {pids})"
+
+
+def rank_fields(rank: Rank) -> Dict[str, Any]:
+    return {"rank": rank.rank, "local_rank": rank.local_rank, "node": rank.node, "pid": rank.pid}
+
+
+def job_fields(job: Job) -> Dict[str, Any]:
+    return {"run_id": job.run_id, "launcher_pid": job.launcher, "rendezvous": job.master,
+            "world_size": job.world_size}  # fmt: skip
+
+
+def write_job_header(job: Job, gathered: Gathered[Any], out: IO[str]) -> None:
+    asked = len(gathered.answers) + len(gathered.missing)
+    out.write(f"Job: {inert(job.name())}; world size {job.world_size}, {asked} ranks asked here\n")
+
+
+def write_missing(missing: List[Missing], err: IO[str] = sys.stderr) -> None:
+    """Each rank that gave no answer, with why (an eval that raised: its traceback)."""
+    from ...errors import RemoteError
+
+    for each in missing:
+        error = each.error
+        err.write(f"probing: {heading([each.rank])}: {inert(error.message)}\n")
+        if isinstance(error, RemoteError) and error.traceback:
+            err.write(inert_lines(error.traceback, err))
+        elif error.hint:
+            err.write(f"  hint: {inert(error.hint)}\n")
+    err.flush()
+
+
+def write_json_answers(job: Job, gathered: Gathered[Any], fields: Callable[[Any], Dict[str, Any]]) -> None:
+    entries = [dict(rank_fields(rank), **fields(answer)) for rank, answer in gathered.answers]
+    for each in gathered.missing:
+        error = {"error": each.error.message, "exit_code": int(each.error.exit_code)}
+        entries.append(dict(rank_fields(each.rank), **error))
+    entries.sort(key=lambda entry: entry["rank"])
+    write_json({"job": job_fields(job), "ranks": entries})
+
+
+def write_folded(blocks: List[Tuple[List[Rank], str]], out: IO[str]) -> None:
+    """Text blocks each headed by the ranks it is true of."""
+    for index, (ranks, text) in enumerate(blocks):
+        out.write(f"{'' if index == 0 else chr(10)}── {heading(ranks)} ──\n")
+        out.write(text)
+
+
+def fold(answers: List[Tuple[Rank, str]]) -> List[Tuple[List[Rank], str]]:
+    """Ranks with the same text together, in the order of their first rank."""
+    blocks: Dict[str, List[Rank]] = {}
+    for rank, text in sorted(answers, key=lambda pair: pair[0].rank):
+        blocks.setdefault(text, []).append(rank)
+    return [(ranks, text) for text, ranks in blocks.items()]
+
+
+# --- backtrace --------------------------------------------------------------------------------
+
+
+def _thread_blocks(rank: Rank, stacks: Stacks) -> List[Tuple[Tuple[Any, ...], str]]:
+    """Each thread of one rank as (what makes it the same as another rank's, its text)."""
+    from .backtrace import write_backtrace_text
+
+    threads: Dict[Any, List[Dict[str, Any]]] = {}
+    for row in stacks.rows:
+        threads.setdefault(row["thread_id"], []).append(row)
+    blocks = []
+    for frames in threads.values():
+        buffer = io.StringIO()
+        write_backtrace_text(frames, stacks.info, buffer, stacks.pid, stacks.info.get("outside"))
+        # The first line names the process; the thread's own text follows a blank line.
+        text = buffer.getvalue().split("\n", 2)[2]
+        text = text.replace(f'Thread {inert(frames[0]["native_id"])} "', 'Thread "', 1)
+        key = (not frames[0]["is_main"], text)
+        blocks.append((key, text))
+    return blocks
+
+
+def write_job_stacks(job: Job, gathered: Gathered[Stacks], format: str) -> None:
+    """Every rank's threads; a thread whose stack (and state) is the same on several ranks is
+    shown once, headed by them. Main threads first."""
+    for rank, stacks in gathered.answers:
+        for message in stacks.notes:
+            sys.stderr.write(f"probing: rank {rank.rank} (PID {rank.pid}): {inert(message)}\n")
+    if format != "text":
+        from ...schema.tables import BACKTRACE, RANK_COLUMNS
+        from .rows import write_rows
+
+        names = BACKTRACE.column_names()
+        types = [column.type for column in BACKTRACE.columns + RANK_COLUMNS]
+        every = [
+            (*(row[name] for name in names), rank.rank, rank.local_rank, rank.node)
+            for rank, stacks in sorted(gathered.answers, key=lambda pair: pair[0].rank)
+            for row in stacks.rows
+        ]
+        write_rows([*names, *(column.name for column in RANK_COLUMNS)], types, every, format)
+        write_missing(gathered.missing)
+        return
+    out = sys.stdout
+    write_job_header(job, gathered, out)
+    by_key: Dict[Tuple[Any, ...], List[Rank]] = {}
+    texts: Dict[Tuple[Any, ...], str] = {}
+    for rank, stacks in sorted(gathered.answers, key=lambda pair: pair[0].rank):
+        for key, text in _thread_blocks(rank, stacks):
+            by_key.setdefault(key, []).append(rank)
+            texts[key] = text
+    order = sorted(by_key, key=lambda key: (key[0], min(rank.rank for rank in by_key[key])))
+    for key in order:
+        out.write(f"\n── {heading(by_key[key])} ──\n{texts[key]}")
+    out.flush()
+    write_missing(gathered.missing)
+
+
+# --- eval, trace / nan, tables -----------------------------------------------------------------
+
+
+def write_job_evals(job: Job, gathered: Gathered[Dict[str, Any]]) -> None:
+    """What the code printed and its value on each rank; ranks that printed the same shown once."""
+    out = sys.stdout
+    texts = []
+    for rank, result in gathered.answers:
+        text = result.get("stdout") or ""
+        if result.get("stderr"):
+            text += result["stderr"]
+        if result.get("value") is not None:
+            text += f"{result['value']}\n"
+        texts.append((rank, inert_lines(text, out)))
+    write_folded(fold(texts), out)
+    out.flush()
+    write_missing(gathered.missing)
+
+
+def write_job_switches(
+    job: Job, feature: str, action: str, gathered: Gathered[Dict[str, Any]], format: str
+) -> None:
+    """`trace` / `nan` on many ranks: what each did and where it stands, the same shown once."""
+    from .reports import switch_fields, write_switch
+
+    if format == "json":
+        write_json_answers(job, gathered, switch_fields)
+        write_missing(gathered.missing)
+        return
+    out = sys.stdout
+    texts = []
+    for rank, result in gathered.answers:
+        buffer = io.StringIO()
+        write_switch(feature, action, result, format, buffer)
+        texts.append((rank, inert_lines(buffer.getvalue(), out)))
+    write_folded(fold(texts), out)
+    out.flush()
+    write_missing(gathered.missing)
+
+
+def write_job_memory(job: Job, gathered: Gathered[Any], format: str) -> None:
+    """`memory` on many ranks: each rank's report under its heading."""
+    from .memory import write_memory_answer
+
+    if format == "json":
+        write_json_answers(job, gathered, lambda answer: dict(answer.result))
+        write_missing(gathered.missing)
+        return
+    texts = []
+    for rank, answer in gathered.answers:
+        buffer = io.StringIO()
+        write_memory_answer(answer, format, None, buffer)
+        texts.append((rank, buffer.getvalue()))
+    write_folded(fold(texts), sys.stdout)
+    sys.stdout.flush()
+    write_missing(gathered.missing)
+
+
+def write_job_tables(gathered: Gathered[List[Dict[str, Any]]], format: str) -> None:
+    """`tables` on many ranks: the tables of the first rank that answered (every rank of a job
+    runs the same code), each with the columns --ranks adds."""
+    from ...schema.tables import RANK_COLUMNS
+    from ...sql.session import with_columns
+    from .reports import write_tables
+
+    if gathered.answers:
+        first = min(gathered.answers, key=lambda pair: pair[0].rank)[1]
+        write_tables([with_columns(table, RANK_COLUMNS) for table in first], format)
+        sys.stdout.flush()
+    write_missing(gathered.missing)
