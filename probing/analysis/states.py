@@ -91,6 +91,9 @@ def _native_state(frames: List[Dict[str, Any]]) -> str:
     return next((meaning for names, meaning in _NATIVE if named in names), "in native code")
 
 
+_WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn", "decorated", "wrapped")
+
+
 def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
     state = None
     previous: Optional[Tuple[str, str]] = None
@@ -99,8 +102,10 @@ def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
         func = str(frame.get("func") or "")
         if not _in_library(path):
             break
-        if "torch/distributed/" in path:
-            state = f"in torch.distributed ({func})"
+        if "torch/distributed/" in path and func not in _WRAPPERS:
+            # The outermost call into torch.distributed that is not a decorator's: the API the
+            # job called (all_reduce, barrier), not the logging wrapper around it.
+            state = f"in torch.distributed.{func}"
         for part, funcs, meaning in _LIBRARY_CALLS:
             if part in path and (not funcs or func in funcs):
                 state = meaning

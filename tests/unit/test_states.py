@@ -99,7 +99,10 @@ def test_a_worker_inside_getitem_is_named_after_its_own_wait() -> None:
           ("run", f"{LIB}/threading.py", 982)], "waiting for items to send (multiprocessing queue feeder)"),
         ([("accept", f"{LIB}/socket.py", 294), USER], "waiting on socket I/O"),
         ([("barrier", "/venv/torch/distributed/distributed_c10d.py", 4100), USER],
-         "in torch.distributed (barrier)"),
+         "in torch.distributed.barrier"),
+        ([("all_reduce", "/venv/torch/distributed/distributed_c10d.py", 3252),
+          ("wrapper", "/venv/torch/distributed/c10d_logger.py", 83), USER],
+         "in torch.distributed.all_reduce"),
     ],
 )  # fmt: skip
 def test_waits_in_the_library_are_named_after_the_call_the_code_made(stack: Any, expected: str) -> None:
