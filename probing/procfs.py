@@ -125,6 +125,18 @@ def parent_pid(pid: Pid) -> Optional[int]:
     return _int(fields[1]) if len(fields) > 1 else None
 
 
+def parents() -> Dict[int, int]:
+    """The parent of every process this side can see: {pid: ppid}, from /proc/*/stat (the
+    kernel keeps no list of a process's children everywhere: CONFIG_PROC_CHILDREN)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            parent = parent_pid(name)
+            if parent is not None:
+                found[int(name)] = parent
+    return found
+
+
 def command_line(pid: Pid) -> List[str]:
     """argv of the process; [] when unreadable (or a kernel thread)."""
     data = _read_small_whole(f"/proc/{pid}/cmdline")

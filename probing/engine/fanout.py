@@ -11,25 +11,33 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, Generic, List, NamedTuple, Optional, Tuple, TypeVar
 
 from ..errors import AgentTimeout, ExitCode, ProbingError, ProcessNotFound
-from .job import Rank
 
-Answer = TypeVar("Answer")
+# No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    from .job import Rank
 
 
-class Missing(NamedTuple):
+class Missing:
     """A rank that gave no answer, and why."""
 
-    rank: Rank
-    error: ProbingError
+    __slots__ = ("rank", "error")
+
+    def __init__(self, rank: Rank, error: ProbingError) -> None:
+        self.rank = rank
+        self.error = error
 
 
-class Gathered(Generic[Answer]):
-    """What the ranks answered, by rank, and the ranks that did not."""
+class Gathered:
+    """What the ranks answered, (rank, answer) by rank, and the ranks that did not."""
 
-    def __init__(self, answers: List[Tuple[Rank, Answer]], missing: List[Missing]) -> None:
+    __slots__ = ("answers", "missing")
+
+    def __init__(self, answers: List[Tuple[Rank, Any]], missing: List[Missing]) -> None:
         self.answers = answers
         self.missing = missing
 
@@ -53,7 +61,7 @@ class _Outcome:
         self.done = threading.Event()
 
 
-def gather(ranks: List[Rank], work: Callable[[Rank], Answer], deadline_s: float) -> Gathered[Answer]:
+def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) -> Gathered:
     """`work(rank)` for every rank in parallel; what each answered by the deadline."""
     outcomes: Dict[int, _Outcome] = {}
 
@@ -80,7 +88,7 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Answer], deadline_s: float)
         thread.daemon = True
         thread.start()
     end = time.monotonic() + deadline_s
-    answers: List[Tuple[Rank, Answer]] = []
+    answers: List[Tuple[Rank, Any]] = []
     missing: List[Missing] = []
     for rank in ranks:
         outcome = outcomes[rank.rank]
@@ -92,5 +100,5 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Answer], deadline_s: float)
         elif outcome.error is not None:
             missing.append(Missing(rank, outcome.error))
         else:
-            answers.append((rank, outcome.answer))  # type: ignore[arg-type]
+            answers.append((rank, outcome.answer))
     return Gathered(answers, missing)

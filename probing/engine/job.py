@@ -14,10 +14,16 @@ inherits its rank's environment; it is taken for its rank.
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Set, Tuple
-
 from ..errors import ProbingError, UsageError
-from ..procfs import environ_values, parent_pid, process_alive
+from ..procfs import environ_values, parent_pid, parents, process_alive
+
+# No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Set, Tuple
+
+    # (parent PID, run id, rendezvous): what one job's ranks share.
+    JobKey = Tuple[Optional[int], Optional[str], Optional[str]]
 
 VARIABLES = (
     "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -33,21 +39,64 @@ class NotAJob(ProbingError):
     """The process is not part of a distributed job this machine can see."""
 
 
-class Rank(NamedTuple):
-    rank: int  # global rank
-    local_rank: int  # rank on its node
-    node: int  # torchrun's GROUP_RANK: which node of the job
-    pid: int  # 0: a rank of this node whose process is gone (`Job.absent`)
+class Rank:
+    """One process of the job: its global rank, its rank on its node, the node (torchrun's
+    GROUP_RANK) and its PID (0: a rank of this node whose process is gone, `Job.absent`).
+    Ordered by rank."""
+
+    __slots__ = ("rank", "local_rank", "node", "pid")
+
+    def __init__(self, rank: int, local_rank: int, node: int, pid: int) -> None:
+        self.rank = rank
+        self.local_rank = local_rank
+        self.node = node
+        self.pid = pid
+
+    def _key(self) -> Tuple[int, int, int, int]:
+        return (self.rank, self.local_rank, self.node, self.pid)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rank) and self._key() == other._key()
+
+    def __lt__(self, other: Rank) -> bool:
+        return self._key() < other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Rank(rank={self.rank}, local_rank={self.local_rank}, node={self.node}, pid={self.pid})"
 
 
-class Job(NamedTuple):
-    run_id: Optional[str]  # TORCHELASTIC_RUN_ID; None when not started by torchrun
-    launcher: Optional[int]  # the PID that started the ranks (torchrun's elastic agent)
-    master: Optional[str]  # MASTER_ADDR:MASTER_PORT, the job's rendezvous
-    world_size: int
-    ranks: List[Rank]  # the ranks found on this machine, by rank
-    # Ranks this machine should have (LOCAL_WORLD_SIZE of them) whose process is gone, pid 0.
-    absent: List[Rank] = []
+class Job:
+    """The ranks of one job found on this machine, and what names the job."""
+
+    __slots__ = ("run_id", "launcher", "master", "world_size", "ranks", "absent")
+
+    def __init__(
+        self,
+        run_id: Optional[str],
+        launcher: Optional[int],
+        master: Optional[str],
+        world_size: int,
+        ranks: List[Rank],
+        absent: Optional[List[Rank]] = None,
+    ) -> None:
+        self.run_id = run_id  # TORCHELASTIC_RUN_ID; None when not started by torchrun
+        self.launcher = launcher  # the PID that started the ranks (torchrun's elastic agent)
+        self.master = master  # MASTER_ADDR:MASTER_PORT, the job's rendezvous
+        self.world_size = world_size
+        self.ranks = ranks  # the ranks found on this machine, by rank
+        # Ranks this machine should have (LOCAL_WORLD_SIZE of them) whose process is gone, pid 0.
+        self.absent = absent or []
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and all(
+            getattr(self, name) == getattr(other, name) for name in self.__slots__
+        )
+
+    def __repr__(self) -> str:
+        return f"Job({self.name()}, world size {self.world_size}, ranks {self.ranks})"
 
     def name(self) -> str:
         """How a person reads which job this is."""
@@ -61,15 +110,16 @@ class Job(NamedTuple):
         return ", ".join(parts) or "distributed job"
 
 
-# (parent PID, run id, rendezvous): what one job's ranks share.
-JobKey = Tuple[Optional[int], Optional[str], Optional[str]]
+class _Found:
+    """A process found to be a rank: which job (its key) and which rank."""
 
+    __slots__ = ("key", "rank", "world_size", "local_world_size")
 
-class _Found(NamedTuple):
-    key: JobKey
-    rank: Rank
-    world_size: int
-    local_world_size: Optional[int]
+    def __init__(self, key: JobKey, rank: Rank, world_size: int, local_world_size: Optional[int]) -> None:
+        self.key = key
+        self.rank = rank
+        self.world_size = world_size
+        self.local_world_size = local_world_size
 
 
 def _integer(value: Optional[str]) -> Optional[int]:
@@ -111,12 +161,16 @@ def _topmost(pid: int, found: _Found) -> Tuple[int, _Found]:
 
 
 def _children(pid: int, recursive: bool) -> List[int]:
-    import psutil  # only for --ranks and `ranks`
-
-    try:
-        return [child.pid for child in psutil.Process(pid).children(recursive=recursive)]
-    except psutil.Error:
-        return []
+    """Children of `pid` (all its descendants when `recursive`), parents before children."""
+    by_parent: Dict[int, List[int]] = {}
+    for child, parent in parents().items():
+        by_parent.setdefault(parent, []).append(child)
+    found = sorted(by_parent.get(pid, []))
+    index = 0
+    while recursive and index < len(found):
+        found.extend(sorted(by_parent.get(found[index], [])))
+        index += 1
+    return found
 
 
 def _ranks_under(launcher: int, key: JobKey) -> List[_Found]:

@@ -15,7 +15,6 @@ import io
 import sys
 
 from . import inert, inert_lines
-from .json_writer import write_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ def job_fields(job: Job) -> Dict[str, Any]:
             "world_size": job.world_size}  # fmt: skip
 
 
-def write_job_header(job: Job, gathered: Gathered[Any], out: IO[str]) -> None:
+def write_job_header(job: Job, gathered: Gathered, out: IO[str]) -> None:
     asked = len(gathered.answers) + len(gathered.missing)
     out.write(f"Job: {inert(job.name())}; world size {job.world_size}, {asked} ranks asked here\n")
 
@@ -78,12 +77,14 @@ def write_missing(missing: List[Missing], err: IO[str] = sys.stderr) -> None:
     err.flush()
 
 
-def write_json_answers(job: Job, gathered: Gathered[Any], fields: Callable[[Any], Dict[str, Any]]) -> None:
+def write_json_answers(job: Job, gathered: Gathered, fields: Callable[[Any], Dict[str, Any]]) -> None:
     entries = [dict(rank_fields(rank), **fields(answer)) for rank, answer in gathered.answers]
     for each in gathered.missing:
         error = {"error": each.error.message, "exit_code": int(each.error.exit_code)}
         entries.append(dict(rank_fields(each.rank), **error))
     entries.sort(key=lambda entry: entry["rank"])
+    from .json_writer import write_json
+
     write_json({"job": job_fields(job), "ranks": entries})
 
 
@@ -124,7 +125,7 @@ def _thread_blocks(rank: Rank, stacks: Stacks) -> List[Tuple[Tuple[Any, ...], st
     return blocks
 
 
-def write_job_stacks(job: Job, gathered: Gathered[Stacks], format: str) -> None:
+def write_job_stacks(job: Job, gathered: Gathered, format: str) -> None:
     """Every rank's threads; a thread whose stack (and state) is the same on several ranks is
     shown once, headed by them. Main threads first."""
     for rank, stacks in gathered.answers:
@@ -162,7 +163,7 @@ def write_job_stacks(job: Job, gathered: Gathered[Stacks], format: str) -> None:
 # --- eval, trace / nan, tables -----------------------------------------------------------------
 
 
-def write_job_evals(job: Job, gathered: Gathered[Dict[str, Any]]) -> None:
+def write_job_evals(job: Job, gathered: Gathered) -> None:
     """What the code printed and its value on each rank; ranks that printed the same shown once."""
     out = sys.stdout
     texts = []
@@ -178,9 +179,7 @@ def write_job_evals(job: Job, gathered: Gathered[Dict[str, Any]]) -> None:
     write_missing(gathered.missing)
 
 
-def write_job_switches(
-    job: Job, feature: str, action: str, gathered: Gathered[Dict[str, Any]], format: str
-) -> None:
+def write_job_switches(job: Job, feature: str, action: str, gathered: Gathered, format: str) -> None:
     """`trace` / `nan` on many ranks: what each did and where it stands, the same shown once."""
     from .reports import switch_fields, write_switch
 
@@ -199,7 +198,7 @@ def write_job_switches(
     write_missing(gathered.missing)
 
 
-def write_job_memory(job: Job, gathered: Gathered[Any], format: str) -> None:
+def write_job_memory(job: Job, gathered: Gathered, format: str) -> None:
     """`memory` on many ranks: each rank's report under its heading."""
     from .memory import write_memory_answer
 
@@ -217,7 +216,7 @@ def write_job_memory(job: Job, gathered: Gathered[Any], format: str) -> None:
     write_missing(gathered.missing)
 
 
-def write_job_tables(gathered: Gathered[List[Dict[str, Any]]], format: str) -> None:
+def write_job_tables(gathered: Gathered, format: str) -> None:
     """`tables` on many ranks: the tables of the first rank that answered (every rank of a job
     runs the same code), each with the columns --ranks adds."""
     from ...schema.tables import RANK_COLUMNS
