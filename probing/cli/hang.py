@@ -12,7 +12,7 @@ from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.reports import write_hang
-from .spec import TEXT_OR_JSON, timeout
+from .spec import RANKS, TEXT_OR_JSON, timeout
 
 
 @click.command()
@@ -26,14 +26,35 @@ from .spec import TEXT_OR_JSON, timeout
 @apply(
     TEXT_OR_JSON,
     timeout(3.0, "Seconds to wait for each sample from the agent before reading from outside."),
+    RANKS,
 )
 @pass_invocation
-def hang(invocation: Invocation, duration: float, samples: int, format: str, timeout: float) -> int:
+def hang(
+    invocation: Invocation, duration: float, samples: int, format: str, timeout: float, ranks: Optional[str]
+) -> int:
     """Watch every thread for a while: what moved, what did not, what each is doing.
 
     Exits 11 when the main thread neither moved nor used the CPU (a DataLoader wait leads to
     the worker that holds the batch), 0 when it progressed.
+
+    With --ranks, every rank over the same window and one verdict for the job: which ranks have
+    not reached the collective the others wait in, and where they are; collectives that do not
+    match across ranks. Exits 11 when the job is stuck, 14 when some ranks could not be watched.
     """
+    if ranks is not None:
+        from ..engine.job_hang import watch_job
+        from .render import notes
+        from .render.job import write_job_hang
+
+        _, chosen = invocation.job(ranks)
+        watched = watch_job(
+            chosen, invocation.rank_target, duration, samples, timeout, invocation.attach_timeout
+        )
+        notes(watched.notes)
+        write_job_hang(watched.verdict, format)
+        if watched.verdict.hung:
+            return ExitCode.HUNG
+        return ExitCode.PARTIAL if watched.verdict.missing else ExitCode.OK
     target = invocation.target()
     pid: Optional[int] = target.require_pid("hang")
     sources = SourceLines(pid)

@@ -2,7 +2,12 @@
 
 Progress is analysis.progress's definition, the one `probing PID hang` uses: the job's main
 thread (of the job, or of its first Python descendant when the job is a shell script) moved or
-used the CPU. The watchdog samples the stacks through the engine (the agent, or py-spy when it
+used the CPU. When the command starts a distributed job (`probing run -- torchrun ...`), every
+rank is watched, and the job is judged as `hang --ranks all` judges it (analysis.collectives):
+once a rank has made no progress for S seconds, the ranks' collectives decide whether the job
+is stuck, and the verdict (which rank is behind, who waits in what) goes into the report.
+
+The watchdog samples the stacks through the engine (the agent, or py-spy when it
 cannot answer); after S seconds without progress it reads every stack of the process tree,
 hands them to its caller (`on_hung`: cli/run.py prints them and writes the JSON report), then
 terminates the tree (SIGTERM, then SIGKILL after 5 s) and makes `probing run` exit 11.
@@ -15,10 +20,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from ..analysis.progress import ProgressTracker, take_sample
+from ..analysis.collectives import JobVerdict, RankView
+from ..analysis.progress import HangReport, ProgressTracker, take_sample
 from ..engine.backtrace import Stacks, read_stacks
+from ..engine.fanout import gather
+from ..engine.job import Job, NotAJob, Rank, find_job
+from ..engine.job_hang import collectives_of, judge
 from ..engine.processes import descendants, first_python
 from ..engine.sources import SourceLines
 from ..engine.target import Target
@@ -37,6 +46,7 @@ class HungJob(NamedTuple):
     # Per process of the tree: (pid, its stacks with the innermost frames' locals, or the
     # error that kept them from being read).
     processes: List[Tuple[int, Optional[Stacks], Optional[ProbingError]]]
+    job: Optional[JobVerdict] = None  # a distributed job's verdict (which rank is behind)
 
 
 class Watchdog:
@@ -53,31 +63,101 @@ class Watchdog:
         self.log = log
         self.interval = min(max(timeout / 10, 0.2), 5.0)
         self.tracker: Optional[ProgressTracker] = None
+        self.rank_trackers: Dict[int, ProgressTracker] = {}  # by rank's PID, for a distributed job
 
-    def _stacks(self, pid: int, with_locals: bool = False) -> Stacks:
+    def _target(self, pid: int) -> Target:
         # The job was started with the agent in it: never attach (a process without one is
         # read from outside).
-        target = Target(str(pid), self.log, no_attach=True)
-        return read_stacks(target, with_locals, None, SAMPLE_TIMEOUT_S)
+        return Target(str(pid), self.log, no_attach=True)
+
+    def _stacks(self, pid: int, with_locals: bool = False) -> Stacks:
+        return read_stacks(self._target(pid), with_locals, None, SAMPLE_TIMEOUT_S)
+
+    def _job(self) -> Optional[Job]:
+        try:
+            job = find_job(self.pid)
+        except (NotAJob, ProbingError):
+            return None
+        return job if job.ranks else None
+
+    def _tracker(self, pid: int) -> ProgressTracker:
+        # Source lines tell a wait line (time.sleep in a polling loop) from work, as in `hang`.
+        sources = SourceLines(pid)
+        return ProgressTracker(pid, lambda frame: sources.line(frame["file"], frame["lineno"]))
 
     def tick(self) -> Optional[int]:
         """Take one sample; ExitCode.HUNG once the job has been stalled for the timeout (the
         tree is ended by then), None while it progresses."""
+        job = self._job()
+        if job is not None:
+            return self._tick_job(job)
         pid = first_python(self.pid)
         try:
             stacks = self._stacks(pid)
         except ProbingError:
             return None  # not started yet, or between processes: no verdict
         if self.tracker is None or self.tracker.pid != pid:
-            # Source lines tell a wait line (time.sleep in a polling loop) from work, as in `hang`.
-            sources = SourceLines(pid)
-            self.tracker = ProgressTracker(pid, lambda frame: sources.line(frame["file"], frame["lineno"]))
+            self.tracker = self._tracker(pid)
         report = self.tracker.add(take_sample(pid, stacks.rows, stacks.info))
         stalled = self.tracker.stalled_s(time.monotonic())
         if not report.hung or stalled < self.timeout:
             return None
         tree = [self.pid] + [child for child, _ in descendants(self.pid)]
         self.on_hung(HungJob(stalled, [self._last_look(each) for each in tree]))
+        self._end(tree)
+        return ExitCode.HUNG
+
+    def _tick_job(self, job: Job) -> Optional[int]:
+        """One sample of every rank; once a rank has been stalled for the timeout, the job's
+        verdict over that window decides (collectives completing on every rank forgive it)."""
+        now = time.monotonic()
+        gathered = gather(job.ranks, lambda rank: self._stacks(rank.pid), SAMPLE_TIMEOUT_S + 3.0)
+        reports: Dict[int, Tuple[Rank, HangReport]] = {}
+        for rank, stacks in gathered.answers:
+            tracker = self.rank_trackers.get(rank.pid)
+            if tracker is None:
+                tracker = self.rank_trackers[rank.pid] = self._tracker(rank.pid)
+            reports[rank.rank] = (rank, tracker.add(take_sample(rank.pid, stacks.rows, stacks.info)))
+        stalled = max(
+            (self.rank_trackers[rank.pid].stalled_s(now) for rank, report in reports.values() if report.hung),
+            default=0.0,
+        )
+        if stalled < self.timeout:
+            return None
+        window_start = time.time() - stalled
+        tables = gather(
+            job.ranks, lambda rank: collectives_of(self._target(rank.pid), SAMPLE_TIMEOUT_S), 10.0
+        )
+        found = {rank.rank: each for rank, each in tables.answers}
+        views = [
+            RankView(
+                rank.rank,
+                rank.local_rank,
+                rank.node,
+                rank.pid,
+                report,
+                "",
+                found.get(rank.rank, {}).get("python.collectives"),
+                found.get(rank.rank, {}).get("python.process_groups"),
+            )  # fmt: skip
+            for rank, report in reports.values()
+        ]
+        views += [
+            RankView(
+                each.rank.rank,
+                each.rank.local_rank,
+                each.rank.node,
+                each.rank.pid or None,
+                None,
+                each.error.message,
+            )  # fmt: skip
+            for each in gathered.missing
+        ]
+        verdict = judge(views, window_start)
+        if not verdict.hung:
+            return None
+        tree = [self.pid] + [child for child, _ in descendants(self.pid)]
+        self.on_hung(HungJob(stalled, [self._last_look(each) for each in tree], verdict))
         self._end(tree)
         return ExitCode.HUNG
 

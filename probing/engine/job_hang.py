@@ -1,0 +1,108 @@
+"""`hang --ranks`: every rank watched at once over the same window (engine/hang.py for each,
+through its agent or from outside), then each rank's collectives from its Flight Recorder
+(python.collectives, python.process_groups); analysis.collectives judges the job from them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from ..analysis.collectives import JobVerdict, RankView, job_verdict
+from ..analysis.mismatches import flight_recorder_analyzer
+from ..errors import ProbingError
+from .fanout import gather
+from .hang import sample_hang
+from .job import Rank
+from .query import fetch_tables
+from .sources import SourceLines
+from .target import Target
+
+COLLECTIVES_SQL = "SELECT * FROM python.collectives, python.process_groups"
+# What one sample may take beyond the window: the agent's silence before a look from outside.
+SAMPLE_SLACK_S = 1.5
+
+
+class RankHang(NamedTuple):
+    report: Any  # analysis.progress.HangReport
+    collectives: Optional[List[Dict[str, Any]]]
+    process_groups: Optional[List[Dict[str, Any]]]
+    notes: List[str]
+
+
+class JobHang(NamedTuple):
+    verdict: JobVerdict
+    notes: List[str]  # "rank N: ..." notes (why a rank was read from outside)
+
+
+def collectives_of(target: Target, timeout: float) -> Dict[str, Optional[List[Dict[str, Any]]]]:
+    """The rank's python.collectives and python.process_groups rows; None for each it could not
+    give (its agent cannot answer while a thread holds the GIL, or its torch has no recorder)."""
+    found: Dict[str, Optional[List[Dict[str, Any]]]] = {
+        "python.collectives": None,
+        "python.process_groups": None,
+    }
+    try:
+        fetched = fetch_tables(target, COLLECTIVES_SQL, timeout, scan_budget=0.5, step_wait=0.0)
+    except ProbingError as error:
+        target.log(f"no collectives: {error.message}")
+        return found
+    for table in fetched.tables:
+        if table.name in found:
+            found[table.name] = table.to_rows()
+    return found
+
+
+def _watch_rank(target: Target, duration: float, samples: int, timeout: float) -> RankHang:
+    pid = target.require_pid("hang")
+    sources = SourceLines(pid)
+    answer = sample_hang(
+        target, duration, samples, timeout, lambda frame: sources.line(frame["file"], frame["lineno"])
+    )
+    tables = collectives_of(target, timeout)
+    return RankHang(
+        answer.report, tables["python.collectives"], tables["python.process_groups"], answer.notes
+    )
+
+
+def watch_job(
+    ranks: List[Rank],
+    target_of: Callable[[Rank], Target],
+    duration: float,
+    samples: int,
+    timeout: float,
+    attach_timeout: float,
+) -> JobHang:
+    """Watch every rank over `duration` seconds, then judge the job."""
+    window_start = time.time()
+    deadline = attach_timeout + duration + samples * SAMPLE_SLACK_S + 2 * timeout
+    gathered = gather(ranks, lambda rank: _watch_rank(target_of(rank), duration, samples, timeout), deadline)
+    views = []
+    notes: List[str] = []
+    for rank, watched in gathered.answers:
+        views.append(
+            RankView(
+                rank.rank,
+                rank.local_rank,
+                rank.node,
+                rank.pid,
+                watched.report,
+                "",
+                watched.collectives,
+                watched.process_groups,
+            )  # fmt: skip
+        )
+        notes.extend(f"rank {rank.rank}: {note}" for note in watched.notes)
+    for each in gathered.missing:
+        rank = each.rank
+        views.append(
+            RankView(rank.rank, rank.local_rank, rank.node, rank.pid or None, None, each.error.message)
+        )
+    return JobHang(judge(views, window_start), notes)
+
+
+def judge(views: List[RankView], window_start: float) -> JobVerdict:
+    """analysis.collectives' verdict, with torch's Flight Recorder analyzer looking for
+    mismatched collectives where torch can be imported here. It costs an import of torch in this
+    process (about 1 s): only when some rank gave collectives to check."""
+    analyzer = flight_recorder_analyzer() if any(view.collectives for view in views) else None
+    return job_verdict(views, window_start, analyzer)
