@@ -160,6 +160,17 @@ def _topmost(pid: int, found: _Found) -> Tuple[int, _Found]:
         pid, found = parent or 0, above
 
 
+def rank_of(pid: int) -> Optional[Tuple[JobKey, Rank]]:
+    """The job (its key) and the rank `pid` is; a DataLoader worker is taken for its rank, whose
+    own PID the Rank carries. None for a process outside a job. Reads /proc only: cheap enough
+    for every process `probing list` shows."""
+    found = _rank_of(pid)
+    if found is None:
+        return None
+    _, found = _topmost(pid, found)
+    return found.key, found.rank
+
+
 def _children(pid: int, recursive: bool) -> List[int]:
     """Children of `pid` (all its descendants when `recursive`), parents before children."""
     by_parent: Dict[int, List[int]] = {}

@@ -1,0 +1,114 @@
+"""A rank at a glance: what its main thread is doing now and where, in one line, read from one
+look at its stacks (python.backtrace rows). Pure functions; `probing PID ranks` shows one such
+line per rank, so that the rank that is not where the others are stands out:
+
+    in all_reduce (torch.distributed) from train (train.py:64)
+    sleeping in load_shard (train.py:38)
+    holds the GIL, sleeping in hold_the_gil (train.py:44)
+
+The state is thread_state's (analysis/states.py), the one reading of a stack that `backtrace`
+and `hang` show too; a wait inside torch.distributed is named after the collective, since that
+is what a person compares across ranks. One look is not a verdict: a rank "running" now may be
+stuck in a loop, and `hang` is what watches over time.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .states import in_library, is_decorator_frame, thread_state
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
+
+    Frame = Dict[str, Any]
+
+
+def main_thread(rows: List[Frame]) -> List[Frame]:
+    """The frames of the main thread, innermost first; the first thread listed when none is
+    marked main (a job whose main thread has exited, and whose work goes on in others)."""
+    threads: Dict[Any, List[Frame]] = {}
+    for row in rows:
+        threads.setdefault((row.get("pid"), row.get("thread_id"), row.get("native_id")), []).append(row)
+    if not threads:
+        return []
+    chosen = next((frames for frames in threads.values() if frames[0].get("is_main")), None)
+    frames = chosen if chosen is not None else next(iter(threads.values()))
+    return sorted(frames, key=lambda frame: frame.get("depth") or 0)
+
+
+def collective(frames: List[Frame]) -> Optional[str]:
+    """The torch.distributed call the thread's own code made and waits in (all_reduce,
+    barrier, ...): the outermost torch.distributed frame of the library frames the thread is
+    in, its logging decorators passed over. None when the thread is not in torch.distributed."""
+    call = None
+    for frame in frames:
+        if frame.get("frame_type") == "Native":
+            continue
+        path = str(frame.get("file") or "").replace("\\", "/")
+        func = str(frame.get("func") or "")
+        if not in_library(path):
+            break
+        if "torch/distributed/" in path and not is_decorator_frame(path, func):
+            call = func
+    return call
+
+
+def job_frame(frames: List[Frame]) -> Optional[Frame]:
+    """The innermost frame of the job's own code (not the standard library's or torch's
+    machinery of a wait, not a native frame)."""
+    for frame in frames:
+        if frame.get("frame_type") == "Native":
+            continue
+        if not in_library(str(frame.get("file") or "").replace("\\", "/")):
+            return frame
+    return None
+
+
+def where(frame: Frame) -> str:
+    """`train (train.py:64)`: a frame as a person finds it in the job's source."""
+    name = os.path.basename(str(frame.get("file") or "?"))
+    lineno = frame.get("lineno")
+    return f"{frame.get('func')} ({name}:{lineno if lineno is not None else '?'})"
+
+
+def _other_gil_holder(
+    rows: List[Frame], main: List[Frame], outside: Dict[Any, Dict[str, Any]]
+) -> Optional[str]:
+    """The name of a thread other than the main one seen holding the GIL (from outside)."""
+    main_id = main[0].get("native_id") if main else None
+    for row in rows:
+        native_id = row.get("native_id")
+        if native_id != main_id and (outside.get(native_id) or {}).get("owns_gil"):
+            return str(row.get("thread_name"))
+    return None
+
+
+def glance(
+    rows: List[Frame],
+    code_line: Callable[[Frame], str],
+    outside: Optional[Dict[Any, Dict[str, Any]]] = None,
+) -> str:
+    """What the process whose stacks `rows` are is doing, in one line. `code_line(frame)`: the
+    source line of a frame; `outside`: py-spy's view of each thread by native id (owns_gil),
+    when the stacks were read from outside."""
+    frames = main_thread(rows)
+    if not frames:
+        return "no Python threads"
+    views = outside or {}
+    state = thread_state(frames, code_line, views.get(frames[0].get("native_id")))
+    call = collective(frames)
+    if call is not None and not state.startswith("holds the GIL"):
+        state = f"in {call} (torch.distributed)"
+    elif state == "running Python":
+        state = "running"
+    mine = job_frame(frames)
+    if mine is not None:
+        # The job's frame is innermost: the state is of its own line. Otherwise it called into
+        # a library that waits, and the call is named from where it was made.
+        state += f" in {where(mine)}" if mine is frames[0] else f" from {where(mine)}"
+    holder = _other_gil_holder(rows, frames, views)
+    if holder is not None:
+        state += f"; thread {holder!r} holds the GIL"
+    return state
