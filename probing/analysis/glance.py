@@ -2,21 +2,21 @@
 look at its stacks (python.backtrace rows). Pure functions; `probing PID ranks` shows one such
 line per rank, so that the rank that is not where the others are stands out:
 
-    in all_reduce (torch.distributed) from train (train.py:64)
+    in torch.distributed.all_reduce from train (train.py:64)
     sleeping in load_shard (train.py:38)
     holds the GIL, sleeping in hold_the_gil (train.py:44)
 
 The state is thread_state's (analysis/states.py), the one reading of a stack that `backtrace`
-and `hang` show too; a wait inside torch.distributed is named after the collective, since that
-is what a person compares across ranks. One look is not a verdict: a rank "running" now may be
-stuck in a loop, and `hang` is what watches over time.
+and `hang` show too, followed by where the job's own code is: a rank that is not where the
+others are differs in both. One look is not a verdict: a rank "running" now may be stuck in a
+loop, and `hang` is what watches over time.
 """
 
 from __future__ import annotations
 
 import os
 
-from .states import in_library, is_decorator_frame, thread_state
+from .states import in_library, thread_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,23 +36,6 @@ def main_thread(rows: List[Frame]) -> List[Frame]:
     chosen = next((frames for frames in threads.values() if frames[0].get("is_main")), None)
     frames = chosen if chosen is not None else next(iter(threads.values()))
     return sorted(frames, key=lambda frame: frame.get("depth") or 0)
-
-
-def collective(frames: List[Frame]) -> Optional[str]:
-    """The torch.distributed call the thread's own code made and waits in (all_reduce,
-    barrier, ...): the outermost torch.distributed frame of the library frames the thread is
-    in, its logging decorators passed over. None when the thread is not in torch.distributed."""
-    call = None
-    for frame in frames:
-        if frame.get("frame_type") == "Native":
-            continue
-        path = str(frame.get("file") or "").replace("\\", "/")
-        func = str(frame.get("func") or "")
-        if not in_library(path):
-            break
-        if "torch/distributed/" in path and not is_decorator_frame(path, func):
-            call = func
-    return call
 
 
 def job_frame(frames: List[Frame]) -> Optional[Frame]:
@@ -98,10 +81,7 @@ def glance(
         return "no Python threads"
     views = outside or {}
     state = thread_state(frames, code_line, views.get(frames[0].get("native_id")))
-    call = collective(frames)
-    if call is not None and not state.startswith("holds the GIL"):
-        state = f"in {call} (torch.distributed)"
-    elif state == "running Python":
+    if state == "running Python":
         state = "running"
     mine = job_frame(frames)
     if mine is not None:

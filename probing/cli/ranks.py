@@ -35,6 +35,7 @@ def ranks(invocation: Invocation, ranks: Optional[str], format: str, timeout: fl
     listens, else from outside with py-spy. Never attaches. Exits 14 when some ranks could not
     be looked at (their state says why).
     """
-    answer = glance_at_job(invocation.target(), ranks, timeout)
+    job, chosen = invocation.job(ranks or "all")
+    answer = glance_at_job(job, chosen, invocation.rank_target, timeout)
     write_job_glance(answer, format)
     return answer.exit_code

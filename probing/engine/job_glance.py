@@ -9,14 +9,13 @@ rank costs its own row, never the others'.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 from ..analysis.glance import glance
-from ..client.discovery import require_process
 from ..errors import ProbingError
 from .backtrace import read_stacks
 from .fanout import gather
-from .job import Job, Rank, choose, find_job
+from .job import Job, Rank
 from .listing import agent_present
 from .sources import SourceLines
 from .target import Target
@@ -54,19 +53,17 @@ def _look(target: Target, timeout: float) -> _Look:
     return _Look(source if isinstance(source, str) else None, state)
 
 
-def glance_at_job(target: Target, ranks: Optional[str], timeout: float) -> JobGlance:
-    """The job `target` (any of its processes, or torchrun) belongs to, and a glance at each
-    of its ranks that `ranks` names (all when None). `timeout`: how long each rank's agent may
-    take before its stacks are read from outside."""
-    pid = target.require_pid("ranks")
-    require_process(pid)
-    job = find_job(pid)
-    chosen = choose(job, ranks or "all")
-    agents = {rank.rank: agent_present(rank.pid) for rank in chosen}
+def glance_at_job(
+    job: Job, chosen: List[Rank], target_of: Callable[[Rank], Target], timeout: float
+) -> JobGlance:
+    """A glance at each rank of `job` in `chosen`. `target_of(rank)`: the rank as a target,
+    with the command's options (never attached to here, whatever they say); `timeout`: how
+    long each rank's agent may take before its stacks are read from outside."""
+    agents = {rank.rank: rank.pid != 0 and agent_present(rank.pid) for rank in chosen}
 
     def look(rank: Rank) -> _Look:
         # Never attach: a look at every rank must not put an agent into a job that has none.
-        return _look(target.related(rank.pid, no_attach=True), timeout)
+        return _look(target_of(rank).related(rank.pid, no_attach=True), timeout)
 
     gathered = gather(chosen, look, timeout + LOOK_GRACE_S)
     looked = {rank.rank: answer for rank, answer in gathered.answers}

@@ -27,7 +27,8 @@ TEXT_COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state")
 def _row(each: RankGlance) -> Tuple[Any, ...]:
     rank = each.rank
     error = each.error.message if each.error is not None else None
-    return (rank.rank, rank.local_rank, rank.node, rank.pid, each.agent, each.source, each.state, error)
+    pid = rank.pid or None  # 0: a rank of this node whose process is gone
+    return (rank.rank, rank.local_rank, rank.node, pid, each.agent, each.source, each.state, error)
 
 
 def _job_object(job: Job) -> Dict[str, Any]:
@@ -37,13 +38,15 @@ def _job_object(job: Job) -> Dict[str, Any]:
         "rendezvous": job.master,
         "world_size": job.world_size,
         "ranks_here": len(job.ranks),
+        "ranks_gone": [rank.rank for rank in job.absent],
     }
 
 
 def _text(answer: JobGlance, out: IO[str]) -> None:
     job = answer.job
     out.write(f"Job: {inert(job.name())}\n")
-    out.write(f"{len(job.ranks)} of {job.world_size} ranks on this machine\n\n")
+    gone = f", {len(job.absent)} gone" if job.absent else ""
+    out.write(f"{len(job.ranks)} of {job.world_size} ranks on this machine{gone}\n\n")
     rows: List[Tuple[Any, ...]] = []
     for each in answer.ranks:
         rank = each.rank
@@ -51,7 +54,8 @@ def _text(answer: JobGlance, out: IO[str]) -> None:
         if each.error is not None:
             state = f"could not look: {each.error.message}"
         # `-` rather than NULL: the rank was not read, which the state says.
-        rows.append((rank.rank, rank.local_rank, rank.node, rank.pid, each.agent, each.source or "-", state))
+        pid = rank.pid or "-"
+        rows.append((rank.rank, rank.local_rank, rank.node, pid, each.agent, each.source or "-", state))
     write_table(TEXT_COLUMNS, TYPES[: len(TEXT_COLUMNS)], rows, out)  # every cell made inert
 
 
