@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
 
 from ..client.discovery import agent_listens, python_version_of
 from ..errors import ProbingError
 from ..procfs import socket_candidates
-from .job import JobKey, rank_of
+from .job import rank_of
+
+if TYPE_CHECKING:
+    from .job import JobKey
 
 # torchrun --standalone makes up a run id (a UUID); its first 8 characters tell jobs apart.
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
