@@ -30,7 +30,7 @@ VARIABLES = (
     "MASTER_ADDR", "MASTER_PORT",
 )  # fmt: skip
 NOT_A_JOB_HINT = (
-    "--ranks works on a rank of a distributed job (torchrun sets RANK and WORLD_SIZE in each "
+    "`ranks` and --ranks work on a rank of a distributed job (torchrun sets RANK and WORLD_SIZE in each "
     "rank's environment), or on the torchrun process that started them; `probing list` shows jobs"
 )
 

@@ -108,9 +108,9 @@ def test_the_stalled_rank_stands_out_at_a_glance(stalled: TorchrunJob) -> None:
     assert text.returncode == ExitCode.OK, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0].startswith(f"Job: run {answer['job']['run_id']}, torchrun PID {stalled.agent_pid}")
-    assert lines[1] == "4 of 4 ranks on this machine"
-    assert lines[3].split() == ["rank", "local_rank", "node", "pid", "agent", "source", "state"]
-    assert "sleeping in load_shard" in lines[7] and lines[7].split()[:4] == [
+    assert lines[0].endswith("; world size 4, 4 ranks on this machine")
+    assert lines[2].split() == ["rank", "local_rank", "node", "pid", "agent", "source", "state"]
+    assert "sleeping in load_shard" in lines[6] and lines[6].split()[:4] == [
         "2",
         "2",
         "0",
@@ -140,7 +140,7 @@ def test_a_process_outside_any_job_is_a_clear_error() -> None:
         result = probing(str(plain.pid), "ranks")
     assert result.returncode == ExitCode.ERROR
     assert f"PID {plain.pid} is not part of a distributed job" in result.stderr
-    assert "hint: --ranks works on a rank of a distributed job" in result.stderr
+    assert "hint: `ranks` and --ranks work on a rank of a distributed job" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -188,7 +188,7 @@ def test_a_rank_that_is_gone_shows_why_and_the_others_still_answer(idle: Torchru
         assert (gone["rank"], gone["pid"], gone["state"]) == (1, None, None)
         assert "rank 1 (local rank 1) is not running" in gone["error"]
         text = probing(str(idle.agent_pid), "ranks").stdout.splitlines()
-        assert text[1] == "1 of 2 ranks on this machine, 1 gone"
+        assert text[0].endswith("; world size 2, 1 rank on this machine, 1 gone")
         assert text[-1].split()[:4] == ["1", "1", "0", "-"] and "could not look: rank 1" in text[-1]
     finally:
         os.kill(idle.agent_pid, signal.SIGCONT)

@@ -44,16 +44,18 @@ def _job_object(job: Job) -> Dict[str, Any]:
 
 def _text(answer: JobGlance, out: IO[str]) -> None:
     job = answer.job
-    out.write(f"Job: {inert(job.name())}\n")
-    gone = f", {len(job.absent)} gone" if job.absent else ""
-    out.write(f"{len(job.ranks)} of {job.world_size} ranks on this machine{gone}\n\n")
+    count = len(job.ranks)
+    here = f"{count} rank{'' if count == 1 else 's'} on this machine" + (
+        f", {len(job.absent)} gone" if job.absent else ""
+    )
+    out.write(f"Job: {inert(job.name())}; world size {job.world_size}, {here}\n\n")
     rows: List[Tuple[Any, ...]] = []
     for each in answer.ranks:
         rank = each.rank
         state: Optional[str] = each.state
         if each.error is not None:
             state = f"could not look: {each.error.message}"
-        # `-` rather than NULL: the rank was not read, which the state says.
+        # `-` rather than NULL where nothing was read (the state says why) or the process is gone.
         pid = rank.pid or "-"
         rows.append((rank.rank, rank.local_rank, rank.node, pid, each.agent, each.source or "-", state))
     write_table(TEXT_COLUMNS, TYPES[: len(TEXT_COLUMNS)], rows, out)  # every cell made inert
