@@ -38,13 +38,20 @@ def main_thread(rows: List[Frame]) -> List[Frame]:
     return sorted(frames, key=lambda frame: frame.get("depth") or 0)
 
 
+def _not_the_jobs(path: str) -> bool:
+    """A file of torch, or of the standard library: the job's code is what calls into them."""
+    if in_library(path) or "/torch/" in path:
+        return True
+    return "/lib/python" in path and "-packages/" not in path
+
+
 def job_frame(frames: List[Frame]) -> Optional[Frame]:
-    """The innermost frame of the job's own code (not the standard library's or torch's
-    machinery of a wait, not a native frame)."""
+    """The innermost frame of the job's own code: not torch's, not the standard library's,
+    not a native frame. A thread whose frames are all theirs has none."""
     for frame in frames:
         if frame.get("frame_type") == "Native":
             continue
-        if not in_library(str(frame.get("file") or "").replace("\\", "/")):
+        if not _not_the_jobs(str(frame.get("file") or "").replace("\\", "/")):
             return frame
     return None
 
@@ -80,10 +87,16 @@ def glance(
     if not frames:
         return "no Python threads"
     views = outside or {}
-    state = thread_state(frames, code_line, views.get(frames[0].get("native_id")))
-    if state == "running Python":
-        state = "running"
+    view = views.get(frames[0].get("native_id"))
+    state = thread_state(frames, code_line, view)
     mine = job_frame(frames)
+    if state == "running Python":
+        # py-spy tells a thread asleep in the kernel (a C call that waits: DDP's backward
+        # waiting for its gradients' all_reduce) from one that runs; the agent cannot.
+        state = "waiting in a C call" if view is not None and view.get("active") is False else "running"
+        innermost = next((frame for frame in frames if frame.get("frame_type") != "Native"), None)
+        if innermost is not None and innermost is not mine:
+            state += f" in {innermost.get('func')}"
     if mine is not None:
         # The job's frame is innermost: the state is of its own line. Otherwise it called into
         # a library that waits, and the call is named from where it was made.

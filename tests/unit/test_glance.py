@@ -60,6 +60,36 @@ def test_a_running_rank_is_running_where_it_was_seen() -> None:
     assert look(thread(("forward", JOB, 12), ("train", JOB, 60))) == "running in forward (train.py:12)"
 
 
+IN_BACKWARD = thread(
+    ("_engine_run_backward", "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", 979),
+    ("backward", "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", 395),
+    ("backward", "/venv/lib/python3.11/site-packages/torch/_tensor.py", 623),
+    ("train", JOB, 57),
+)
+
+
+def test_a_thread_asleep_in_a_c_call_of_torch_waits_there_seen_from_outside() -> None:
+    """DDP's backward waits for its gradients' all_reduce inside a C call: py-spy sees it idle."""
+    state = look(IN_BACKWARD, t7={"owns_gil": False, "active": False})
+    assert state == "waiting in a C call in _engine_run_backward from train (train.py:57)"
+
+
+def test_the_agent_cannot_tell_a_c_call_that_waits_from_one_that_runs() -> None:
+    assert look(IN_BACKWARD) == "running in _engine_run_backward from train (train.py:57)"
+    assert (
+        look(IN_BACKWARD, t7={"active": True}) == "running in _engine_run_backward from train (train.py:57)"
+    )
+
+
+def test_where_is_the_jobs_own_code_not_the_standard_librarys() -> None:
+    decoding = thread(("raw_decode", f"{LIB}/json/decoder.py", 353), ("load_config", JOB, 5))
+    assert look(decoding) == "running in raw_decode from load_config (train.py:5)"
+
+
+def test_a_thread_with_no_frame_of_the_job_says_where_it_is_without_it() -> None:
+    assert look(thread(("run", f"{LIB}/threading.py", 982), main=False)) == "running in run"
+
+
 def test_a_library_wait_is_named_from_the_job_line_that_called_it() -> None:
     waiting = thread(
         ("wait", f"{LIB}/threading.py", 327), ("get", f"{LIB}/queue.py", 171), ("train", JOB, 20)
