@@ -34,7 +34,9 @@ _STANDARD_LIBRARY = (
 _TORCH = ("torch/utils/data/", "torch/distributed/")
 
 
-def _in_library(path: str) -> bool:
+def in_library(path: str) -> bool:
+    """Whether a frame of this file is the standard library's or torch's machinery of a wait
+    (or of a collective), rather than the job's own code."""
     if any(part in path for part in _TORCH):
         return True
     return "/lib/python" in path and any(part in path for part in _STANDARD_LIBRARY)
@@ -100,7 +102,7 @@ def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
     for frame in python[:16]:
         path = str(frame.get("file") or "").replace("\\", "/")
         func = str(frame.get("func") or "")
-        if not _in_library(path):
+        if not in_library(path):
             break
         if "torch/distributed/" in path and func not in _WRAPPERS:
             # The outermost call into torch.distributed that is not a decorator's: the API the

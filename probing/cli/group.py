@@ -21,6 +21,7 @@ from .list_processes import list_command
 from .memory import memory_command
 from .options import apply, pass_invocation
 from .query import query
+from .ranks import ranks
 from .render import report_error, stdout_is_closed
 from .repl import repl
 from .run import run
@@ -142,6 +143,7 @@ def backtrace(
 for _command in (hang, eval_command, repl, query, trace, nan, memory_command, tables, inject_command,
                  detach_command, list_command, run):  # fmt: skip
     cli.add_command(_command)
+cli.add_command(ranks)
 
 
 def run_click(args: List[str]) -> int:

@@ -1,4 +1,4 @@
-"""`probing list`: the Python processes this user can see, and which have an agent."""
+"""`probing list`: the Python processes this user can see, which have an agent, and their jobs."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ from .spec import ROWS_FORMAT
 @click.command(name="list")
 @apply(ROWS_FORMAT)
 def list_command(format: str) -> int:
-    """Python processes you can see, and whether each has an agent."""
-    columns = ["pid", "user", "python", "agent", "command"]
-    types = ["BIGINT", "VARCHAR", "VARCHAR", "BOOLEAN", "VARCHAR"]
-    rows = [(p.pid, p.user, p.python_version, p.agent, p.command) for p in python_processes()]
+    """Python processes you can see, whether each has an agent, and the distributed job and
+    rank each belongs to (a job's processes listed together, in rank order)."""
+    columns = ["pid", "user", "python", "agent", "job", "rank", "local_rank", "command"]
+    types = ["BIGINT", "VARCHAR", "VARCHAR", "BOOLEAN", "VARCHAR", "INTEGER", "INTEGER", "VARCHAR"]
+    rows = [
+        (p.pid, p.user, p.python_version, p.agent, p.job, p.rank, p.local_rank, p.command)
+        for p in python_processes()
+    ]
     write_rows(columns, types, rows, format)
     return ExitCode.OK

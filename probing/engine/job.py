@@ -30,7 +30,7 @@ VARIABLES = (
     "MASTER_ADDR", "MASTER_PORT",
 )  # fmt: skip
 NOT_A_JOB_HINT = (
-    "--ranks works on a rank of a distributed job (torchrun sets RANK and WORLD_SIZE in each "
+    "`ranks` and --ranks work on a rank of a distributed job (torchrun sets RANK and WORLD_SIZE in each "
     "rank's environment), or on the torchrun process that started them; `probing list` shows jobs"
 )
 
@@ -158,6 +158,17 @@ def _topmost(pid: int, found: _Found) -> Tuple[int, _Found]:
         if above is None or above.rank.rank != found.rank.rank or above.key[1:] != found.key[1:]:
             return pid, found
         pid, found = parent or 0, above
+
+
+def rank_of(pid: int) -> Optional[Tuple[JobKey, Rank]]:
+    """The job (its key) and the rank `pid` is; a DataLoader worker is taken for its rank, whose
+    own PID the Rank carries. None for a process outside a job. Reads /proc only: cheap enough
+    for every process `probing list` shows."""
+    found = _rank_of(pid)
+    if found is None:
+        return None
+    _, found = _topmost(pid, found)
+    return found.key, found.rank
 
 
 def _children(pid: int, recursive: bool) -> List[int]:

@@ -1,13 +1,28 @@
-"""`probing list`: the Python processes this user can see, and which have an agent."""
+"""`probing list`: the Python processes this user can see, which have an agent, and which
+distributed job and rank each belongs to.
+
+Fast by design: /proc and a connect to each agent's socket, never an attach or a py-spy look.
+A job's processes are found from their start-up environment (engine/job.py), and listed
+together: its launcher (torchrun), then its ranks in rank order, each rank's DataLoader
+workers after it.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import List, NamedTuple, Optional
+import re
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
 
 from ..client.discovery import agent_listens, python_version_of
 from ..errors import ProbingError
 from ..procfs import socket_candidates
+from .job import rank_of
+
+if TYPE_CHECKING:
+    from .job import JobKey
+
+# torchrun --standalone makes up a run id (a UUID); its first 8 characters tell jobs apart.
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 class PythonProcess(NamedTuple):
@@ -15,7 +30,42 @@ class PythonProcess(NamedTuple):
     user: Optional[str]
     python_version: Optional[str]
     agent: bool
+    job: Optional[str]  # a short name of its distributed job (job_names); None outside one
+    rank: Optional[int]  # the rank it is (or works for: a DataLoader worker)
+    local_rank: Optional[int]
     command: str
+
+
+def agent_present(pid: int) -> bool:
+    """Whether an agent accepts connections on the socket of `pid` (connects, says nothing;
+    never attaches)."""
+    return any(os.path.exists(path) and agent_listens(path) for path in socket_candidates(pid))
+
+
+def job_names(keys: List[JobKey]) -> Dict[JobKey, str]:
+    """A short name for each job: its run id (a generated UUID cut to 8 characters), or
+    `torchrun PID` where there is none, torchrun's default (`none`), or one that another job
+    listed shares: two jobs never show under one name."""
+    proposed: Dict[JobKey, str] = {}
+    for key in keys:
+        launcher, run_id, _ = key
+        if run_id and run_id != "none":
+            proposed[key] = run_id[:8] if _UUID.match(run_id) else run_id
+    taken = list(proposed.values())
+    names = {}
+    for key in keys:
+        name = proposed.get(key)
+        if name is None or taken.count(name) > 1:
+            name = f"torchrun {key[0]}" if key[0] is not None else "distributed job"
+        names[key] = name
+    return names
+
+
+def _order(process: PythonProcess, launched: Dict[int, int]) -> Tuple[int, int, int]:
+    """A job's launcher, then its ranks in rank order (each rank's workers after it), where
+    the launcher's PID puts them; every other process by PID."""
+    anchor = launched.get(process.pid, process.pid)
+    return (anchor, -1 if process.rank is None else process.rank, process.pid)
 
 
 def python_processes() -> List[PythonProcess]:
@@ -37,7 +87,29 @@ def python_processes() -> List[PythonProcess]:
             version = None
         if version is None and not (info.get("name") or "").startswith("python"):
             continue
-        agent = any(os.path.exists(path) and agent_listens(path) for path in socket_candidates(pid))
         command = " ".join(info.get("cmdline") or []) or f"[{info.get('name')}]"
-        found.append(PythonProcess(pid, info.get("username"), version, agent, command))
-    return found
+        found.append(
+            PythonProcess(pid, info.get("username"), version, agent_present(pid), None, None, None, command)
+        )
+    return _with_jobs(found)
+
+
+def _with_jobs(processes: List[PythonProcess]) -> List[PythonProcess]:
+    """Each process with its job and rank, sorted so that a job's processes come together."""
+    members = {process.pid: rank_of(process.pid) for process in processes}
+    keys = list(dict.fromkeys(member[0] for member in members.values() if member is not None))
+    names = job_names(keys)
+    launchers = {key[0]: names[key] for key in keys if key[0] is not None}
+    launched: Dict[int, int] = {}  # PID -> the PID of the launcher its job is listed under
+    listed = []
+    for process in processes:
+        member = members[process.pid]
+        if member is not None:
+            key, rank = member
+            process = process._replace(job=names[key], rank=rank.rank, local_rank=rank.local_rank)
+            if key[0] is not None:
+                launched[process.pid] = key[0]
+        elif process.pid in launchers:
+            process = process._replace(job=launchers[process.pid])
+        listed.append(process)
+    return sorted(listed, key=lambda process: _order(process, launched))

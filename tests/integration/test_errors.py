@@ -96,7 +96,7 @@ def test_list_shows_python_processes_and_their_agents() -> None:
             assert listed[job.pid]["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
             assert listed[plain.pid]["agent"] is False
             table = probing("list").stdout.splitlines()
-            assert table[0].split() == ["pid", "user", "python", "agent", "command"]
+            assert table[0].split() == "pid user python agent job rank local_rank command".split()
         finally:
             plain.kill()
             plain.wait()
