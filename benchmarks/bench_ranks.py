@@ -80,9 +80,8 @@ def hang_all(runs: int, duration: float) -> None:
                 raise RuntimeError(f"hang --ranks all exited {result.returncode}: {result.stderr.decode()}")
     wall = statistics.median(walls)
     print(f"\n2. hang --ranks all on the 4-rank stalled job, --duration {duration:g}, median of {runs}")
-    print(
-        f"   wall time {wall:.2f} s; beyond the watching: {wall - duration:.2f} s ({wall / duration:.2f}x --duration)"
-    )
+    beyond = wall - duration
+    print(f"   wall time {wall:.2f} s, {beyond:.2f} s beyond the watching ({wall / duration:.2f}x --duration)")
 
 
 def main() -> None:
