@@ -81,7 +81,7 @@ def hang_all(runs: int, duration: float) -> None:
     wall = statistics.median(walls)
     print(f"\n2. hang --ranks all on the 4-rank stalled job, --duration {duration:g}, median of {runs}")
     beyond = wall - duration
-    print(f"   wall time {wall:.2f} s, {beyond:.2f} s beyond the watching ({wall / duration:.2f}x --duration)")
+    print(f"   wall time {wall:.2f} s, {beyond:.2f} s beyond the watching ({wall / duration:.2f}x duration)")
 
 
 def main() -> None:
