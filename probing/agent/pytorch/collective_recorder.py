@@ -228,9 +228,7 @@ class CollectiveRecorder:
                 sizes, dtypes = tensor_metadata(argument.value(args, kwargs))
                 call.output_sizes += sizes
                 call.output_dtypes += dtypes
-            current = threading.current_thread()
-            call.thread_name = current.name
-            call.thread_ident = current.ident or 0
+            call.thread_ident = threading.get_ident()  # named when read: cheaper than here
             self.calls.append(call)
             self.open_by_thread[call.thread_ident] = call
             if call.pg_id is not None and call.seq is not None:
@@ -273,7 +271,12 @@ class CollectiveRecorder:
     # --- reading (agent thread) -------------------------------------------------------------------
 
     def recorded_calls(self) -> List[Call]:
-        return list(self.calls)
+        calls = list(self.calls)
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        for call in calls:
+            if call.thread_name is None:
+                call.thread_name = names.get(call.thread_ident)
+        return calls
 
     def waiting_on_stacks(self, own_threads: Any) -> List[Call]:
         """Calls into a collective function that threads are in now and no wrapper saw begin
