@@ -36,7 +36,7 @@ def worker(blocks: int, steps: int) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    from probing.agent.pytorch import collective_recorder
+    from probing.agent.pytorch import collective_recorder, collectives
     from probing.agent.pytorch.collectives import collective_rows, flight_recorder_dump
 
     dist.init_process_group("gloo")
@@ -61,18 +61,26 @@ def worker(blocks: int, steps: int) -> None:
 
     for _ in range(20):
         step()
-    times: Dict[str, List[float]] = {"plain": [], "recorded": []}
+    small = torch.zeros(1)
+
+    def one_call() -> float:
+        start = time.perf_counter()
+        dist.all_reduce(small)
+        return time.perf_counter() - start
+
+    times: Dict[str, List[float]] = {"plain": [], "recorded": [], "call_plain": [], "call_recorded": []}
     for _ in range(blocks):
         for mode in ("plain", "recorded"):
             if mode == "recorded":
                 collective_recorder.recorder(dist.distributed_c10d, dist)
             times[mode] += [step() for _ in range(steps)]
+            times["call_" + mode] += [one_call() for _ in range(steps * 4)]
             if mode == "recorded":
                 collective_recorder.stop()
     # What a query costs the job: python.collectives read with the ring that serves it full.
     if flight_recorder_dump() is None:
         collective_recorder.recorder(dist.distributed_c10d, dist)
-    small = torch.zeros(1)
+    collectives.DUMP_FRESH_S = 0.0  # every read below dumps afresh
     for _ in range(FILL_RING):
         dist.all_reduce(small)
     reads = []
@@ -124,19 +132,24 @@ def main() -> None:
     def median(flight_recorder: bool, key: str) -> float:
         return statistics.median(result[key] for result in results[flight_recorder])
 
+    def spread(key: str) -> str:
+        # Jobs launched one after the other, paired round by round: the ratio of each pair.
+        ratios = sorted(on[key] / off[key] for on, off in zip(results[True], results[False]))
+        return f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
+
     per_job = 2 * options.blocks * options.steps
     print(f"DDP, 2 ranks, gloo, CPU; {options.rounds} rounds of 2 jobs, {per_job} timed steps each (median)")
     on, off = median(True, "plain"), median(False, "plain")
-    print(f"  Flight Recorder on (default):  {on * 1e3:7.3f} ms/step")
-    print(f"  Flight Recorder off:           {off * 1e3:7.3f} ms/step   on/off = {on / off:.3f}")
-    recorded = median(False, "recorded")
-    print(
-        f"  FR off, probing recording:     {recorded * 1e3:7.3f} ms/step   recording/plain = {recorded / off:.3f}"
-    )
-    recorded_on = median(True, "recorded")
-    print(
-        f"  FR on, probing recording too:  {recorded_on * 1e3:7.3f} ms/step   recording/plain = {recorded_on / on:.3f}"
-    )
+    print(f"  step, Flight Recorder on (default): {on * 1e3:7.3f} ms")
+    print(f"  step, Flight Recorder off:          {off * 1e3:7.3f} ms")
+    print(f"    FR on/off, per step:              {spread('plain')}")
+    print(f"    FR on/off, per all_reduce call:   {spread('call_plain')}")
+    for flight_recorder, label in ((False, "FR off"), (True, "FR on ")):
+        plain, recorded = median(flight_recorder, "plain"), median(flight_recorder, "recorded")
+        call, call_recorded = median(flight_recorder, "call_plain"), median(flight_recorder, "call_recorded")
+        extra = (call_recorded - call) * 1e6
+        print(f"  probing's recording on/off, {label}: per step {recorded / plain:.3f}, per all_reduce "
+              f"{call_recorded / call:.3f} ({extra:+.1f} us on {call * 1e6:.1f} us)")  # fmt: skip
     for flight_recorder, label in ((True, "FR on "), (False, "FR off")):
         read = median(flight_recorder, "read_s")
         rows = results[flight_recorder][0]["read_rows"]

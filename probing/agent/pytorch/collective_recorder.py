@@ -67,28 +67,35 @@ SCALAR_TYPE_NAMES = {
 
 
 class Call:
-    """One recorded call; its fields are the columns of python.collectives it fills."""
+    """One recorded call; its fields are the columns of python.collectives it fills. Tensors are
+    noted as (shape, dtype) pairs, named only when read: the job's thread does the least."""
 
-    __slots__ = ("pg_id", "pg_desc", "seq", "op", "is_p2p", "input_sizes", "input_dtypes",
-                 "output_sizes", "output_dtypes", "state", "created", "completed", "thread_name",
-                 "record_id", "thread_ident")  # fmt: skip
+    __slots__ = ("pg_id", "pg_desc", "seq", "op", "inputs", "outputs", "state", "created",
+                 "completed", "thread_name", "record_id", "thread_ident")  # fmt: skip
 
-    def __init__(self, op: str, record_id: int) -> None:
+    def __init__(self, op: str, record_id: int, created: Optional[float]) -> None:
         self.op = op
         self.record_id = record_id
-        self.is_p2p = op in POINT_TO_POINT
         self.pg_id: Optional[str] = None
         self.pg_desc: Optional[str] = None
         self.seq: Optional[int] = None
-        self.input_sizes: List[List[int]] = []
-        self.input_dtypes: List[str] = []
-        self.output_sizes: List[List[int]] = []
-        self.output_dtypes: List[str] = []
+        self.inputs: List[Tuple[Any, Any]] = []
+        self.outputs: List[Tuple[Any, Any]] = []
         self.state = "started"
-        self.created: Optional[float] = time.time()
+        self.created = created
         self.completed: Optional[float] = None
         self.thread_name: Optional[str] = None
         self.thread_ident = 0
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.op in POINT_TO_POINT
+
+    def sizes(self, tensors: List[Tuple[Any, Any]]) -> List[List[int]]:
+        return [[int(extent) for extent in shape] for shape, _ in tensors]
+
+    def dtypes(self, tensors: List[Tuple[Any, Any]]) -> List[str]:
+        return [dtype_name(dtype) for _, dtype in tensors]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -97,18 +104,14 @@ def dtype_name(dtype: Any) -> str:
     return SCALAR_TYPE_NAMES.get(text, text)
 
 
-def tensor_metadata(value: Any) -> Tuple[List[List[int]], List[str]]:
-    """Shapes and dtypes of a tensor or a list of tensors: metadata only."""
-    items = value[:LIST_TENSORS] if isinstance(value, (list, tuple)) else [value]
-    sizes, dtypes = [], []
+def note_tensors(value: Any, into: List[Tuple[Any, Any]]) -> None:
+    """(shape, dtype) of a tensor or of a list of tensors: metadata only."""
+    items = value[:LIST_TENSORS] if isinstance(value, (list, tuple)) else (value,)
     for item in items:
         shape = getattr(item, "shape", None)
         dtype = getattr(item, "dtype", None)
-        if shape is None or dtype is None:
-            continue
-        sizes.append([int(extent) for extent in shape])
-        dtypes.append(dtype_name(dtype))
-    return sizes, dtypes
+        if shape is not None and dtype is not None:
+            into.append((shape, dtype))
 
 
 def describe_group(c10d: Any, group: Any) -> Tuple[Optional[str], Optional[str], Optional[int]]:
@@ -217,17 +220,13 @@ class CollectiveRecorder:
     def begin(self, op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any], inputs: List[Argument],
               outputs: List[Argument], group: Argument) -> Optional[Call]:  # fmt: skip
         try:
-            call = Call(op, self.next_record)
+            call = Call(op, self.next_record, time.time())
             self.next_record += 1
             call.pg_id, call.pg_desc, call.seq = describe_group(self.c10d, group.value(args, kwargs))
             for argument in inputs:
-                sizes, dtypes = tensor_metadata(argument.value(args, kwargs))
-                call.input_sizes += sizes
-                call.input_dtypes += dtypes
+                note_tensors(argument.value(args, kwargs), call.inputs)
             for argument in outputs:
-                sizes, dtypes = tensor_metadata(argument.value(args, kwargs))
-                call.output_sizes += sizes
-                call.output_dtypes += dtypes
+                note_tensors(argument.value(args, kwargs), call.outputs)
             call.thread_ident = threading.get_ident()  # named when read: cheaper than here
             self.calls.append(call)
             self.open_by_thread[call.thread_ident] = call
@@ -301,20 +300,15 @@ class CollectiveRecorder:
     def call_from_frame(self, op: str, frame: FrameType, ident: int) -> Optional[Call]:
         try:
             local = frame.f_locals
-            call = Call(op, -1)
-            call.created = None  # unknown: it began before anyone looked
+            call = Call(op, -1, None)  # when it began is unknown: before anyone looked
             inputs, outputs = COLLECTIVE_PARAMETERS[op]
             call.pg_id, call.pg_desc, seq = describe_group(self.c10d, local.get("group"))
             # The group counted the call when it was enqueued, before the wait it is in.
             call.seq = seq - 1 if seq is not None else None
             for name in inputs:
-                sizes, dtypes = tensor_metadata(local.get(name))
-                call.input_sizes += sizes
-                call.input_dtypes += dtypes
+                note_tensors(local.get(name), call.inputs)
             for name in outputs:
-                sizes, dtypes = tensor_metadata(local.get(name))
-                call.output_sizes += sizes
-                call.output_dtypes += dtypes
+                note_tensors(local.get(name), call.outputs)
             call.thread_name = next((t.name for t in threading.enumerate() if t.ident == ident), None)
             call.thread_ident = ident
             return call

@@ -1,19 +1,19 @@
 """python.collectives and python.process_groups: the collectives of this rank, from the job's own
 PyTorch Flight Recorder, or from the agent's light record where the job has none.
 
-The Flight Recorder (torch 2.13 records gloo as well as NCCL, in a ring of 2000 entries by default,
-TORCH_FR_BUFFER_SIZE) is read with `_dump_fr_trace`, which copies the entries'
-metadata under the recorder's own mutex: safe from the agent's thread, no tensor touched. Its
-pickle is made by torch in this process and loaded here, by an unpickler that admits no class;
-the CLI never sees it, only the rows. The JSON dump holds the same, at six times the cost. Both
-hold a broken pg_config in 2.13 with gloo (every group under the key '', name and description
-empty), so the groups (ranks, description, backend) come from torch.distributed's own registry
+The Flight Recorder (torch 2.13 records gloo as well as NCCL, in a ring of 2000 entries by
+default, TORCH_FR_BUFFER_SIZE) is read with `_dump_fr_trace`, which copies the entries' metadata
+under the recorder's own mutex: safe from the agent's thread, no tensor touched. Its pickle is
+made by torch in this process and loaded here, by an unpickler that admits no class; the CLI
+never sees it, only the rows. The JSON dump holds the same, at six times the cost. Both hold a
+broken pg_config in 2.13 with gloo (every group under the key '', name and description empty),
+so the groups (ranks, description, backend) come from torch.distributed's own registry
 (`distributed_c10d._world`); FR's pg_status gives each group's progress.
 
 Where the dump holds nothing (no Flight Recorder in this torch, or TORCH_FR_BUFFER_SIZE=0) the
 agent records the calls itself (collective_recorder.py), from the first time these tables are
-asked for. Never imports torch: with no initialised torch.distributed in
-the job both tables are empty, with a note.
+asked for. Never imports torch: with no initialised torch.distributed in the job both tables
+are empty, with a note.
 """
 
 from __future__ import annotations
@@ -249,7 +249,8 @@ def _recorded_rows(rank: Optional[int], calls: List[Call], groups: Dict[str, Gro
             rank, call.pg_id, call.pg_desc if call.pg_desc is not None else (group.desc if group else None),
             group.ranks if group else None, call.seq, None, call.is_p2p, call.op, backend,
             f"{backend}:{call.op}" if backend else call.op,
-            call.input_sizes, call.input_dtypes, call.output_sizes, call.output_dtypes,
+            call.sizes(call.inputs), call.dtypes(call.inputs),
+            call.sizes(call.outputs), call.dtypes(call.outputs),
             call.state, call.created, call.created, call.completed,
             _waited(call.created, call.completed, call.state, now), None,
             call.record_id if call.record_id >= 0 else None, call.thread_name, "probing",
