@@ -290,58 +290,34 @@ CUDA_MEMORY = Table(
 
 COLLECTIVES = Table(
     "python.collectives",
-    "The collectives of this rank, in flight and recently done, read at the time of the query from "
-    "the job's own PyTorch Flight Recorder (a ring of 2000 entries by default in torch 2.13, "
-    "TORCH_FR_BUFFER_SIZE). Where the job's torch has none, or it is switched off, probing records "
-    "torch.distributed's Python collective calls itself from the first query on (the newest 2000), "
-    "and finds calls begun before on the threads' stacks; collectives issued from C++ (DDP's "
-    "gradient buckets) are then not seen. At most 10000 rows, the newest. Empty, with a note, where "
-    "the process has not initialised torch.distributed.",
+    "This rank's collectives in flight and recently done (at most 10000, the newest), from the job's own "
+    "PyTorch Flight Recorder (a ring of 2000 by default, TORCH_FR_BUFFER_SIZE; a query copies it, holding "
+    "the GIL for tens of ms). Where that is off, probing records torch.distributed's Python collective calls "
+    "from the first query on (the newest 2000; not DDP's, made in C++), and calls begun before from stacks; "
+    "seq is then the group's own count, send/recv included. Empty, with a note, without torch.distributed.",
     [
         Column("rank", "BIGINT", "this process's global rank (dist.get_rank())"),
         Column("pg_id", "VARCHAR", "process group name, e.g. 0 for the default group"),
         Column("pg_desc", "VARCHAR", "process group description, e.g. default_pg"),
-        Column(
-            "pg_ranks",
-            "VARCHAR",
-            "JSON list of the group's global ranks, e.g. [0, 1, 2, 3]; NULL when unknown",
-        ),
-        Column(
-            "seq",
-            "BIGINT",
-            "the group's sequence number of the collective (FR's collective_seq_id; with source "
-            "'probing', the group's own count, send/recv included), the same on every rank",
-        ),
+        Column("pg_ranks", "VARCHAR", "JSON list of the group's global ranks, e.g. [0, 1, 2, 3]"),
+        Column("seq", "BIGINT", "the group's sequence number of it (FR's collective_seq_id)"),
         Column("p2p_seq", "BIGINT", "FR's p2p_seq_id; NULL with source 'probing'"),
         Column("is_p2p", "BOOLEAN", "whether it is a point-to-point operation (send/recv)"),
         Column("op", "VARCHAR", "e.g. all_reduce, broadcast, barrier"),
         Column("backend", "VARCHAR", "e.g. gloo, nccl"),
         Column("profiling_name", "VARCHAR", "e.g. gloo:all_reduce"),
         Column("input_sizes", "JSON", "shape of each input tensor, e.g. [[16]]"),
-        Column(
-            "input_dtypes", "JSON", 'dtype of each input tensor, as torch\'s C++ names them, e.g. ["Float"]'
-        ),
+        Column("input_dtypes", "JSON", "dtype of each input tensor, in torch's C++ names, e.g. [Float]"),
         Column("output_sizes", "JSON", "shape of each output tensor"),
         Column("output_dtypes", "JSON", "dtype of each output tensor"),
         Column(
-            "state",
-            "VARCHAR",
-            "'scheduled', 'started' or 'completed' ('failed' with source 'probing': the call raised); "
-            "with gloo the Flight Recorder never marks 'started'",
+            "state", "VARCHAR", "'scheduled', 'started' (not with gloo), 'completed'; 'failed': it raised"
         ),
-        Column("time_created", "DOUBLE", "when it was enqueued, seconds since the epoch; NULL when unknown"),
-        Column(
-            "time_started",
-            "DOUBLE",
-            "when it was seen started (NCCL), or the call began (source 'probing'); NULL when unknown",
-        ),
-        Column("time_completed", "DOUBLE", "when it was seen completed; NULL when unknown (gloo under FR)"),
-        Column(
-            "waited",
-            "DOUBLE",
-            "seconds from time_created to time_completed, or to the query for one not completed",
-        ),
-        Column("timeout_s", "DOUBLE", "the collective's timeout, seconds; NULL with source 'probing'"),
+        Column("time_created", "DOUBLE", "when it was enqueued, seconds since the epoch"),
+        Column("time_started", "DOUBLE", "when it was seen started (NCCL), or the call began (probing)"),
+        Column("time_completed", "DOUBLE", "when it was seen completed; NULL when unknown (gloo)"),
+        Column("waited", "DOUBLE", "seconds from time_created to time_completed, or to the query"),
+        Column("timeout_s", "DOUBLE", "the collective's timeout, seconds"),
         Column("record_id", "BIGINT", "the recorder's own id of the entry"),
         Column("thread_name", "VARCHAR", "thread that issued it"),
         Column("source", "VARCHAR", "'flight_recorder' or 'probing'"),
@@ -350,9 +326,8 @@ COLLECTIVES = Table(
 
 PROCESS_GROUPS = Table(
     "python.process_groups",
-    "One row per process group this rank knows (torch.distributed's registry), with its progress: "
-    "the Flight Recorder's pg_status, or probing's own record where the job's torch has no Flight "
-    "Recorder switched on. Empty, with a note, where the process has not initialised torch.distributed.",
+    "One row per process group this rank knows (torch.distributed's registry), with its progress: the "
+    "Flight Recorder's pg_status, or probing's own record where that is off. Empty without torch.distributed",
     [
         Column("rank", "BIGINT", "this process's global rank"),
         Column("pg_id", "VARCHAR", "process group name, as pg_id in python.collectives"),
@@ -360,9 +335,9 @@ PROCESS_GROUPS = Table(
         Column("pg_ranks", "VARCHAR", "JSON list of the group's global ranks"),
         Column("size", "BIGINT", "ranks in the group"),
         Column("backend", "VARCHAR", "e.g. gloo, nccl"),
-        Column("last_enqueued", "BIGINT", "sequence number of the last collective enqueued; NULL when none"),
-        Column("last_started", "BIGINT", "of the last one seen started (NCCL only); NULL when unknown"),
-        Column("last_completed", "BIGINT", "of the last one completed; NULL when none"),
+        Column("last_enqueued", "BIGINT", "sequence number of the last collective enqueued"),
+        Column("last_started", "BIGINT", "of the last one seen started (NCCL only)"),
+        Column("last_completed", "BIGINT", "of the last one completed"),
         Column("source", "VARCHAR", "'flight_recorder' or 'probing'"),
     ],
 )
