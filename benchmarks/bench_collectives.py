@@ -77,6 +77,16 @@ def worker(blocks: int, steps: int) -> None:
             times["call_" + mode] += [one_call() for _ in range(steps * 4)]
             if mode == "recorded":
                 collective_recorder.stop()
+    # The recording's own work per call, without the communication around it: steadier on a
+    # shared machine than the difference of two timed all_reduces.
+    own = collective_recorder.CollectiveRecorder(dist.distributed_c10d, dist)
+    tensor_argument = collective_recorder.Argument(dist.all_reduce, "tensor")
+    group_argument = collective_recorder.Argument(dist.all_reduce, "group")
+    start = time.perf_counter()
+    for _ in range(FILL_RING):
+        noted = own.begin("all_reduce", (small,), {}, [tensor_argument], [tensor_argument], group_argument)
+        own.returned(noted, None)
+    times["own_work"] = [(time.perf_counter() - start) / FILL_RING]
     # What a query costs the job: python.collectives read with the ring that serves it full.
     if flight_recorder_dump() is None:
         collective_recorder.recorder(dist.distributed_c10d, dist)
@@ -150,6 +160,8 @@ def main() -> None:
         extra = (call_recorded - call) * 1e6
         print(f"  probing's recording on/off, {label}: per step {recorded / plain:.3f}, per all_reduce "
               f"{call_recorded / call:.3f} ({extra:+.1f} us on {call * 1e6:.1f} us)")  # fmt: skip
+    own = statistics.median(result["own_work"] for result in results[True] + results[False])
+    print(f"  probing's recording, its own work per call (no communication): {own * 1e6:.1f} us")
     for flight_recorder, label in ((True, "FR on "), (False, "FR off")):
         read = median(flight_recorder, "read_s")
         rows = results[flight_recorder][0]["read_rows"]

@@ -240,18 +240,15 @@ class CollectiveRecorder:
         """A synchronous call returned: done. An async one returned a Work: done when it is."""
         if call is None:
             return
-        self.open_by_thread.pop(call.thread_ident, None)
-        future = None
-        if result is not None and hasattr(result, "get_future"):
-            try:
-                future = result.get_future()
-                future.add_done_callback(lambda _: self.finish(call, "completed"))
-            except Exception:  # noqa: BLE001 - a Work without a future: its end stays unknown
-                future = None
-            if future is None:
-                call.state = "scheduled"
-            return
-        self.finish(call, "completed")
+        try:
+            self.open_by_thread.pop(call.thread_ident, None)
+            if result is None or not hasattr(result, "get_future"):
+                self.finish(call, "completed")
+                return
+            call.state = "scheduled"  # until its future says it is done
+            result.get_future().add_done_callback(lambda _: self.finish(call, "completed"))
+        except Exception:  # noqa: BLE001 - a Work without a future: its end stays unknown
+            pass
 
     def finish(self, call: Optional[Call], state: str) -> None:
         if call is None:
