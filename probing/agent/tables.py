@@ -12,11 +12,13 @@ from .. import __version__
 from ..procfs import process_start_time, thread_cpu_seconds
 from ..schema.tables import (
     BACKTRACE,
+    COLLECTIVES,
     CUDA_MEMORY,
     GC_GENERATIONS,
     MODULES,
     NAN_EVENTS,
     OPTIMIZERS,
+    PROCESS_GROUPS,
     PROCESS_INFO,
     PROCESS_MEMORY,
     PYTHON_GC,
@@ -108,6 +110,26 @@ def _build_optimizers(server: Any, params: Dict[str, Any]) -> TableBuilder:
     return _with_notes(fill(new_builder(OPTIMIZERS), rows), [note] if note else [])
 
 
+def _build_collectives(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .pytorch.collectives import collective_rows
+
+    rows, notes = collective_rows(server.own_threads)
+    return _with_notes(_filled(new_builder(COLLECTIVES), rows), notes)
+
+
+def _build_process_groups(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .pytorch.collectives import process_group_rows
+
+    rows, notes = process_group_rows()
+    return _with_notes(_filled(new_builder(PROCESS_GROUPS), rows), notes)
+
+
+def _filled(builder: TableBuilder, rows: List[Any]) -> TableBuilder:
+    for row in rows:
+        builder.append(row)
+    return builder
+
+
 def _with_notes(builder: TableBuilder, notes: List[str]) -> TableBuilder:
     builder.notes.extend(notes)
     return builder
@@ -194,4 +216,6 @@ BUILDERS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     PYTHON_GC.name: _build_gc,
     GC_GENERATIONS.name: _build_gc_generations,
     CUDA_MEMORY.name: _build_cuda_memory,
+    COLLECTIVES.name: _build_collectives,
+    PROCESS_GROUPS.name: _build_process_groups,
 }

@@ -297,12 +297,62 @@ CUDA_MEMORY = Table(
     ],
 )
 
+COLLECTIVES = Table(
+    "python.collectives",
+    "This rank's collectives in flight and recently done (at most 10000, the newest), from the job's PyTorch "
+    "Flight Recorder (a ring of 2000 by default; a query copies it, holding the GIL for tens of ms), or, "
+    "where it is off, probing's record since the first query. Empty, with a note, without torch.distributed.",
+    [
+        Column("rank", "BIGINT", "this process's global rank (dist.get_rank())"),
+        Column("pg_id", "VARCHAR", "process group name, e.g. 0 for the default group"),
+        Column("pg_desc", "VARCHAR", "process group description, e.g. default_pg"),
+        Column("pg_ranks", "VARCHAR", "JSON list of the group's global ranks, e.g. [0, 1, 2, 3]"),
+        Column("seq", "BIGINT", "the group's sequence number: FR's collective_seq_id, or the group's count"),
+        Column("p2p_seq", "BIGINT", "FR's p2p_seq_id; NULL with source 'probing'"),
+        Column("is_p2p", "BOOLEAN", "whether it is a point-to-point operation (send/recv)"),
+        Column("op", "VARCHAR", "e.g. all_reduce, broadcast, barrier"),
+        Column("backend", "VARCHAR", "e.g. gloo, nccl"),
+        Column("profiling_name", "VARCHAR", "e.g. gloo:all_reduce"),
+        Column("input_sizes", "JSON", "shape of each input tensor, e.g. [[16]]"),
+        Column("input_dtypes", "JSON", "dtype of each input tensor, in torch's C++ names, e.g. [Float]"),
+        Column("output_sizes", "JSON", "shape of each output tensor"),
+        Column("output_dtypes", "JSON", "dtype of each output tensor"),
+        Column("state", "VARCHAR", "'scheduled', 'started' (not gloo), 'completed'; 'failed': it raised"),
+        Column("time_created", "DOUBLE", "when it was enqueued, seconds since the epoch"),
+        Column("time_started", "DOUBLE", "when it was seen started (NCCL), or the call began (probing)"),
+        Column("time_completed", "DOUBLE", "when it was seen completed; NULL when unknown (gloo)"),
+        Column("waited", "DOUBLE", "seconds from time_created to time_completed, or to the query"),
+        Column("timeout_s", "DOUBLE", "the collective's timeout, seconds"),
+        Column("record_id", "BIGINT", "the recorder's own id of the entry"),
+        Column("thread_name", "VARCHAR", "thread that issued it"),
+        Column("source", "VARCHAR", "'flight_recorder', or 'probing' (Python calls only: not DDP's buckets)"),
+    ],
+)
+
+PROCESS_GROUPS = Table(
+    "python.process_groups",
+    "One row per process group this rank knows (torch.distributed's registry), with its progress: the "
+    "Flight Recorder's pg_status, or probing's record where that is off. Empty without torch.distributed.",
+    [
+        Column("rank", "BIGINT", "this process's global rank"),
+        Column("pg_id", "VARCHAR", "process group name, as pg_id in python.collectives"),
+        Column("pg_desc", "VARCHAR", "process group description, e.g. default_pg"),
+        Column("pg_ranks", "VARCHAR", "JSON list of the group's global ranks"),
+        Column("size", "BIGINT", "ranks in the group"),
+        Column("backend", "VARCHAR", "e.g. gloo, nccl"),
+        Column("last_enqueued", "BIGINT", "sequence number of the last collective enqueued"),
+        Column("last_started", "BIGINT", "of the last one seen started (NCCL only)"),
+        Column("last_completed", "BIGINT", "of the last one completed"),
+        Column("source", "VARCHAR", "'flight_recorder' or 'probing'"),
+    ],
+)
+
 # The tables an agent serves.
 AGENT_TABLES: Dict[str, Table] = {
     table.name: table
     for table in (
         BACKTRACE, THREADS, PROCESS_INFO, PROCESS_MEMORY, TORCH_TRACE, NAN_EVENTS, MODULES, TENSORS,
-        OPTIMIZERS, PYTHON_GC, GC_GENERATIONS, CUDA_MEMORY,
+        OPTIMIZERS, PYTHON_GC, GC_GENERATIONS, CUDA_MEMORY, COLLECTIVES, PROCESS_GROUPS,
     )
 }  # fmt: skip
 

@@ -81,11 +81,13 @@ def test_information_schema_sees_every_table(target: Target) -> None:
         "process.memory",
         "process.stats",
         "python.backtrace",
+        "python.collectives",
         "python.gc",
         "python.gc_generations",
         "python.modules",
         "python.nan_events",
         "python.optimizers",
+        "python.process_groups",
         "python.tensors",
         "python.threads",
         "python.torch_trace",
@@ -128,6 +130,8 @@ def test_tables_describes_every_column(target: Target) -> None:
         "python.gc",
         "python.gc_generations",
         "torch.cuda_memory",
+        "python.collectives",
+        "python.process_groups",
         "process.stats",
     ]
     assert all(column["doc"] for table in described for column in table["columns"])
