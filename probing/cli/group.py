@@ -99,7 +99,9 @@ def cli(
       probing PID repl             an interactive console inside the process
       probing PID query "SQL"      DuckDB SQL over python.backtrace, python.threads, ...
       probing PID memory           RSS/USS, Python objects by type, torch memory, growth
-      probing list                 Python processes, and which have an agent
+      probing PID ranks            every rank of the torchrun job PID belongs to, at a glance
+      probing PID hang --ranks all which rank of the job is stuck, and where (--ranks: most commands)
+      probing list                 Python processes by job, and which have an agent
       probing run -- CMD ...       start CMD with the agent in it
 
     A process without an agent is attached to first (unless --no-attach): one of its
