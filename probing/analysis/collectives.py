@@ -172,6 +172,7 @@ class _Group(NamedTuple):
     desc: str
     members: List[int]
     enqueued: Dict[int, int]  # rank -> last sequence number it enqueued
+    completed: Dict[int, int]  # rank -> last sequence number it completed
     pending: Dict[int, Dict[int, Dict[str, Any]]]  # sequence number -> rank -> its row
 
 
@@ -186,9 +187,12 @@ def _groups(views: Sequence[RankView]) -> Dict[Any, _Group]:
             known = status.get(pg_id, {})
             first = mine[0] if mine else known
             members = decoded(first.get("pg_ranks")) or every
-            group = groups.setdefault(pg_id, _Group(str(first.get("pg_desc") or ""), list(members), {}, {}))
+            group = groups.setdefault(
+                pg_id, _Group(str(first.get("pg_desc") or ""), list(members), {}, {}, {})
+            )
             completed = max([known.get("last_completed") or 0]
                             + [row["seq"] for row in mine if row.get("state") == "completed"])  # fmt: skip
+            group.completed[view.rank] = completed
             group.enqueued[view.rank] = max([known.get("last_enqueued") or 0] + [row["seq"] for row in mine])
             for row in mine:
                 if row["seq"] > completed and row.get("state") != "completed":
@@ -222,13 +226,15 @@ def _place(behind: BehindRank) -> str:
 
 
 def job_verdict(
-    ranks: Sequence[RankView], window_start: Optional[float] = None, build_db: Optional[Any] = None
+    ranks: Sequence[RankView], window_start: Optional[float], build_db: Optional[Any]
 ) -> JobVerdict:
     """The job's verdict from every rank's view (the module docstring gives the rules).
 
-    `window_start`: epoch seconds when the ranks began to be watched (the exception for collectives
-    completed during the window needs it). `build_db`: torch's Flight Recorder analyzer, from
-    mismatches.flight_recorder_analyzer() (None: compare collectives ourselves)."""
+    `window_start`: epoch seconds (time.time()) when the ranks began to be watched; the exception
+    for collectives completed during the window needs it (None: any hung rank makes the job hung;
+    one rank of a healthy job was seen "hung" by its own 2 s verdict, so pass it).
+    `build_db`: torch's Flight Recorder analyzer, from mismatches.flight_recorder_analyzer()
+    (None: collectives are compared by ours)."""
     views = sorted(ranks, key=lambda view: view.rank)
     sampled = [view for view in views if view.report is not None]
     missing = [MissingRank(v.rank, v.local_rank, v.node, v.pid, v.missing_reason or "could not be sampled")
@@ -273,9 +279,12 @@ def _where_each_is(views: List[RankView], informed: List[RankView]) -> Tuple[Lis
     waiting: List[Waiting] = []
     stack_waiters = [view.rank for view in uninformed if _in_collective(view)]
     for pg_id, group in sorted(_groups(informed).items(), key=lambda item: str(item[0])):
-        if not group.pending:
+        # A collective some rank has completed is not waited in: it completes (or did) everywhere.
+        done = max(group.completed.values(), default=0)
+        open_seqs = [seq for seq in group.pending if seq > done]
+        if not open_seqs:
             continue
-        seq = min(group.pending)
+        seq = min(open_seqs)
         by_op: Dict[str, Dict[int, Dict[str, Any]]] = {}
         for rank, row in sorted(group.pending[seq].items()):
             by_op.setdefault(str(row.get("op")), {})[rank] = row
