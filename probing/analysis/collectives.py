@@ -203,7 +203,8 @@ def _groups(views: Sequence[RankView]) -> Dict[Any, _Group]:
 def _completed_in_window(view: RankView, window_start: float) -> bool:
     last = {row["pg_id"]: row.get("last_completed") or 0 for row in view.process_groups or []}
     for row in view.collectives or []:
-        done = row.get("state") == "completed" or row.get("seq", 0) <= last.get(row.get("pg_id"), 0)
+        seq = row.get("seq")
+        done = row.get("state") == "completed" or (seq is not None and seq <= last.get(row.get("pg_id"), 0))
         when = row.get("time_completed") or row.get("time_created") or 0.0
         if done and when >= window_start:
             return True
@@ -274,7 +275,8 @@ def _waiting(op: str, pg_id: Any, desc: str, seq: int, rows: Dict[int, Dict[str,
 def _where_each_is(views: List[RankView], informed: List[RankView]) -> Tuple[List[BehindRank], List[Waiting]]:
     """Behind and waiting ranks of a hung job: by collectives where ranks gave them, by stacks for
     the others (and for all, when none did)."""
-    uninformed = [view for view in views if view not in informed and view.report is not None]
+    with_collectives = {view.rank for view in informed}
+    uninformed = [view for view in views if view.rank not in with_collectives and view.report is not None]
     behind: Dict[int, BehindRank] = {}
     waiting: List[Waiting] = []
     stack_waiters = [view.rank for view in uninformed if _in_collective(view)]

@@ -243,13 +243,13 @@ def _details(by_rank: Dict[int, Rows]) -> Dict[str, Dict[str, Any]]:
 
 
 def flight_recorder_analyzer() -> Optional[Any]:
-    """torch's build_db when torch is importable here (about 1 s: torch itself; the analyzer
-    adds ~3 ms), else None. Its import-time warning (no `tabulate`) is silenced."""
+    """torch's build_db when torch is importable here (1-1.5 s: torch itself; the analyzer adds
+    ~3 ms), else None. Its import-time warning (no `tabulate`) goes to its own logger, silenced; the
+    process's streams are left alone, so that the import may run in a thread while ranks are sampled."""
     recorder = logging.getLogger("Flight Recorder")
     disabled, recorder.disabled = recorder.disabled, True
     try:
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            builder = importlib.import_module("torch.distributed.flight_recorder.components.builder")
+        builder = importlib.import_module("torch.distributed.flight_recorder.components.builder")
         return builder.build_db
     except Exception:  # torch absent, or built without torch.distributed
         return None

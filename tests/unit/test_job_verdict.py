@@ -266,3 +266,12 @@ def test_json_has_the_documented_keys_and_goes_through_the_writer(capsys: pytest
                              "missing", "mismatch_check", "ranks"}  # fmt: skip
     assert document["behind"][0]["gil_holder"] == "MainThread"
     assert [rank["rank"] for rank in document["ranks"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.skipif(ANALYZER is None, reason="torch is not importable")
+def test_the_analyzer_says_nothing_on_the_cli_streams(capfd: pytest.CaptureFixture[str]) -> None:
+    """It logs every mismatch it meets ("Collective sequence number: 6 has errors", the stack...)
+    to a handler of its own on stderr: that would land in the middle of our output."""
+    found, _ = mismatches({view.rank: view.collectives or [] for view in job("mismatch")}, ANALYZER)
+    assert [mismatch.source for mismatch in found] == ["flight_recorder"]
+    assert capfd.readouterr() == ("", "")
