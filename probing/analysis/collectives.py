@@ -323,7 +323,7 @@ def _reason(
 ) -> str:  # fmt: skip
     """The hung job's verdict in one sentence: a mismatch at the collective waited in, else the
     ranks behind it and where they are, else who waits and for whom nobody knows."""
-    blocked = {(waiting.pg_id, waiting.seq) for waiting in waiting if waiting.seq is not None}
+    blocked = {(entry.pg_id, entry.seq) for entry in waiting if entry.seq is not None}
     mismatch = next((mismatch for mismatch in found if (mismatch.pg_id, mismatch.seq) in blocked), None)
     if mismatch is not None:
         return _mismatch_text(mismatch)
