@@ -104,9 +104,10 @@ def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
         func = str(frame.get("func") or "")
         if not in_library(path):
             break
-        if "torch/distributed/" in path and func not in _WRAPPERS:
-            # The outermost call into torch.distributed that is not a decorator's: the API the
-            # job called (all_reduce, barrier), not the logging wrapper around it.
+        if path.endswith("torch/distributed/distributed_c10d.py") and func not in _WRAPPERS:
+            # The outermost collective call (all_reduce, barrier, all_gather_object), not the
+            # logging wrapper around it. The rest of torch.distributed (torchrun's elastic
+            # agent, its rendezvous) is named by what its innermost line does.
             state = f"in torch.distributed.{func}"
         for part, funcs, meaning in _LIBRARY_CALLS:
             if part in path and (not funcs or func in funcs):

@@ -119,10 +119,19 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
     from .backtrace import write_stacks_to_stderr
 
     err = sys.stderr
-    err.write(
-        f"probing: the job made no progress for {job.stalled_s:.0f} s (its main thread neither moved "
-        "nor used the CPU); every stack of its process tree follows, then it is ended\n"
-    )
+    if job.job is not None:
+        from .job import write_job_hang
+
+        err.write(
+            f"probing: a rank of the job made no progress for {job.stalled_s:.0f} s; the job's verdict, "
+            "then every stack of its process tree, then it is ended\n"
+        )
+        write_job_hang(job.job, "text", err)
+    else:
+        err.write(
+            f"probing: the job made no progress for {job.stalled_s:.0f} s (its main thread neither moved "
+            "nor used the CPU); every stack of its process tree follows, then it is ended\n"
+        )
     reports = []
     for pid, stacks, error in job.processes:
         if stacks is None:
@@ -132,8 +141,11 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
         reports.append({"pid": pid, "frames": stacks.rows})
     err.flush()
     if report_path:
+        document: Dict[str, Any] = {"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": reports}
+        if job.job is not None:
+            document["job"] = job.job.to_json()
         with open(report_path, "w") as handle:
-            write_json({"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": reports}, handle)
+            write_json(document, handle)
 
 
 def _plural(count: int, word: str) -> str:
