@@ -6,7 +6,7 @@ command from the options cli/spec.py declares.
 
 from __future__ import annotations
 
-from ..engine.backtrace import read_stacks, read_tree
+from ..engine.backtrace import read_stacks_of_ranks, read_tree
 from ..errors import ExitCode, UsageError
 from .render.backtrace import write_tree
 
@@ -34,15 +34,13 @@ def backtrace(
     if ranks is not None:
         if children or attach_children:
             raise UsageError("--ranks reads every rank already; --children does not go with it")
-        from ..engine.fanout import gather
         from .render.per_rank import write_job_stacks
 
         job, chosen = invocation.job(ranks)
-        gathered = gather(
-            chosen,
-            lambda rank: read_stacks(invocation.rank_target(rank), locals, thread, timeout, native),
-            timeout + invocation.attach_timeout + OUTSIDE_LOOK_S,
-        )
+        gathered = read_stacks_of_ranks(
+            chosen, invocation.rank_target, locals, thread, timeout,
+            timeout + invocation.attach_timeout + OUTSIDE_LOOK_S, native,
+        )  # fmt: skip
         write_job_stacks(job, gathered, format)
         return gathered.exit_code()
     tree = read_tree(invocation.target(), locals, thread, timeout, native, children, attach_children)

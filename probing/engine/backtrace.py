@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import time
 
+from ..client.connection import Client
 from ..client.replies import decode_reply_table
 from ..errors import NoAgent, ProbingError, UsageError
 from ..procfs import command_line
+from .fanout import Gathered
 from .target import STILL_CHECK_S, Fallback, Stillness
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    from ..client.connection import Client
+    from .job import Rank
     from .target import Target
 
 # How long the agent may be silent before a look from outside decides whether to wait on.
@@ -158,6 +160,64 @@ def read_stacks(
             raise ProbingError(fallback.why) from None
         why = fallback.why
     return from_outside(target, False, thread, why)
+
+
+# How long the agents of many ranks get to answer in one thread before the ranks that have not
+# are read the full way, one thread each (attach, the look from outside).
+QUICK_ANSWER_S = 0.1
+
+
+def read_stacks_of_ranks(
+    ranks: List[Rank], target_of: Callable[[Rank], Target], locals: bool, thread: Optional[str],
+    timeout: float, deadline: float, native: bool = False,
+) -> Gathered:  # fmt: skip
+    """Every rank's stacks. One request goes to each rank's agent at once and the answers are
+    read as they come, in this thread: a job whose agents answer (the usual case) needs no
+    thread, and its ranks answer in about the time of the slowest. A rank without an agent, or
+    whose agent is not quick (busy, or stuck on its GIL: no thread of it runs), is read the
+    full way (`read_stacks`: attach, the look from outside) in a thread of its own."""
+    from ..client.discovery import locate_socket
+
+    params = {"locals": locals, "thread": thread}
+    asked: List[Tuple[Rank, Client]] = []
+    full: List[Rank] = []
+    for rank in ranks:
+        target = target_of(rank) if rank.pid and not native else None
+        try:
+            if target is None:
+                raise NoAgent("read the full way")
+            client = Client(locate_socket(rank.pid, target.log), timeout, target.log, pid=rank.pid)
+        except ProbingError:
+            full.append(rank)
+            continue
+        try:
+            client.send("backtrace", params)
+        except ProbingError:
+            client.close()
+            full.append(rank)
+            continue
+        asked.append((rank, client))
+    quick: List[Tuple[Rank, Any]] = []
+    end = time.monotonic() + QUICK_ANSWER_S
+    for rank, client in asked:
+        with client:
+            stillness = Stillness(rank.pid)
+            try:
+                while not client.answered(min(STILL_CHECK_S, max(0.0, end - time.monotonic()))):
+                    if time.monotonic() >= end or stillness.check() is not None:
+                        raise Fallback("not quick")
+                result, payload = client.receive("backtrace", timeout)
+                rows = decode_reply_table(result, payload).to_rows()
+            except (ProbingError, Fallback):
+                full.append(rank)
+                continue
+        quick.append((rank, Stacks(rank.pid, rows, dict(client.info), [])))
+    if not full:
+        return Gathered(quick, [])
+    from .fanout import gather
+
+    rest = gather(full, lambda rank: read_stacks(target_of(rank), locals, thread, timeout, native), deadline)
+    return Gathered(sorted(quick + rest.answers, key=lambda pair: pair[0].rank), rest.missing)
 
 
 class TreeStacks:

@@ -9,7 +9,6 @@ answer anyway).
 
 from __future__ import annotations
 
-import threading
 import time
 
 from ..errors import AgentTimeout, ExitCode, ProbingError, ProcessNotFound
@@ -17,6 +16,7 @@ from ..errors import AgentTimeout, ExitCode, ProbingError, ProcessNotFound
 # No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from .job import Rank
@@ -54,15 +54,17 @@ class Gathered:
 class _Outcome:
     __slots__ = ("answer", "error", "crash", "done")
 
-    def __init__(self) -> None:
+    def __init__(self, done: threading.Event) -> None:
         self.answer: Optional[object] = None
         self.error: Optional[ProbingError] = None
         self.crash: Optional[BaseException] = None  # a bug, raised again in the caller's thread
-        self.done = threading.Event()
+        self.done = done
 
 
 def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) -> Gathered:
     """`work(rank)` for every rank in parallel; what each answered by the deadline."""
+    import threading  # not at import: `backtrace --ranks all` of a healthy job needs no thread
+
     outcomes: Dict[int, _Outcome] = {}
 
     def run(rank: Rank, outcome: _Outcome) -> None:
@@ -76,7 +78,7 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) ->
             outcome.done.set()
 
     for rank in ranks:
-        outcome = outcomes[rank.rank] = _Outcome()
+        outcome = outcomes[rank.rank] = _Outcome(threading.Event())
         if rank.pid == 0:
             outcome.error = ProcessNotFound(
                 f"rank {rank.rank} (local rank {rank.local_rank}) is not running: no process of the job "
