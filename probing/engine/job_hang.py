@@ -20,6 +20,8 @@ from .target import Target
 COLLECTIVES_SQL = "SELECT * FROM python.collectives, python.process_groups"
 # What one sample may take beyond the window: the agent's silence before a look from outside.
 SAMPLE_SLACK_S = 1.5
+# How long to wait for torch's import (for its analyzer) once the ranks have been watched.
+ANALYZER_IMPORT_S = 10.0
 
 
 class RankHang(NamedTuple):
@@ -75,6 +77,7 @@ def watch_job(
     """Watch every rank over `duration` seconds, then judge the job."""
     window_start = time.time()
     deadline = attach_timeout + duration + samples * SAMPLE_SLACK_S + 2 * timeout
+    analyzer = _AnalyzerLoader()
     gathered = gather(ranks, lambda rank: _watch_rank(target_of(rank), duration, samples, timeout), deadline)
     views = []
     notes: List[str] = []
@@ -97,7 +100,31 @@ def watch_job(
         views.append(
             RankView(rank.rank, rank.local_rank, rank.node, rank.pid or None, None, each.error.message)
         )
-    return JobHang(judge(views, window_start), notes)
+    build_db = analyzer.result() if any(view.collectives for view in views) else None
+    return JobHang(job_verdict(views, window_start, build_db), notes)
+
+
+class _AnalyzerLoader:
+    """torch's Flight Recorder analyzer, imported in a thread while the ranks are watched: the
+    import of torch (about 1 s) then costs no wait. Only where torch is installed here."""
+
+    def __init__(self) -> None:
+        import importlib.util
+        import threading
+
+        self.build_db: Optional[Any] = None
+        self.thread: Optional[threading.Thread] = None
+        if importlib.util.find_spec("torch") is not None:
+            self.thread = threading.Thread(target=self._load, name="probing-fr-analyzer", daemon=True)
+            self.thread.start()
+
+    def _load(self) -> None:
+        self.build_db = flight_recorder_analyzer()
+
+    def result(self) -> Optional[Any]:
+        if self.thread is not None:
+            self.thread.join(ANALYZER_IMPORT_S)
+        return self.build_db
 
 
 def judge(views: List[RankView], window_start: float) -> JobVerdict:
