@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .mismatches import Call, Mismatch, decoded, mismatches
+from .mismatches import Mismatch, call_text, decoded, mismatches, ranks_text
 from .progress import HangReport, ThreadReport
 
 Rows = List[Dict[str, Any]]
@@ -211,10 +211,6 @@ def _completed_in_window(view: RankView, window_start: float) -> bool:
     return False
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(rank) for rank in ranks)}"
-
-
 def _collective_text(op: str, seq: Optional[int], pg_id: Any, pg_desc: str) -> str:
     if seq is None:
         return op or "a collective"
@@ -253,13 +249,13 @@ def job_verdict(
     if not sampled:
         return verdict(False, "no rank could be sampled", [], [])
     if not hung_ranks:
-        return verdict(False, f"every rank progressed ({_ranks_text([v.rank for v in sampled])})", [], [])
+        return verdict(False, f"every rank progressed ({ranks_text([v.rank for v in sampled])})", [], [])
     every_rank_completed = window_start is not None and all(
         (view.collectives or view.process_groups) and _completed_in_window(view, window_start)
         for view in sampled
     )
     if every_rank_completed:
-        still = _ranks_text(hung_ranks)
+        still = ranks_text(hung_ranks)
         reason = f"{still} did not move, but collectives completed on every rank during the window"
         return verdict(False, reason, [], [])
     behind, waiting = _where_each_is(views, informed)
@@ -333,17 +329,17 @@ def _reason(
             hung = "; ".join(f"rank {rank.rank} is hung in {_place(rank)}" for rank in behind)
             return f"no rank waits in a collective; {hung}"
         hung_ranks = [view.rank for view in views if view.report is not None and view.report.hung]
-        return f"{_ranks_text(hung_ranks)} did not progress"
+        return f"{ranks_text(hung_ranks)} did not progress"
     collective = _collective_text(target.op, target.seq, target.pg_id, target.pg_desc)
-    waiters = _ranks_text(target.ranks)
+    waiters = ranks_text(target.ranks)
     if not behind:
         wait = "waits" if len(target.ranks) == 1 else "wait"
         if missing:
-            unseen = _ranks_text([rank.rank for rank in missing])
+            unseen = ranks_text([rank.rank for rank in missing])
             return f"{waiters} {wait} in {collective}; {unseen} could not be sampled ({missing[0].reason})"
         return f"{waiters} {wait} in {collective}, which no rank is behind for and none completes"
     one = len(behind) == 1
-    names = _ranks_text([rank.rank for rank in behind])
+    names = ranks_text([rank.rank for rank in behind])
     if target.source == "stack":
         wait = "waits" if len(target.ranks) == 1 else "wait"
         head = f"{names} {'is' if one else 'are'} not in a collective while {waiters} {wait} in {collective}"
@@ -357,16 +353,8 @@ def _reason(
 
 def _mismatch_text(mismatch: Mismatch) -> str:
     calls = ", ".join(
-        f"{_ranks_text(call.ranks)} call{'' if len(call.ranks) > 1 else 's'} {_call_text(call, kind)}"
+        f"{ranks_text(call.ranks)} call{'' if len(call.ranks) > 1 else 's'} {call_text(call, kind)}"
         for call, kind in ((call, mismatch.kind) for call in mismatch.calls)
     )
     where = _collective_text("collective", mismatch.seq, mismatch.pg_id, mismatch.pg_desc)
     return f"{where} does not match across ranks: {calls}"
-
-
-def _call_text(call: Call, kind: str) -> str:
-    if kind == "sizes":
-        return f"{call.op} of sizes {call.input_sizes}"
-    if kind == "dtypes":
-        return f"{call.op} of dtypes {call.input_dtypes}"
-    return call.op

@@ -39,7 +39,7 @@ import importlib
 import io
 import json
 import logging
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 Rows = List[Dict[str, Any]]
 
@@ -180,17 +180,17 @@ def compared(by_rank: Dict[int, Rows]) -> List[Mismatch]:
         if kind is None:
             continue
         calls = _calls(rows_at)
-        described = "; ".join(f"{_ranks(call.ranks)} {_call_text(call, kind)}" for call in calls)
+        described = "; ".join(f"{ranks_text(call.ranks)} {call_text(call, kind)}" for call in calls)
         desc = str(next(iter(rows_at.values())).get("pg_desc") or "")
         found.append(Mismatch(pg_id, desc, seq, kind, calls, f"{kind} differ: {described}", "probing"))
     return found
 
 
-def _ranks(ranks: List[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(rank) for rank in ranks)}"
 
 
-def _call_text(call: Call, kind: str) -> str:
+def call_text(call: Call, kind: str) -> str:
     if kind == "op":
         return call.op
     if kind == "sizes":

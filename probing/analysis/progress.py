@@ -261,6 +261,11 @@ class ProgressTracker:
             self.window = [sample]
         return report
 
+    def progressed(self) -> None:
+        """Something outside the stacks showed progress (a distributed job's collectives
+        completing on every rank): the window restarts at the last sample."""
+        self.window = self.window[-1:]
+
     def stalled_s(self, now: float) -> float:
         return 0.0 if not self.window else now - self.window[0].taken
 

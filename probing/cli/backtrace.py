@@ -6,12 +6,9 @@ command from the options cli/spec.py declares.
 
 from __future__ import annotations
 
-from ..engine.backtrace import read_stacks_of_ranks, read_tree
+from ..engine.backtrace import OUTSIDE_LOOK_S, read_stacks_of_ranks, read_tree
 from ..errors import ExitCode, UsageError
 from .render.backtrace import write_tree
-
-# Beyond --timeout and --attach-timeout, what a rank may take to be read from outside (py-spy).
-OUTSIDE_LOOK_S = 3.0
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -54,6 +54,8 @@ def hang(
         write_job_hang(watched.verdict, format)
         if watched.verdict.hung:
             return ExitCode.HUNG
+        if watched.failure_code is not None:
+            return watched.failure_code
         return ExitCode.PARTIAL if watched.verdict.missing else ExitCode.OK
     target = invocation.target()
     pid: Optional[int] = target.require_pid("hang")

@@ -162,9 +162,8 @@ def read_stacks(
     return from_outside(target, False, thread, why)
 
 
-# How long the agents of many ranks get to answer in one thread before the ranks that have not
-# are read the full way, one thread each (attach, the look from outside).
-QUICK_ANSWER_S = 0.1
+# What reading a process's stacks from outside (py-spy) may take, when its agent cannot answer.
+OUTSIDE_LOOK_S = 3.0
 
 
 def read_stacks_of_ranks(
@@ -174,8 +173,8 @@ def read_stacks_of_ranks(
     """Every rank's stacks. One request goes to each rank's agent at once and the answers are
     read as they come, in this thread: a job whose agents answer (the usual case) needs no
     thread, and its ranks answer in about the time of the slowest. A rank without an agent, or
-    whose agent is not quick (busy, or stuck on its GIL: no thread of it runs), is read the
-    full way (`read_stacks`: attach, the look from outside) in a thread of its own."""
+    whose agent is not quick (silent for EARLY_LOOK_S, or stuck on its GIL: no thread of it
+    runs), is read the full way (`read_stacks`: attach, the look from outside) in a thread of its own."""
     from ..client.discovery import locate_socket
 
     params = {"locals": locals, "thread": thread}
@@ -198,7 +197,9 @@ def read_stacks_of_ranks(
             continue
         asked.append((rank, client))
     quick: List[Tuple[Rank, Any]] = []
-    end = time.monotonic() + QUICK_ANSWER_S
+    # As long as one target's agent gets before a look from outside (EARLY_LOOK_S), but a rank
+    # found stuck on its GIL is handed on at once.
+    end = time.monotonic() + EARLY_LOOK_S
     for rank, client in asked:
         with client:
             stillness = Stillness(rank.pid)

@@ -15,7 +15,7 @@ inherits its rank's environment; it is taken for its rank.
 from __future__ import annotations
 
 from ..errors import ProbingError, UsageError
-from ..procfs import environ_values, parent_pid, parents, process_alive
+from ..procfs import environ_values, parent_pid, parents, process_alive, start_time
 
 # No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
 TYPE_CHECKING = False
@@ -195,8 +195,9 @@ def _ranks_under(launcher: int, key: JobKey) -> List[_Found]:
 
 def _job(key: JobKey, ranks: List[_Found]) -> Job:
     by_rank: Dict[int, Rank] = {}
-    for each in sorted(ranks, key=lambda each: each.rank.pid):
-        by_rank.setdefault(each.rank.rank, each.rank)  # a restarted rank's older process left over
+    # A rank's older process left over from a restart loses to the newest.
+    for each in sorted(ranks, key=lambda each: -(start_time(each.rank.pid) or 0.0)):
+        by_rank.setdefault(each.rank.rank, each.rank)
     world_size = max(each.world_size for each in ranks)
     present = sorted(by_rank.values())
     return Job(key[1], key[0], key[2], world_size, present, _absent(ranks, present))

@@ -34,6 +34,8 @@ class RankHang(NamedTuple):
 class JobHang(NamedTuple):
     verdict: JobVerdict
     notes: List[str]  # "rank N: ..." notes (why a rank was read from outside)
+    # When no rank could be watched: the first failure's own exit code, as for one process.
+    failure_code: Optional[int] = None
 
 
 def collectives_of(target: Target, timeout: float) -> Dict[str, Optional[List[Dict[str, Any]]]]:
@@ -101,7 +103,8 @@ def watch_job(
             RankView(rank.rank, rank.local_rank, rank.node, rank.pid or None, None, each.error.message)
         )
     build_db = analyzer.result() if any(view.collectives for view in views) else None
-    return JobHang(job_verdict(views, window_start, build_db), notes)
+    failure = None if gathered.answers or not gathered.missing else int(gathered.missing[0].error.exit_code)
+    return JobHang(judge(views, window_start, build_db), notes, failure)
 
 
 class _AnalyzerLoader:
@@ -127,9 +130,10 @@ class _AnalyzerLoader:
         return self.build_db
 
 
-def judge(views: List[RankView], window_start: float) -> JobVerdict:
-    """analysis.collectives' verdict, with torch's Flight Recorder analyzer looking for
-    mismatched collectives where torch can be imported here. It costs an import of torch in this
-    process (about 1 s): only when some rank gave collectives to check."""
-    analyzer = flight_recorder_analyzer() if any(view.collectives for view in views) else None
-    return job_verdict(views, window_start, analyzer)
+def judge(views: List[RankView], window_start: float, build_db: Optional[Any] = None) -> JobVerdict:
+    """analysis.collectives' verdict, with torch's Flight Recorder analyzer (`build_db`, or
+    imported here) looking for mismatched collectives where torch can be imported. The import
+    costs about 1 s: only when some rank gave collectives to check."""
+    if build_db is None and any(view.collectives for view in views):
+        build_db = flight_recorder_analyzer()
+    return job_verdict(views, window_start, build_db)

@@ -10,7 +10,7 @@ from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 from ..protocol import DecodedTable
 from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
 from ..sql.session import SqlSession, referenced_tables
-from .backtrace import ask, from_outside
+from .backtrace import OUTSIDE_LOOK_S, ask, from_outside
 from .fanout import Missing, gather
 from .job import Rank
 from .process_tables import LOCAL_TABLES, local_rows, local_tables_described
@@ -18,8 +18,6 @@ from .target import Fallback, Target
 
 # Beyond --step-wait, what a torch table may take to install its step hook on first use.
 STEP_HOOK_INSTALL_S = 1.0
-# What reading a rank's stacks from outside (py-spy) may take, when its agent cannot answer.
-OUTSIDE_LOOK_S = 3.0
 
 
 class LoadedTables(NamedTuple):

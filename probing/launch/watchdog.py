@@ -32,6 +32,7 @@ from ..engine.processes import descendants, first_python
 from ..engine.sources import SourceLines
 from ..engine.target import Target
 from ..errors import ExitCode, ProbingError
+from ..procfs import process_alive
 
 # Seconds each look at the stacks may wait for the agent before reading from outside.
 SAMPLE_TIMEOUT_S = 2.0
@@ -64,6 +65,7 @@ class Watchdog:
         self.interval = min(max(timeout / 10, 0.2), 5.0)
         self.tracker: Optional[ProgressTracker] = None
         self.rank_trackers: Dict[int, ProgressTracker] = {}  # by rank's PID, for a distributed job
+        self.job: Optional[Job] = None
 
     def _target(self, pid: int) -> Target:
         # The job was started with the agent in it: never attach (a process without one is
@@ -74,11 +76,19 @@ class Watchdog:
         return read_stacks(self._target(pid), with_locals, None, SAMPLE_TIMEOUT_S)
 
     def _job(self) -> Optional[Job]:
+        """The distributed job the command started, if it did: found again only when one of
+        its ranks has gone (a restart), else kept from the last tick."""
+        if self.job is not None and all(process_alive(rank.pid) for rank in self.job.ranks):
+            return self.job
         try:
-            job = find_job(self.pid)
+            job: Optional[Job] = find_job(self.pid)
         except (NotAJob, ProbingError):
-            return None
-        return job if job.ranks else None
+            job = None
+        self.job = job if job is not None and job.ranks else None
+        if self.job is not None:  # trackers of ranks that are gone
+            live = {rank.pid for rank in self.job.ranks}
+            self.rank_trackers = {pid: tracker for pid, tracker in self.rank_trackers.items() if pid in live}
+        return self.job
 
     def _tracker(self, pid: int) -> ProgressTracker:
         # Source lines tell a wait line (time.sleep in a polling loop) from work, as in `hang`.
@@ -155,6 +165,8 @@ class Watchdog:
         ]
         verdict = judge(views, window_start)
         if not verdict.hung:
+            for tracker in self.rank_trackers.values():
+                tracker.progressed()
             return None
         tree = [self.pid] + [child for child, _ in descendants(self.pid)]
         self.on_hung(HungJob(stalled, [self._last_look(each) for each in tree], verdict))

@@ -207,7 +207,10 @@ class SqlSession:
         qualified = _qualified(name)
         if len(selects) == 1:
             self.connection.execute(f"DROP TABLE {qualified}")
-        self.connection.execute(f"CREATE OR REPLACE VIEW {qualified} AS {' UNION ALL '.join(selects)}")
+        # By name: ranks whose agents differ by a version may send a column more or fewer.
+        self.connection.execute(
+            f"CREATE OR REPLACE VIEW {qualified} AS {' UNION ALL BY NAME '.join(selects)}"
+        )
 
     def run(self, sql: str) -> QueryResult:
         try:

@@ -19,7 +19,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
 WAITING = "SELECT * FROM python.collectives WHERE state != 'completed'"
 # The name of torch.distributed.all_reduce's code: probing's wrapper is called `recorded`.
-ALL_REDUCE_CODE = "import torch.distributed as d; print(d.all_reduce.__code__.co_name)"
+# The name of the function torch.distributed.all_reduce and distributed_c10d.all_reduce are now:
+# "recorded" while probing's wrapper sits there.
+ALL_REDUCE_CODE = (
+    "import torch.distributed as d, torch.distributed.distributed_c10d as c; "
+    "print(d.all_reduce.__code__.co_name, c.all_reduce.__code__.co_name)"
+)
 
 
 def rows(pid: int, sql: str) -> List[Dict[str, Any]]:
@@ -117,10 +122,12 @@ def test_without_a_flight_recorder_the_calls_are_recorded_with_matching_sequence
         for seq in shared:
             assert by_rank[0][seq]["op"] == by_rank[1][seq]["op"] == "all_reduce"
             assert by_rank[0][seq]["waited"] >= 0
-        assert probing(str(job.pids[0]), "eval", ALL_REDUCE_CODE).stdout.strip() == "recorded"
+        wrapped = probing(str(job.pids[0]), "eval", ALL_REDUCE_CODE)
+        assert (wrapped.returncode, wrapped.stdout) == (0, "recorded recorded\n"), wrapped.stderr
         assert probing(str(job.pids[0]), "detach").returncode == 0
         # eval attaches a fresh agent, which wraps nothing until these tables are asked for.
-        assert probing(str(job.pids[0]), "eval", ALL_REDUCE_CODE).stdout.strip() != "recorded"
+        restored = probing(str(job.pids[0]), "eval", ALL_REDUCE_CODE)
+        assert (restored.returncode, restored.stdout) == (0, "wrapper wrapper\n"), restored.stderr
 
 
 def test_a_torch_job_that_is_not_distributed_has_empty_tables_and_says_why() -> None:

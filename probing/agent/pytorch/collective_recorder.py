@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import itertools
 import sys
 import threading
 import time
@@ -71,7 +72,7 @@ class Call:
     noted as (shape, dtype) pairs, named only when read: the job's thread does the least."""
 
     __slots__ = ("pg_id", "pg_desc", "seq", "op", "inputs", "outputs", "state", "created",
-                 "completed", "thread_name", "record_id", "thread_ident")  # fmt: skip
+                 "completed", "thread_name", "record_id", "thread_ident", "backend")  # fmt: skip
 
     def __init__(self, op: str, record_id: int, created: Optional[float]) -> None:
         self.op = op
@@ -86,6 +87,7 @@ class Call:
         self.completed: Optional[float] = None
         self.thread_name: Optional[str] = None
         self.thread_ident = 0
+        self.backend: Optional[str] = None
 
     @property
     def is_p2p(self) -> bool:
@@ -114,10 +116,20 @@ def note_tensors(value: Any, into: List[Tuple[Any, Any]]) -> None:
             into.append((shape, dtype))
 
 
+def group_of(c10d: Any, group: Any) -> Any:
+    return c10d._get_default_group() if group is None else group
+
+
+def backend_of(group: Any) -> Optional[str]:
+    try:
+        return str(group.name())  # the backend's name: gloo, nccl
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def describe_group(c10d: Any, group: Any) -> Tuple[Optional[str], Optional[str], Optional[int]]:
     """(pg_id, pg_desc, the sequence number the group's next operation will carry)."""
-    if group is None:
-        group = c10d._get_default_group()
+    group = group_of(c10d, group)
     pg_id = getattr(group, "group_name", None)
     desc = getattr(group, "group_desc", None)
     try:
@@ -153,7 +165,7 @@ class CollectiveRecorder:
         # pg_id -> [last sequence number enqueued, last completed]
         self.last: Dict[str, List[Optional[int]]] = {}
         self.on = False
-        self.next_record = 0
+        self.record_ids = itertools.count()  # next() is atomic: job threads record at once
         self.nesting = threading.local()
         self.originals: Dict[str, Callable[..., Any]] = {}
         self.wrappers: Dict[str, Callable[..., Any]] = {}
@@ -163,13 +175,19 @@ class CollectiveRecorder:
     # --- installing and removing (agent thread) ---------------------------------------------------
 
     def install(self) -> None:
+        """Wrap each function that can be wrapped; one that cannot (a torch whose function has
+        another shape) is left as it is, and the others are recorded. Never raises."""
         for op in COLLECTIVE_PARAMETERS:
             original = getattr(self.c10d, op, None)
             if original is None or op in self.originals or not callable(original):
                 continue
+            try:
+                code = inspect.unwrap(original).__code__
+                wrapper = self.wrap(op, original)
+            except Exception:  # noqa: BLE001 - not a plain Python function: not recorded
+                continue
             self.originals[op] = original
-            self.codes[inspect.unwrap(original).__code__] = op
-            wrapper = self.wrap(op, original)
+            self.codes[code] = op
             self.wrappers[op] = wrapper
             for namespace in self.namespaces:
                 if getattr(namespace, op, None) is original:
@@ -198,7 +216,9 @@ class CollectiveRecorder:
         @functools.wraps(original)
         def recorded(*args: Any, **kwargs: Any) -> Any:
             nesting = recorder.nesting
-            # Only the outermost call is one collective (send may call isend, *_object calls X).
+            # Only the outermost call is one collective: send may call isend, and the *_object
+            # functions (not wrapped themselves) are recorded as the all_gather or broadcast
+            # they make through the module's globals.
             if not recorder.on or getattr(nesting, "inside", False):
                 return original(*args, **kwargs)
             call = recorder.begin(op, args, kwargs, input_arguments, output_arguments, group_argument)
@@ -220,9 +240,10 @@ class CollectiveRecorder:
     def begin(self, op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any], inputs: List[Argument],
               outputs: List[Argument], group: Argument) -> Optional[Call]:  # fmt: skip
         try:
-            call = Call(op, self.next_record, time.time())
-            self.next_record += 1
-            call.pg_id, call.pg_desc, call.seq = describe_group(self.c10d, group.value(args, kwargs))
+            call = Call(op, next(self.record_ids), time.time())
+            process_group = group_of(self.c10d, group.value(args, kwargs))
+            call.pg_id, call.pg_desc, call.seq = describe_group(self.c10d, process_group)
+            call.backend = backend_of(process_group)
             for argument in inputs:
                 note_tensors(argument.value(args, kwargs), call.inputs)
             for argument in outputs:
@@ -230,7 +251,8 @@ class CollectiveRecorder:
             call.thread_ident = threading.get_ident()  # named when read: cheaper than here
             self.calls.append(call)
             self.open_by_thread[call.thread_ident] = call
-            if call.pg_id is not None and call.seq is not None:
+            # The group's progress counts collectives; point-to-point calls have their own order.
+            if call.pg_id is not None and call.seq is not None and not call.is_p2p:
                 self.last.setdefault(call.pg_id, [None, None])[0] = call.seq
             return call
         except Exception:  # noqa: BLE001 - the job's call goes on unrecorded
@@ -246,7 +268,10 @@ class CollectiveRecorder:
                 self.finish(call, "completed")
                 return
             call.state = "scheduled"  # until its future says it is done
-            result.get_future().add_done_callback(lambda _: self.finish(call, "completed"))
+            # gloo's future is done when the collective is; NCCL's when the work is queued on
+            # its stream, which is not completion (and its callbacks run on CUDA streams).
+            if call.backend == "gloo":
+                result.get_future().add_done_callback(lambda _: self.finish(call, "completed"))
         except Exception:  # noqa: BLE001 - a Work without a future: its end stays unknown
             pass
 
@@ -257,7 +282,7 @@ class CollectiveRecorder:
             self.open_by_thread.pop(call.thread_ident, None)
             call.state = state
             call.completed = time.time()
-            if state == "completed" and call.pg_id is not None and call.seq is not None:
+            if state == "completed" and call.pg_id is not None and call.seq is not None and not call.is_p2p:
                 last = self.last.setdefault(call.pg_id, [None, None])
                 if last[1] is None or call.seq > last[1]:
                     last[1] = call.seq

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import sys
 import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from ..lifecycle import on_fork_in_child, on_stop
 from . import collective_recorder
 from .collective_recorder import Call
 
@@ -84,12 +86,33 @@ def flight_recorder_dump(with_entries: bool = True) -> Optional[Dict[str, Any]]:
         if _last_dump is not None and time.monotonic() - _last_dump[0] < DUMP_FRESH_S:
             if _last_dump[1] or not with_entries:
                 return _last_dump[2]
-        found = _read_flight_recorder(with_entries)
+        found = None if _switched_off() else _read_flight_recorder(with_entries)
         _last_dump = (time.monotonic(), with_entries, found)
+        on_stop(_forget)  # registering again changes nothing
+        on_fork_in_child(_new_lock_after_fork)
         return found
 
 
+def _forget() -> None:
+    """Detach: the last dump (up to a ring of entries) is not kept alive in the job."""
+    global _last_dump
+    _last_dump = None
+
+
+def _new_lock_after_fork() -> None:
+    global _dump_lock
+    _dump_lock = threading.Lock()
+
+
 DUMP_FRESH_S = 0.5
+# A job that uses torch.compile: Dynamo knows torch.distributed's functions by identity (it turns
+# them into traceable collectives), so wrappers of ours would make it recompile, or break a
+# graph, or fail under fullgraph=True. Such a job is not recorded.
+COMPILER = "torch._dynamo"
+COMPILED = (
+    "{table}: the job's torch has no Flight Recorder on, and probing does not record torch.distributed's "
+    "calls itself in a job that uses torch.compile (its wrappers would change what Dynamo compiles)"
+)
 _dump_lock = threading.Lock()
 _last_dump: Optional[Tuple[float, bool, Optional[Dict[str, Any]]]] = None
 
@@ -123,6 +146,16 @@ def _read_flight_recorder(with_entries: bool) -> Optional[Dict[str, Any]]:
         ):
             return found
     return None
+
+
+def _switched_off() -> bool:
+    """The job's environment turns the recorder off (a ring of 0 entries): what the dump says
+    is then not trusted to be on, whatever a backend fills in."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = os.environ.get(name)
+        if value is not None:
+            return value.strip() == "0"
+    return False
 
 
 def known_groups(c10d: Any) -> Dict[str, Group]:
@@ -206,6 +239,8 @@ def collective_rows(own_threads: Any) -> Tuple[Rows, List[str]]:
     notes: List[str] = []
     if dump is not None:
         return _cut(_flight_recorder_rows(job.rank, dump, groups), notes), notes
+    if COMPILER in sys.modules:
+        return [], [COMPILED.format(table="python.collectives")]
     recorder = collective_recorder.recorder(job.c10d, job.module)
     notes.append(_recording_note("python.collectives", recorder))
     calls = recorder.recorded_calls() + recorder.waiting_on_stacks(own_threads)
@@ -285,11 +320,16 @@ def process_group_rows() -> Tuple[Rows, List[str]]:
                     _sequence(status.get("last_started_collective")),
                     _sequence(status.get("last_completed_collective")),
                 ]
+    elif COMPILER in sys.modules:
+        source = "probing"
+        notes.append(COMPILED.format(table="python.process_groups"))
+        for pg_id, known in groups.items():
+            progress[pg_id] = [known.operations, None, None]
     else:
         source = "probing"
         recorder = collective_recorder.recorder(job.c10d, job.module)
         notes.append(_recording_note("python.process_groups", recorder))
-        for pg_id, (enqueued, completed) in recorder.last.items():
+        for pg_id, (enqueued, completed) in list(recorder.last.items()):  # job threads add groups
             progress[pg_id] = [enqueued, None, completed]
         # The group's own count knows what it enqueued before the recording began.
         for pg_id, known in groups.items():

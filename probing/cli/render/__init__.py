@@ -34,6 +34,10 @@ _ESCAPED.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 _ESCAPED.update(
     {code: f"\\u{code:04x}" for code in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 )
+# Bytes that are not UTF-8 in what the job wrote (/proc/PID/environ, file names) decode to lone
+# surrogates, which a stream with surrogateescape writes back as those bytes: 0x9b starts a
+# terminal sequence as ESC [ does.
+_ESCAPED.update({code: f"\\udc{code - 0xDC00:02x}" for code in range(0xDC80, 0xDD00)})
 _ESCAPED_KEEPING_LINES = {code: text for code, text in _ESCAPED.items() if code not in (0x0A, 0x09)}
 
 

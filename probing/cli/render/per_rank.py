@@ -155,7 +155,11 @@ def write_job_stacks(job: Job, gathered: Gathered, format: str) -> None:
             texts[key] = text
     order = sorted(by_key, key=lambda key: (key[0], min(rank.rank for rank in by_key[key])))
     for key in order:
-        out.write(f"\n── {heading(by_key[key])} ──\n{texts[key]}")
+        # Threads of one rank with the same stack (a pool's idle workers) are one block too.
+        ranks = sorted(set(by_key[key]))
+        threads = len(by_key[key])
+        each = f", {threads} threads" if threads > len(ranks) else ""
+        out.write(f"\n── {heading(ranks)}{each} ──\n{texts[key]}")
     out.flush()
     write_missing(gathered.missing)
 
