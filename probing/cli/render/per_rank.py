@@ -78,7 +78,9 @@ def write_missing(missing: List[Missing], err: IO[str] = sys.stderr) -> None:
 
 
 def write_json_answers(job: Job, gathered: Gathered, fields: Callable[[Any], Dict[str, Any]]) -> None:
-    entries = [dict(rank_fields(rank), **fields(answer)) for rank, answer in gathered.answers]
+    entries = [
+        {**rank_fields(rank), **fields(answer), **rank_fields(rank)} for rank, answer in gathered.answers
+    ]
     for each in gathered.missing:
         error = {"error": each.error.message, "exit_code": int(each.error.exit_code)}
         entries.append(dict(rank_fields(each.rank), **error))
