@@ -162,3 +162,15 @@ def _state(pid: int) -> object:
             return stat.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return None
+
+
+def test_json_answers_name_each_rank_by_its_own_fields(stalled: TorchrunJob) -> None:
+    """trace's status carries a `rank` of its own (0 until it has traced a step): the rank
+    each answer came from is the job's, whatever the answer says."""
+    result = probing(str(stalled.agent_pid), "trace", "status", "--ranks", "0,2", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["job"]["launcher_pid"] == stalled.agent_pid
+    assert [(entry["rank"], entry["local_rank"], entry["pid"]) for entry in document["ranks"]] == [
+        (0, 0, stalled.pids[0]), (2, 2, stalled.pids[2]),
+    ]  # fmt: skip
