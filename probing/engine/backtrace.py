@@ -181,10 +181,11 @@ def read_stacks_of_ranks(
     asked: List[Tuple[Rank, Client]] = []
     full: List[Rank] = []
     for rank in ranks:
-        target = target_of(rank) if rank.pid and not native else None
+        if native or not rank.pid:  # native frames come from outside; a gone rank is reported
+            full.append(rank)
+            continue
+        target = target_of(rank)
         try:
-            if target is None:
-                raise NoAgent("read the full way")
             client = Client(locate_socket(rank.pid, target.log), timeout, target.log, pid=rank.pid)
         except ProbingError:
             full.append(rank)

@@ -8,6 +8,7 @@ import sys
 
 from . import inert
 from .json_writer import write_json
+from .per_rank import job_fields
 from .rows import write_rows, write_table
 
 TYPE_CHECKING = False
@@ -32,14 +33,7 @@ def _row(each: RankGlance) -> Tuple[Any, ...]:
 
 
 def _job_object(job: Job) -> Dict[str, Any]:
-    return {
-        "run_id": job.run_id,
-        "launcher_pid": job.launcher,
-        "rendezvous": job.master,
-        "world_size": job.world_size,
-        "ranks_here": len(job.ranks),
-        "ranks_gone": [rank.rank for rank in job.absent],
-    }
+    return dict(job_fields(job), ranks_here=len(job.ranks), ranks_gone=[rank.rank for rank in job.absent])
 
 
 def _text(answer: JobGlance, out: IO[str]) -> None:
