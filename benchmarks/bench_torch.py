@@ -70,6 +70,7 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
         "default (--every chosen by the tracer)": dict(every=None, backward=False),
         "every step, every module": dict(every=1, backward=False),
         "every step, every module, --backward": dict(every=1, backward=True),
+        "nan on (every output and gradient checked)": dict(nan=True),
     }
     times: Dict[str, List[float]] = {mode: [] for mode in modes}
     hooks_per_step: Dict[str, float] = {}
@@ -81,9 +82,11 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
     # the next step slower whatever it traces.
     for _ in range(rounds):
         for mode, options in modes.items():
-            if options is None:
-                tracer.trace_off()
-            else:
+            tracer.trace_off()
+            tracer.configure_nan(False, False)
+            if options and options.get("nan"):
+                tracer.configure_nan(True, False)
+            elif options:
                 tracer.configure_trace(options["every"], options["backward"], None, None, None)
             step()
             rows_before = len(tracer.ring)
@@ -91,6 +94,7 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
             if options is not None:
                 hooks_per_step[mode] = (len(tracer.ring) - rows_before) / steps
     tracer.trace_off()
+    tracer.configure_nan(False, False)
     base = statistics.median(times["untraced"])
     report: Dict[str, Any] = {
         "device": device, "modules": len(list(model.modules())) + 1, "steps_per_mode": len(times["untraced"]),
@@ -106,7 +110,7 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
     return report
 
 
-def per_call(calls: int = 20000) -> Dict[str, float]:
+def per_call(device: str, calls: int = 20000) -> Dict[str, float]:
     """The tracer's cost per traced module call, in microseconds: a chain of 50 nn.Identity
     modules called with and without hooks, forward only and with backward timing."""
     import torch
@@ -114,9 +118,9 @@ def per_call(calls: int = 20000) -> Dict[str, float]:
 
     from probing.agent.pytorch import tracer as torchtrace
 
-    chain = nn.Sequential(*[nn.Sequential(nn.Identity(), nn.Linear(4, 4)) for _ in range(25)])
+    chain = nn.Sequential(*[nn.Sequential(nn.Identity(), nn.Linear(4, 4)) for _ in range(25)]).to(device)
     optimizer = torch.optim.SGD(chain.parameters(), lr=0.0)
-    data = torch.randn(2, 4)
+    data = torch.randn(2, 4, device=device)
     calls_per_pass = len(list(chain.modules()))
     tracer = torchtrace.tracer()
 
@@ -128,6 +132,8 @@ def per_call(calls: int = 20000) -> Dict[str, float]:
             if backward:
                 out.sum().backward()
             optimizer.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
         return (time.perf_counter() - start) / passes
 
     result = {}
@@ -230,7 +236,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.skip_overhead:
         report = overhead(args.rounds, args.steps, args.device)
-        costs = per_call()
+        costs = per_call(args.device)
         print(
             f"step-time overhead, small transformer on {report['device']} ({report['modules']} modules), "
             f"median of {report['steps_per_mode']} steps per mode, modes taking turns:"

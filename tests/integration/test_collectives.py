@@ -13,7 +13,7 @@ import pytest
 
 from support import Target, TorchrunJob, probing, wait_until
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -137,3 +137,23 @@ def test_a_torch_job_that_is_not_distributed_has_empty_tables_and_says_why() -> 
             assert result.returncode == 0, result.stderr
             assert json.loads(result.stdout) == []
             assert f"{table} is empty: this process has not initialised torch.distributed" in result.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL)")
+def test_nccl_collectives_come_from_the_flight_recorder_on_a_gpu() -> None:
+    """One rank on one GPU (NCCL refuses two ranks on one device): the NCCL process group's
+    Flight Recorder is read like gloo's."""
+    with TorchrunJob("healthy", ranks=1, args=["--backend", "nccl"]) as job:
+        sql = "SELECT op, backend, state, source FROM python.collectives ORDER BY seq DESC LIMIT 3"
+        found = []
+
+        def recorded() -> bool:
+            found[:] = rows(job.pids[0], sql)
+            return any(row["state"] == "completed" for row in found)
+
+        assert wait_until(recorded, 30, 0.5), found
+        assert {(row["op"], row["backend"], row["source"]) for row in found} == {
+            ("all_reduce", "nccl", "flight_recorder")
+        }
+        stacks = probing(str(job.pids[0]), "backtrace", "--ranks", "all")
+        assert stacks.returncode == 0 and "train" in stacks.stdout, stacks.stderr

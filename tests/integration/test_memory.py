@@ -97,7 +97,8 @@ def test_process_memory_shows_rss_growing(leaky_job: Target) -> None:
     assert last["rss_mb"] > first["rss_mb"] + 2, (first, last)
     assert all(sample["cuda_allocated_mb"] is None for sample in samples)  # CPU only: NULL, not 0
     assert all(sample["num_threads"] >= 2 and sample["num_fds"] >= 3 for sample in samples)
-    assert all(0 <= sample["cpu_percent"] < 400 for sample in samples)
+    # Percent of one core, as top shows it: torch's threads can take every core.
+    assert all(0 <= sample["cpu_percent"] <= 100 * (os.cpu_count() or 1) + 50 for sample in samples)
     counted = [sample["gc_objects"] for sample in samples if sample["gc_objects"] is not None]
     assert counted and counted[0] > 1000
     # Sampled every 0.2 s (PROBING_MEMORY_INTERVAL), in order.
@@ -300,6 +301,10 @@ def test_cuda_memory_on_a_gpu(tmp_path: Path) -> None:
         assert snapshot.stat().st_size > 0
         growth = json.loads(probing(str(job.pid), "memory", "--growth", "2", "--format", "json").stdout)
         assert growth["cuda"][0]["allocated_bytes.all.current"] > 0
+        # Samples from before the job initialised CUDA hold NULLs; the latest one is after.
+        sql = "SELECT cuda_allocated_mb, cuda_reserved_mb FROM process.memory ORDER BY ts DESC LIMIT 1"
+        latest = rows(job.pid, sql)[0]
+        assert latest["cuda_reserved_mb"] >= latest["cuda_allocated_mb"] > 0, latest
 
 
 def test_a_process_forked_during_growth_does_not_inherit_tracemalloc(tmp_path: Path) -> None:

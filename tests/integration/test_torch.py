@@ -313,6 +313,26 @@ def test_cuda_durations_and_memory_columns() -> None:
         assert all(row["reserved"] >= row["allocated"] for row in found)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nan_on_a_cuda_device_names_the_layer_at_its_step() -> None:
+    args = ["--device", "cuda", "--poison", "forward", "--gate", "--steps", "40"]
+    with Target("torch_job.py", via="plain", args=args) as job:
+        assert probing(str(job.pid), "nan", "on").returncode == 0
+        job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
+        job.process.stdin.flush()  # type: ignore[union-attr]
+        assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1), job.output()
+        first = rows(job.pid, "SELECT * FROM python.nan_events ORDER BY step, seq LIMIT 1")[0]
+        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (
+            29,
+            "model.2",
+            "forward",
+            True,
+        )
+        assert first["nan_count"] == 32 * 16
+        assert first["tensor"] == "output[0] float32[32, 16] on cuda:0"
+        assert job.alive()
+
+
 STOP_HOOKS = """
 import torch
 from torch.optim import optimizer as opt

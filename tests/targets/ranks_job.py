@@ -1,4 +1,5 @@
-"""A distributed training loop for the --ranks tests: run it under torchrun (gloo, CPU).
+"""A distributed training loop for the --ranks tests: run it under torchrun (gloo, CPU; or
+--backend nccl, one GPU per rank).
 
     --scenario healthy    every rank trains forever: a small step, an all_reduce, a short pause
     --scenario stall      rank --rank-at stalls in load_shard() before the all_reduce of step --step
@@ -27,6 +28,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--scenario", choices=("healthy", "stall", "gil", "mismatch", "idle"), default="healthy")
 parser.add_argument("--rank-at", type=int, default=2)
 parser.add_argument("--step", type=int, default=5)
+parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")  # nccl: one GPU per rank
 options = parser.parse_args()
 
 
@@ -46,12 +48,16 @@ def hold_the_gil() -> None:
 
 
 def train() -> None:
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if options.backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(options.backend)
     rank = dist.get_rank()
-    model = torch.nn.Linear(16, 16)
-    weights = torch.ones(16)
+    model = torch.nn.Linear(16, 16).to(device)
+    weights = torch.ones(16, device=device)
     for step in range(10**9):
-        loss = model(torch.randn(4, 16)).sum()
+        loss = model(torch.randn(4, 16, device=device)).sum()
         loss.backward()
         if options.scenario != "healthy" and step == options.step:
             say(f"ready {rank} {os.getpid()}")

@@ -111,7 +111,7 @@ class BackwardWalk:
         finally:
             if traced.depth == 0:
                 self.walks.clear()
-            self.clock.step_walk += perf_counter() - started
+            self.clock.step_extra += perf_counter() - started
 
     def _walk(self, traced: Traced, step: int, timed: bool, counter: int, outputs: List[Any]) -> None:
         after = self.sequence_nr() if self.sequence_nr is not None else 0

@@ -247,8 +247,10 @@ class Hooks:
                     return
                 event = None
                 if traced.cuda and clock.tracing_now:
+                    making = perf_counter()
                     event = torch.cuda.Event(enable_timing=True)
                     event.record()
+                    clock.step_extra += perf_counter() - making
                 starts.append((perf_counter(), next(clock.seqs), sequence_nr(), event))
             except Exception as error:  # noqa: BLE001
                 clock.failed(error)
@@ -268,6 +270,7 @@ class Hooks:
                         finished = torch.cuda.Event(enable_timing=True)
                         finished.record()
                         events = [event, finished]
+                        clock.step_extra += perf_counter() - end
                     clock.record(traced, "forward", step, seq, start, end, events)
                 backward = clock.tracing_now and clock.backward
                 if backward or clock.nan_on:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The CUDA paths, on a machine with a GPU and a CUDA build of torch already installed (CI has no
+# GPU: there these tests skip). A venv over that torch gets probing from this checkout, then:
+#   1. the CUDA and NCCL tests (trace with CUDA events and memory columns, NaN checks on the
+#      device, torch.cuda_memory and process.memory's CUDA columns, NCCL's Flight Recorder);
+#   2. bench_torch.py on the GPU: step-time overhead of trace and nan, and the cost per call;
+#   3. the torch test files whole, against that machine's torch version.
+#
+#     bash benchmarks/gpu.sh                 # PYTHON=python3, duckdb and py-spy from the registry
+#     WHEELS=.whl bash benchmarks/gpu.sh     # a machine with no registry: wheels carried in .whl/
+# Logs go to $OUT (or /tmp/probing-gpu-logs).
+set -uo pipefail
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-/tmp/probing-gpu}
+LOGS=${OUT:-/tmp/probing-gpu-logs}
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+
+"$PYTHON" -m venv --system-site-packages "$VENV" || exit 1
+# --system-site-packages reaches the base interpreter's packages only: where PYTHON is itself a
+# venv's (torch installed there), its site-packages go on the new venv's path too.
+"$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+    >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer.pth"
+if [ -n "${WHEELS:-}" ]; then
+    "$VENV/bin/pip" install -q --no-index --no-deps "$WHEELS"/*.whl || exit 1
+else
+    "$VENV/bin/pip" install -q duckdb py-spy || exit 1
+fi
+rm -rf build probing.egg-info
+"$VENV/bin/pip" install -q --no-deps --no-build-isolation . || exit 1
+rm -rf build probing.egg-info
+# torchrun, run by the venv's interpreter (the tests start it from the venv's bin/).
+[ -x "$VENV/bin/torchrun" ] || printf '#!%s\nfrom torch.distributed.run import main\nmain()\n' \
+    "$VENV/bin/python" >"$VENV/bin/torchrun" && chmod +x "$VENV/bin/torchrun"
+nvidia-smi -L
+"$VENV/bin/python" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
+    "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+
+TESTS="tests/integration/test_torch.py tests/integration/test_memory.py tests/integration/test_collectives.py"
+echo "== 1. CUDA tests"
+# shellcheck disable=SC2086
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs -k "cuda or nccl or gpu" $TESTS 2>&1 | tee "$LOGS/cuda_tests.log"
+echo "== 2. bench_torch.py --device cuda"
+"$VENV/bin/python" benchmarks/bench_torch.py --device cuda ${BENCH_ARGS:-} 2>&1 | tee "$LOGS/bench_torch_cuda.log"
+echo "== 3. the torch test files whole"
+# shellcheck disable=SC2086
+timeout "${WHOLE_TIMEOUT:-300}" "$VENV/bin/python" -m pytest -p no:cacheprovider -v -rs $TESTS 2>&1 \
+    | tee "$LOGS/torch_tests.log" | grep -E "FAILED|ERROR|passed|failed"
