@@ -1,0 +1,150 @@
+"""Authentication of TCP connections to an agent: a shared token, and a challenge–response over it
+that keeps the token off the wire and makes a recorded handshake useless on a new connection.
+
+The agent speaks first; fixed sizes, so that the agent can read a handshake without a thread
+(a selector in its accept loop) and a peer can never make it reserve memory:
+
+    agent  -> CHALLENGE  MAGIC (8) + agent nonce (32)
+    client -> RESPONSE   client nonce (32) + HMAC(key, "client" + agent nonce + client nonce) (32)
+    agent  -> VERDICT    ACCEPTED + HMAC(key, "agent" + client nonce + agent nonce) (32)
+                         or REFUSED + 32 zero bytes, and the agent hangs up
+
+After an accepted verdict the connection carries the usual frames (hello first). Each side
+proves it knows the token: the agent's nonce is fresh per connection, so a replayed response
+fails; the client checks the agent's proof, so a process that registered a false endpoint
+cannot pose as a rank. Nothing here encrypts: docs/decisions.md says what that leaves open.
+
+The token: PROBING_TOKEN, else the file PROBING_TOKEN_FILE, else ~/.probing/token; a file must be
+a regular file of the user's own that nobody else can read or write (0600).
+
+Standard library only, Python 3.8 syntax: the agent imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Tuple
+
+MAGIC = b"PROBING\x01"
+NONCE_BYTES = 32
+MAC_BYTES = 32
+CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES
+RESPONSE_BYTES = NONCE_BYTES + MAC_BYTES
+VERDICT_BYTES = 1 + MAC_BYTES
+ACCEPTED = b"K"
+REFUSED = b"X"
+
+TOKEN_ENV = "PROBING_TOKEN"
+TOKEN_FILE_ENV = "PROBING_TOKEN_FILE"
+DEFAULT_TOKEN_FILE = os.path.join("~", ".probing", "token")
+MIN_TOKEN_CHARS = 16
+TOKEN_HINT = (
+    "give every node the same secret: export PROBING_TOKEN=$(python3 -c 'import secrets; "
+    "print(secrets.token_hex(16))'), or write it to ~/.probing/token (chmod 600) in a shared home"
+)
+
+
+class TokenError(Exception):
+    """No usable token: the message says which source was tried and what is wrong with it."""
+
+
+class HandshakeError(Exception):
+    """The peer is not an agent speaking this handshake, or it refused our token."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+def load_token(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The shared token, from the environment or the token file; TokenError says why not."""
+    env = os.environ if environ is None else environ
+    token = env.get(TOKEN_ENV)
+    if token is not None:
+        return _checked(token.strip(), f"${TOKEN_ENV}")
+    path = os.path.expanduser(env.get(TOKEN_FILE_ENV) or DEFAULT_TOKEN_FILE)
+    where = f"${TOKEN_FILE_ENV} ({path})" if env.get(TOKEN_FILE_ENV) else path
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise TokenError(f"no token: ${TOKEN_ENV} is not set and there is no {where}") from None
+    except OSError as error:
+        raise TokenError(f"cannot read the token file {where}: {error.strerror or error}") from None
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            raise TokenError(f"the token file {where} is not a regular file")
+        if info.st_uid != os.geteuid():
+            owner = f"uid {info.st_uid}, not to uid {os.geteuid()}"
+            raise TokenError(f"the token file {where} belongs to {owner}")
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            raise TokenError(
+                f"the token file {where} is open to others (mode {stat.S_IMODE(info.st_mode):04o}); "
+                f"chmod 600 {path}"
+            )
+        data = os.read(descriptor, 4096)
+    finally:
+        os.close(descriptor)
+    return _checked(data.decode("utf-8", "replace").strip(), f"the token file {where}")
+
+
+def _checked(token: str, where: str) -> str:
+    if len(token) < MIN_TOKEN_CHARS:
+        raise TokenError(f"the token in {where} is too short: {MIN_TOKEN_CHARS} characters at least")
+    return token
+
+
+def key_of(token: str) -> bytes:
+    return hashlib.sha256(b"probing-token\x00" + token.encode("utf-8")).digest()
+
+
+def _mac(key: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(key, label + b"\x00" + first + second, hashlib.sha256).digest()
+
+
+# --- the agent's side --------------------------------------------------------------------------
+
+
+def challenge() -> Tuple[bytes, bytes]:
+    """(agent nonce, the CHALLENGE to send)."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce, MAGIC + nonce
+
+
+def verdict(key: bytes, agent_nonce: bytes, response: bytes) -> Tuple[bool, bytes]:
+    """(whether the client proved the token, the VERDICT to send it)."""
+    if len(response) != RESPONSE_BYTES:
+        return False, REFUSED + bytes(MAC_BYTES)
+    client_nonce, proof = response[:NONCE_BYTES], response[NONCE_BYTES:]
+    if not hmac.compare_digest(proof, _mac(key, b"client", agent_nonce, client_nonce)):
+        return False, REFUSED + bytes(MAC_BYTES)
+    return True, ACCEPTED + _mac(key, b"agent", client_nonce, agent_nonce)
+
+
+# --- the client's side -------------------------------------------------------------------------
+
+
+def respond(key: bytes, challenge_bytes: bytes) -> Tuple[bytes, bytes]:
+    """(the agent's nonce, the RESPONSE to send) for a CHALLENGE; HandshakeError if it is none."""
+    if len(challenge_bytes) != CHALLENGE_BYTES or not challenge_bytes.startswith(MAGIC):
+        raise HandshakeError("the peer is not a probing agent listening on TCP (no challenge)")
+    agent_nonce = challenge_bytes[len(MAGIC) :]
+    client_nonce = os.urandom(NONCE_BYTES)
+    return agent_nonce, client_nonce + _mac(key, b"client", agent_nonce, client_nonce)
+
+
+def check_verdict(key: bytes, agent_nonce: bytes, response: bytes, verdict_bytes: bytes) -> None:
+    """Raises HandshakeError unless the agent accepted us and proved it knows the token too."""
+    if len(verdict_bytes) != VERDICT_BYTES or verdict_bytes[:1] not in (ACCEPTED, REFUSED):
+        raise HandshakeError("the peer broke off the handshake")
+    if verdict_bytes[:1] == REFUSED:
+        raise HandshakeError("the agent refused our token", refused=True)
+    client_nonce = response[:NONCE_BYTES]
+    if not hmac.compare_digest(verdict_bytes[1:], _mac(key, b"agent", client_nonce, agent_nonce)):
+        raise HandshakeError("the peer accepted us without knowing the token: it is not the job's agent")
