@@ -9,13 +9,14 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
@@ -276,3 +277,229 @@ def wait_until(condition: object, timeout: float = 10.0, interval: float = 0.02)
             return True
         time.sleep(interval)
     return bool(condition())  # type: ignore[operator]
+
+
+# Two "nodes" on one machine: node N is a torchrun in PID, mount and UTS namespaces of its own
+# (hostname nodeN, a private /tmp, its own /proc), sharing the network namespace so that the
+# nodes talk over loopback, node N's agents on 127.0.0.(N+2). A CLI run in node 0's namespaces
+# cannot see node 1's processes or sockets: it must reach them over TCP.
+NODE_HOSTS = "127.0.0.2 node0\n127.0.0.3 node1\n"
+
+
+def node_address(index: int) -> str:
+    return f"127.0.0.{index + 2}"
+
+
+def free_port(address: str) -> int:
+    """A port nothing listens on now (the job's rendezvous store takes it a moment later)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
+class Node:
+    """One simulated machine of a TwoNodeJob: `unshare` starts a shell that names the host, mounts
+    a tmpfs on /tmp, makes node0/node1 resolve (a bind-mounted /etc/hosts), and becomes torchrun,
+    the namespace's init: killing it kills the node. `pids` maps rank to its PID inside the node."""
+
+    def __init__(self, index: int, torchrun: List[str], environment: Dict[str, str],
+                 on_ready: Callable[[], None]) -> None:  # fmt: skip
+        self.index = index
+        self.name = f"node{index}"
+        self.address = node_address(index)
+        self.pids: Dict[int, int] = {}
+        self.stdout_lines: List[str] = []
+        self.stderr_lines: List[str] = []
+        self._on_ready = on_ready
+        setup = (
+            f"hostname {self.name} && mount -t tmpfs tmpfs /tmp && cp /etc/hosts /tmp/hosts && "
+            f"printf '{NODE_HOSTS}' >> /tmp/hosts && mount --bind /tmp/hosts /etc/hosts && exec "
+        )
+        command = ["unshare", "--pid", "--mount", "--uts", "--fork", "--mount-proc", "--kill-child=SIGKILL",
+                   "sh", "-c", setup + " ".join(shlex.quote(word) for word in torchrun)]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=environment, start_new_session=True,
+        )  # fmt: skip
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.process.stdout, self.stdout_lines), daemon=True),
+            threading.Thread(target=self._read, args=(self.process.stderr, self.stderr_lines), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: object, lines: List[str]) -> None:
+        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            lines.append(line)
+            match = re.match(r"ready (\d+) (\d+)$", line)
+            if match:
+                self.pids[int(match.group(1))] = int(match.group(2))
+                self._on_ready()
+
+    @property
+    def init_pid(self) -> Optional[int]:
+        """The PID, as seen from outside, of the node's init (torchrun): what nsenter needs."""
+        import psutil
+
+        try:
+            children = psutil.Process(self.process.pid).children()
+        except psutil.Error:
+            return None
+        return children[0].pid if children else None
+
+    def processes(self) -> List[int]:
+        """Outside PIDs of every process of the node: its init and all under it."""
+        import psutil
+
+        init = self.init_pid
+        if init is None:
+            return []
+        try:
+            return [init, *(child.pid for child in psutil.Process(init).children(recursive=True))]
+        except psutil.Error:
+            return []
+
+    def command(self, argv: List[str]) -> List[str]:
+        """argv run inside the node's PID, mount and UTS namespaces (its network is everyone's)."""
+        init = self.init_pid
+        assert init is not None, f"{self.name} is not running"
+        return ["nsenter", f"--target={init}", "--pid", "--mount", "--uts", "--", *argv]
+
+    def freeze(self) -> None:
+        """SIGSTOP every process of the node: its sockets still accept connections (the kernel
+        completes the handshake) but nothing answers, as with a machine that hangs."""
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL to the namespace's init makes the kernel kill every process in it."""
+        init = self.init_pid
+        if init is not None:
+            try:
+                os.kill(init, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.process.poll() is None:
+            self.process.kill()  # --kill-child: its child, the init, gets SIGKILL too
+        self.process.wait(30)
+        for reader in self._readers:
+            reader.join(5)
+
+    def output(self) -> str:
+        return (f"--- {self.name} stdout ---\n" + "\n".join(self.stdout_lines[-40:]) +
+                f"\n--- {self.name} stderr ---\n" + "\n".join(self.stderr_lines[-40:]))  # fmt: skip
+
+
+class TwoNodeJob:
+    """A torchrun job of tests/targets/ranks_job.py over two simulated nodes (Node), `ranks_per_node`
+    ranks each (gloo, CPU, static rendezvous on node 0's address). Every rank's agent listens on its
+    node's address (PROBING_LISTEN=127.0.0.N:0) with `token`. Ready once every rank said `ready RANK
+    PID` and, when `registered`, every rank's endpoint is in the job's rendezvous store. Both nodes
+    are killed on exit, even when starting failed."""
+
+    TOKEN = "two-node-test-token-0123456789abcdef"
+
+    def __init__(self, scenario: str = "healthy", ranks_per_node: int = 2, args: Optional[List[str]] = None,
+                 registered: bool = True, env: Optional[Dict[str, str]] = None,
+                 ready_timeout: float = 150.0) -> None:  # fmt: skip
+        self.world_size = 2 * ranks_per_node
+        self.master_port = free_port(node_address(0))
+        self.nodes: List[Node] = []
+        self._ready = threading.Event()
+        try:
+            for index in range(2):
+                # Gloo must use lo: the hostnames node0/node1 mean nothing to its address lookup.
+                environment = dict(
+                    os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"
+                )
+                environment.update(
+                    PROBING="1", PROBING_LISTEN=f"{node_address(index)}:0", PROBING_TOKEN=self.TOKEN
+                )
+                environment.pop("PROBING_SOCKET_DIR", None)  # the node's own /tmp/probing-UID
+                environment.update(env or {})
+                torchrun = [str(BIN / "torchrun"), "--nnodes=2", f"--node-rank={index}",
+                            f"--nproc-per-node={ranks_per_node}", f"--master-addr={node_address(0)}",
+                            f"--master-port={self.master_port}", f"--local-addr={node_address(index)}",
+                            str(TARGETS / "ranks_job.py"), "--scenario", scenario, *(args or [])]  # fmt: skip
+                self.nodes.append(Node(index, torchrun, environment, self._count_ready))
+            if not self._ready.wait(ready_timeout):
+                raise RuntimeError(f"the two-node job never got ready:\n{self.output()}")
+            if registered and not wait_until(self.all_registered, timeout=60, interval=0.2):
+                raise RuntimeError(f"not every rank registered its endpoint:\n{self.output()}")
+        except BaseException:
+            self.kill()
+            raise
+
+    def _count_ready(self) -> None:
+        if sum(len(node.pids) for node in self.nodes) == self.world_size:
+            self._ready.set()
+
+    def node_of(self, rank: int) -> Node:
+        return next(node for node in self.nodes if rank in node.pids)
+
+    def registered_ranks(self) -> List[int]:
+        """Ranks whose endpoint is in the job's store, read as any store client would (torch's)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        try:
+            store = dist.TCPStore(node_address(0), self.master_port, is_master=False, wait_for_workers=False,
+                                  timeout=timedelta(seconds=5))  # fmt: skip
+        except (RuntimeError, dist.DistStoreError):
+            return []
+        keys = [f"probing/endpoint/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+                for rank in range(self.world_size)]  # fmt: skip
+        return [rank for rank, key in enumerate(keys) if store.check([key])]
+
+    def all_registered(self) -> bool:
+        return len(self.registered_ranks()) == self.world_size
+
+    def probing(self, node: int, *args: str, env: Optional[Dict[str, Optional[str]]] = None,
+                timeout: float = 90.0) -> subprocess.CompletedProcess:  # type: ignore[type-arg]  # fmt: skip
+        """Run `probing ARGS` inside node `node`'s namespaces with the job's token (`env` overrides;
+        None unsets a variable). Its PIDs are the node's own: torchrun is PID 1 there."""
+        return subprocess.run(self.nodes[node].command([PROBING, *args]), capture_output=True, text=True,
+                              timeout=timeout, env=self.cli_environment(env))  # fmt: skip
+
+    def start_probing(self, node: int, *args: str,
+                      env: Optional[Dict[str, Optional[str]]] = None) -> subprocess.Popen:  # type: ignore[type-arg]  # fmt: skip
+        """`probing ARGS` in node `node`, not waited for (to kill a node while it runs)."""
+        return subprocess.Popen(self.nodes[node].command([PROBING, *args]), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.cli_environment(env))  # fmt: skip
+
+    def cli_environment(self, env: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
+        environment = dict(os.environ, PROBING_TOKEN=self.TOKEN)
+        for name in ("PROBING", "PROBING_SOCKET_DIR", "PROBING_LISTEN"):
+            environment.pop(name, None)
+        for name, value in (env or {}).items():
+            if value is None:
+                environment.pop(name, None)
+            else:
+                environment[name] = value
+        return environment
+
+    def in_node(self, node: int, *argv: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+        """Any command inside a node's namespaces (to look at its /tmp)."""
+        return subprocess.run(
+            self.nodes[node].command(list(argv)), capture_output=True, text=True, timeout=30
+        )
+
+    def output(self) -> str:
+        return "\n".join(node.output() for node in self.nodes)
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def __enter__(self) -> TwoNodeJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
