@@ -1,0 +1,178 @@
+"""--ranks across nodes: a real torchrun job over two simulated nodes (tests/support.py's
+TwoNodeJob: PID, mount and UTS namespaces, gloo on CPU, node N's agents listening with a token
+on 127.0.0.(N+2)). The CLI runs inside node 0, where node 1's processes and sockets do not
+exist: every answer from ranks 2 and 3 came over authenticated TCP, found through the job's own
+rendezvous store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from support import TARGETS, TwoNodeJob, wait_until
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the simulated nodes need root (unshare, nsenter, mount)"),
+    pytest.mark.skipif(
+        shutil.which("unshare") is None or shutil.which("nsenter") is None,
+        reason="util-linux unshare and nsenter not found",
+    ),  # fmt: skip
+    pytest.mark.timeout(300),  # two torchrun jobs start in the first test that needs each
+]
+
+FIRST_FRAMES = "SELECT node, rank, func, lineno FROM python.backtrace WHERE depth = 0"
+WRONG_TOKEN = "not-the-token-of-this-job-0123456789"
+
+
+@pytest.fixture(scope="module")
+def stalled() -> Iterator[TwoNodeJob]:
+    """Rank 3 (node1) sleeps in load_shard() before the all_reduce of step 5; ranks 0, 1 (node0)
+    and 2 (node1) wait in it."""
+    with TwoNodeJob("stall", args=["--rank-at", "3"]) as job:
+        yield job
+
+
+def _line_of(text: str) -> int:
+    source = (TARGETS / "ranks_job.py").read_text().splitlines()
+    return next(number for number, line in enumerate(source, 1) if line.strip() == text)
+
+
+def _json(result: subprocess.CompletedProcess, expected_exit: int) -> Any:  # type: ignore[type-arg]
+    assert result.returncode == expected_exit, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def _endpoints(job: TwoNodeJob) -> Dict[int, str]:
+    """rank -> "HOST:PORT" of its agent, as `ranks` on node 0 lists them."""
+    document = _json(job.probing(0, "1", "ranks", "--format", "json"), 0)
+    return {each["rank"]: each["endpoint"] for each in document["ranks"]}
+
+
+def test_the_nodes_see_only_their_own_processes(stalled: TwoNodeJob) -> None:
+    """The premise of every other test: node 0 has its two ranks and nothing of node 1."""
+    for index, node in enumerate(stalled.nodes):
+        seen = stalled.in_node(index, "sh", "-c", "hostname; cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+        assert seen.stdout.splitlines()[0] == node.name
+        assert seen.stdout.count("ranks_job.py") == 2, seen.stdout
+    assert sorted(stalled.nodes[0].pids) == [0, 1] and sorted(stalled.nodes[1].pids) == [2, 3]
+
+
+def test_ranks_on_node0_lists_every_rank_with_its_node_and_endpoint(stalled: TwoNodeJob) -> None:
+    document = _json(stalled.probing(0, "1", "ranks", "--format", "json"), 0)
+    listed = {each["rank"]: each for each in document["ranks"]}
+    assert sorted(listed) == [0, 1, 2, 3]
+    for rank, each in listed.items():
+        node = stalled.node_of(rank)
+        assert (each["node"], each["host"], each["pid"]) == (node.index, node.name, node.pids[rank])
+        assert each["endpoint"].startswith(f"{node.address}:"), each
+        assert each["agent"] is True, each
+    assert (document["job"]["ranks_here"], document["job"]["ranks_remote"]) == (2, [2, 3])
+    text = stalled.probing(0, "1", "ranks")
+    assert text.returncode == 0, text.stderr
+    assert "world size 4, 2 ranks on this machine, 2 on other nodes" in text.stdout.splitlines()[0]
+
+
+def test_hang_on_node0_names_the_stalled_rank_on_node1_and_its_line(stalled: TwoNodeJob) -> None:
+    verdict = _json(stalled.probing(0, "1", "hang", "--ranks", "all", "--duration", "2", "--samples", "4",
+                                    "--format", "json"), 11)  # fmt: skip
+    assert verdict["hung"] and verdict["basis"] == "collectives", verdict
+    [behind] = verdict["behind"]
+    assert (behind["rank"], behind["node"], behind["host"]) == (3, 1, "node1"), behind
+    assert behind["pid"] == stalled.nodes[1].pids[3]
+    assert behind["where"] == f"load_shard (ranks_job.py:{_line_of('time.sleep(3600)')})"
+    assert [waiting["ranks"] for waiting in verdict["waiting"]] == [[0, 1, 2]]
+    assert verdict["missing"] == []
+    text = stalled.probing(0, "1", "hang", "--ranks", "all", "--duration", "1", "--samples", "3")
+    assert text.returncode == 11, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("The job is hung: rank 3 ") and "node1" in text.stdout, text.stdout
+    assert f"load_shard (ranks_job.py:{_line_of('time.sleep(3600)')})" in first
+
+
+def test_query_over_all_ranks_returns_rows_of_both_nodes(stalled: TwoNodeJob) -> None:
+    rows: List[Dict[str, Any]] = _json(stalled.probing(0, "1", "query", "--ranks", "all", "--format", "json",
+                                                       FIRST_FRAMES), 0)  # fmt: skip
+    assert {(row["rank"], row["node"]) for row in rows} == {(0, 0), (1, 0), (2, 1), (3, 1)}
+    stuck = [row for row in rows if row["rank"] == 3 and row["func"] == "load_shard"]
+    assert [row["lineno"] for row in stuck] == [_line_of("time.sleep(3600)")]
+    assert {row["func"] for row in rows if row["rank"] != 3} >= {"all_reduce"}
+
+
+def test_one_remote_agent_answers_directly_over_tcp(stalled: TwoNodeJob) -> None:
+    endpoint = _endpoints(stalled)[3]
+    result = stalled.probing(0, f"tcp://{endpoint}", "backtrace")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "in load_shard" in result.stdout
+
+
+def test_a_wrong_token_is_refused_and_nothing_runs_on_node1(stalled: TwoNodeJob) -> None:
+    endpoints = _endpoints(stalled)
+    mark = "open('/tmp/evaluated-by-a-stranger', 'w').close()"
+    for rank in (2, 3):
+        refused = stalled.probing(
+            0, f"tcp://{endpoints[rank]}", "eval", mark, env={"PROBING_TOKEN": WRONG_TOKEN}
+        )
+        assert refused.returncode == 5, refused.stdout + refused.stderr
+        assert f"the agent at tcp://{endpoints[rank]} refused our token" in refused.stderr
+    fanned = stalled.probing(0, "1", "eval", "--ranks", "2-3", mark, env={"PROBING_TOKEN": WRONG_TOKEN})
+    assert fanned.returncode != 0 and "refused our token" in fanned.stderr, fanned.stdout + fanned.stderr
+    assert stalled.in_node(1, "ls", "/tmp").stdout.split().count("evaluated-by-a-stranger") == 0
+    # The job is unharmed: with the right token, both of node 1's ranks answer as before.
+    rows = _json(stalled.probing(0, "1", "query", "--ranks", "2-3", "--format", "json", FIRST_FRAMES), 0)
+    assert {row["rank"] for row in rows} == {2, 3}
+
+
+def test_no_token_on_the_cli_is_a_usage_error(stalled: TwoNodeJob) -> None:
+    endpoint = _endpoints(stalled)[2]
+    unset = {"PROBING_TOKEN": None, "PROBING_TOKEN_FILE": "/nonexistent/probing-token"}
+    result = stalled.probing(0, f"tcp://{endpoint}", "backtrace", env=unset)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"tcp://{endpoint} needs the job's token" in result.stderr
+
+
+def _connected_to(address: str) -> bool:
+    """A TCP connection to one of `address`'s ports is established (the shared network namespace)."""
+    import psutil
+
+    return any(
+        connection.raddr and connection.raddr.ip == address and connection.status == psutil.CONN_ESTABLISHED
+        for connection in psutil.net_connections("tcp4")
+    )
+
+
+def test_a_node_that_hangs_or_dies_mid_query_gives_a_partial_answer_naming_its_ranks() -> None:
+    """Idle ranks (outside any collective), so that node 0 lives on without node 1. Frozen, node 1
+    accepts connections and never answers: the query ends at its timeout. Killed while a query
+    waits on it: the query ends at once. Both name ranks 2 and 3 and keep node 0's rows."""
+    query = ("query", "--ranks", "all", "--timeout", "3", "--format", "json",
+             "SELECT DISTINCT rank FROM python.backtrace ORDER BY rank")  # fmt: skip
+    with TwoNodeJob("idle") as job:
+        node1 = job.nodes[1]
+        node1.freeze()
+        started = time.monotonic()
+        frozen = job.probing(0, "1", *query, timeout=60)
+        assert frozen.returncode == 14, frozen.stdout + frozen.stderr
+        assert time.monotonic() - started < 30
+        assert [row["rank"] for row in json.loads(frozen.stdout)] == [0, 1]
+        assert "rank 2 " in frozen.stderr and "rank 3 " in frozen.stderr, frozen.stderr
+
+        running = job.start_probing(0, "1", *query[:3], "--timeout", "30", *query[5:])
+        try:
+            assert wait_until(lambda: _connected_to(node1.address), timeout=20)
+            node1.kill()
+            killed_at = time.monotonic()
+            stdout, stderr = running.communicate(timeout=25)
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.wait(10)
+        assert time.monotonic() - killed_at < 20, "the query waited for its timeout on a dead node"
+        assert running.returncode == 14, stdout + stderr
+        assert [row["rank"] for row in json.loads(stdout)] == [0, 1]
+        assert "rank 2 " in stderr and "rank 3 " in stderr, stderr
