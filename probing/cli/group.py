@@ -18,6 +18,7 @@ from .hang import hang
 from .inject import inject_command
 from .invocation import Invocation
 from .list_processes import list_command
+from .listen import listen_command
 from .memory import memory_command
 from .options import apply, pass_invocation
 from .query import query
@@ -162,7 +163,7 @@ def backtrace(
 
 
 for _command in (hang, eval_command, repl, query, trace, nan, memory_command, tables, inject_command,
-                 detach_command, list_command, run):  # fmt: skip
+                 detach_command, listen_command, list_command, run):  # fmt: skip
     cli.add_command(_command)
 cli.add_command(ranks)
 

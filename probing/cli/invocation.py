@@ -64,6 +64,16 @@ class Invocation:
             job = with_remote_ranks(job, REGISTRY_TIMEOUT_S, log)
         return job, choose(job, ranks)
 
+    def local_job(self) -> Tuple[Job, List[Rank]]:
+        """The job the target belongs to and its ranks on this node only (no other node asked)."""
+        from ..client.discovery import require_process
+        from ..engine.job import find_job
+
+        pid = self.target().require_pid("--ranks local")
+        require_process(pid)
+        job = find_job(pid)
+        return job, list(job.ranks)
+
     def rank_target(self, rank: Rank) -> Target:
         """One rank of the job, with the global options; -v lines name the rank."""
 
