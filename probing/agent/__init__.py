@@ -12,6 +12,7 @@ import threading
 from typing import Optional, Tuple
 
 from .lifecycle import run_fork_hooks
+from .listener import ListenError, listen_setting, start_listener
 from .server import AgentServer
 from .sockets import AGENT_THREAD_NAME, descriptor_identity, release
 
@@ -102,6 +103,12 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             # One set for both: the sampler and any worker the old server started are still
             # the agent's own threads, never the job's, in backtraces.
             server.own_threads = previous.own_threads
+            # A TCP listener outlives the Unix socket it was started beside: it hands its
+            # clients to the new server from now on.
+            listener = previous.tcp_listener
+            if listener is not None and listener.running():
+                listener.server = server
+                server.tcp_listener, server.registry = listener, previous.registry
         server.on_detach = stop
         if calling_thread_is_ours:
             server.own_threads.add(threading.get_ident())
@@ -125,6 +132,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
         _server = server
         _path_identity = path_identity
         last_error = sampling_error
+        _listen_from_environment(server)
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
         try:
@@ -134,6 +142,21 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
         except Exception as error:  # noqa: BLE001 - tracing is optional, the agent is not
             last_error = f"PROBING_TORCH_TRACE: {type(error).__name__}: {error}"
     return True
+
+
+def _listen_from_environment(server: AgentServer) -> None:
+    """PROBING_LISTEN: serve TCP too. Never fails the agent: why it could not (no token, the
+    port taken) is kept for `hello` to say, since the agent never prints into the job."""
+    address = listen_setting()
+    if address is None or server.tcp_listener is not None:
+        return
+    try:
+        server.tcp_listener = start_listener(server, address)
+        server.listen_error = None
+    except ListenError as error:
+        server.listen_error = f"PROBING_LISTEN={address}: {error}"
+    except Exception as error:  # noqa: BLE001 - the Unix socket serves whatever happens here
+        server.listen_error = f"PROBING_LISTEN={address}: {type(error).__name__}: {error}"
 
 
 def release_calling_thread() -> None:

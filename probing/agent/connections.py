@@ -48,6 +48,7 @@ class Connection:
         "sock",
         "identity",
         "pid",
+        "peer",
         "connected_at",
         "requests",
         "last_request_at",
@@ -56,10 +57,11 @@ class Connection:
         "evicted",
     )
 
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: socket.socket, pid: Optional[int], peer: Optional[str] = None) -> None:
         self.sock = sock
         self.identity = descriptor_identity(sock)
-        self.pid = pid
+        self.pid = pid  # None over TCP: the peer is on another node, its address is what we know
+        self.peer = peer
         self.connected_at = time.monotonic()
         self.requests = 0
         self.last_request_at = self.connected_at
@@ -74,8 +76,9 @@ class Connection:
 
     def describe(self, now: float) -> Dict[str, Any]:
         busy = self.busy_since is not None
+        who: Dict[str, Any] = {"pid": self.pid} if self.peer is None else {"pid": None, "peer": self.peer}
         return {
-            "pid": self.pid,
+            **who,
             "state": "busy" if busy else "idle",
             "method": self.method if busy else None,
             "age_s": round(now - self.connected_at, 3),
@@ -84,9 +87,13 @@ class Connection:
         }
 
 
+def _who(entry: Dict[str, Any]) -> str:
+    return f"PID {entry['pid']}" if entry.get("peer") is None else f"from {entry['peer']}"
+
+
 def busy_message(described: List[Dict[str, Any]]) -> str:
     running = ", ".join(
-        f"{entry['method']} for {entry['busy_s']:.1f} s (PID {entry['pid']})" for entry in described[:8]
+        f"{entry['method']} for {entry['busy_s']:.1f} s ({_who(entry)})" for entry in described[:8]
     )
     more = f" and {len(described) - 8} more" if len(described) > 8 else ""
     return (

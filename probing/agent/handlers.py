@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import traceback
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from .. import __version__, protocol
 from ..schema.tables import AGENT_TABLES as TABLES
 from .identity import python_version, working_directory
+from .listener import ListenError, Registry, RegistryUnavailable, rank_identity, start_listener
 from .requests import ErrorKind, RequestError, bool_param, float_param, int_param, str_param, type_name
 from .tables import BUILDERS
 
@@ -63,7 +65,51 @@ def _hello(server: Any, params: Dict[str, Any]) -> Any:
         "socket": server.path,
         "capabilities": sorted(METHODS),
         "tables": sorted(TABLES),
+        "node": socket.gethostname(),
+        "listener": _listener_state(server),
+        "listen_error": _listen_error(server),
+        "rank": rank_identity(),
     }
+
+
+def _listener_state(server: Any) -> Optional[Dict[str, Any]]:
+    listener = server.tcp_listener
+    return listener.describe() if listener is not None and listener.running() else None
+
+
+def _listen_error(server: Any) -> Optional[str]:
+    listener = server.tcp_listener
+    if listener is not None and not listener.running() and listener.failure is not None:
+        return str(listener.failure)
+    return server.listen_error  # type: ignore[no-any-return]
+
+
+def _listen(server: Any, params: Dict[str, Any]) -> Any:
+    address = str_param(params, "address") or "auto"
+    token = str_param(params, "token")
+    listener = server.tcp_listener
+    already = listener is not None and listener.running()
+    if not already:
+        try:
+            listener = start_listener(server, address, token)
+        except ListenError as error:
+            raise RequestError(ErrorKind.BAD_REQUEST, str(error)) from None
+        server.tcp_listener = listener
+        server.listen_error = None
+    return dict(listener.describe(), already=already)
+
+
+def _endpoints(server: Any, params: Dict[str, Any]) -> Any:
+    listener = server.tcp_listener
+    registry = listener.registry if listener is not None else None
+    if registry is None:
+        if server.registry is None:
+            server.registry = Registry()
+        registry = server.registry
+    try:
+        return registry.endpoints()
+    except RegistryUnavailable as error:
+        raise RequestError(ErrorKind.NOT_FOUND, str(error)) from None
 
 
 def _tables(server: Any, params: Dict[str, Any]) -> Any:
@@ -227,6 +273,8 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "nan": _nan,
     "memory": _memory,
     "detach": _detach,
+    "listen": _listen,
+    "endpoints": _endpoints,
 }
 
 

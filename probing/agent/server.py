@@ -31,6 +31,7 @@ from .sockets import (
 
 if TYPE_CHECKING:
     from .. import protocol
+    from .listener import Registry, TcpListener
 
 __all__ = ["AGENT_THREAD_NAME", "AgentServer"]
 
@@ -75,6 +76,11 @@ class AgentServer:
         # What a detach calls once its reply is out: the package's stop(), which also forgets
         # this server (agent/__init__.py sets it; the server never imports its package).
         self.on_detach: Callable[[], None] = self.stop
+        # The TCP side (issue 14), set by agent/__init__.py or a `listen` request: the listener
+        # if one serves, why PROBING_LISTEN did not start one, and the job's store client.
+        self.tcp_listener: Optional[TcpListener] = None
+        self.listen_error: Optional[str] = None
+        self.registry: Optional[Registry] = None
 
     @classmethod
     def bind(cls, socket_dir: Optional[str] = None) -> AgentServer:
@@ -122,7 +128,18 @@ class AgentServer:
         if uid not in (0, os.geteuid()):
             self._refuse(conn, ErrorKind.PERMISSION_DENIED, f"uid {uid} may not talk to this agent")
             return
-        record = Connection(conn, pid)
+        self._admit_checked(Connection(conn, pid))
+
+    def admit_authenticated(self, conn: socket.socket, peer: str) -> None:
+        """A TCP client that proved the token (listener/): the token stands in for the peer's
+        uid, and from here on it is served like any Unix-socket client, under the same cap."""
+        if self._stopping:
+            release(conn, descriptor_identity(conn))
+            return
+        self._admit_checked(Connection(conn, None, peer))
+
+    def _admit_checked(self, record: Connection) -> None:
+        conn = record.sock
         refused: Optional[List[Dict[str, Any]]] = None
         with self._connections_lock:
             if len(self._connections) >= MAX_CONNECTIONS:

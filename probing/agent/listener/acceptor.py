@@ -1,0 +1,357 @@
+"""The TCP listener: one thread, a selector over the listening socket and the handshakes in
+progress; an authenticated connection is handed to the agent's server like a Unix-socket client.
+
+A peer that has not proved the token gets no thread and no method (not even hello): its bytes
+are read by the selector, at most RESPONSE_BYTES of them, and never parsed as a request. Each
+must finish the handshake within HANDSHAKE_TIMEOUT_S, and at most MAX_PENDING_HANDSHAKES wait
+at once (a newcomer drops the oldest), so silent connections cannot hold the agent. Idle, the
+thread sits in a blocking select; it wakes on a timer only for a handshake's deadline or, in a
+torchrun rank, to retry publishing its endpoint (0.5 s growing to 5 s, until it succeeds).
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import selectors
+import socket
+import threading
+import time
+from typing import Any, Deque, Dict, Optional, Protocol, Set
+
+from ...protocol import auth
+from ..lifecycle import WORK, on_fork_in_child, on_stop
+from ..sockets import descriptor_identity, release
+from .address import published_endpoint
+from .registry import Registry, RegistryUnavailable, loaded_torch_distributed, rank_identity
+
+LISTENER_THREAD_NAME = "probing-listener"
+REGISTRY_THREAD_NAME = "probing-registry"
+HANDSHAKE_TIMEOUT_S = 3.0
+MAX_PENDING_HANDSHAKES = 64
+# A refused peer's connection stays open this long after the verdict, its bytes discarded:
+# closed with unread data, the kernel would reset it and the peer might never read why.
+REFUSAL_LINGER_S = 0.2
+BACKLOG = 128
+# Accepts per wake-up: a flood of connections must not starve the handshakes already waiting.
+ACCEPTS_PER_WAKE = 64
+# Out of descriptors, the listening socket stays readable: wait instead of spinning.
+ACCEPT_PAUSE_S = 0.1
+REGISTER_FIRST_DELAY_S = 0.5
+REGISTER_MAX_DELAY_S = 5.0
+
+
+class Admitting(Protocol):
+    """What the listener needs of the agent's server (server.py's AgentServer)."""
+
+    own_threads: Set[int]
+
+    def admit_authenticated(self, conn: socket.socket, peer: str) -> None: ...
+
+
+class _Handshake:
+    __slots__ = ("sock", "identity", "peer", "nonce", "received", "deadline", "refused")
+
+    def __init__(self, sock: socket.socket, peer: str, nonce: bytes, now: float) -> None:
+        self.sock = sock
+        self.identity = descriptor_identity(sock)
+        self.peer = peer
+        self.nonce = nonce
+        self.received = b""
+        self.deadline = now + HANDSHAKE_TIMEOUT_S
+        self.refused = False
+
+
+def peer_text(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = str(address[0])
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return str(address)
+
+
+class TcpListener:
+    """A TCP port serving the agent's protocol to peers that prove the shared token."""
+
+    def __init__(self, server: Admitting, sock: socket.socket, token: str) -> None:
+        self.server = server
+        self.sock = sock
+        self.identity = descriptor_identity(sock)
+        self.endpoint = published_endpoint(sock)
+        self.owner_pid = os.getpid()
+        self._key = auth.key_of(token)
+        # Only a torchrun rank publishes its endpoint; a plain process just listens.
+        self.registry: Optional[Registry] = Registry() if rank_identity() is not None else None
+        self.registered = False
+        self.registry_error: Optional[str] = None
+        self.failure: Optional[str] = None  # why the listener thread ended, if it did by itself
+        self._register_delay = REGISTER_FIRST_DELAY_S
+        self._register_at = time.monotonic()
+        self._registering = False
+        self._pending: Deque[_Handshake] = collections.deque()
+        self._selector = selectors.DefaultSelector()
+        self._waker, self._wake_end = socket.socketpair()
+        self._waker.setblocking(False)
+        self._wake_end.setblocking(False)
+        self._accept_paused_until: Optional[float] = None
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        self._selector.register(self.sock, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_end, selectors.EVENT_READ, self._wake_end)
+        self._thread = threading.Thread(target=self._run, name=LISTENER_THREAD_NAME, daemon=True)
+        self._thread.start()
+        self.server.own_threads.add(self._thread.ident or 0)
+        on_stop(self.stop, WORK)
+        on_fork_in_child(self.abandon_in_child)
+
+    def running(self) -> bool:
+        return not self._stopping and self._thread is not None and self._thread.is_alive()
+
+    def describe(self) -> Dict[str, Any]:
+        return {
+            "endpoint": self.endpoint,
+            "registered": self.registered,
+            "registry_error": self.registry_error,
+        }
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        own = self.server.own_threads
+        own.add(threading.get_ident())
+        try:
+            while not self._stopping:
+                events = self._selector.select(self._timeout(time.monotonic()))
+                for key, _ in events:
+                    if self._stopping:
+                        break
+                    if key.data is None:
+                        self._accept_some()
+                    elif key.data is self._wake_end:
+                        self._drain_wakes()
+                    else:
+                        self._read_response(key.data)
+                now = time.monotonic()
+                self._expire(now)
+                self._maybe_resume_accepting(now)
+                self._maybe_register(now)
+        except Exception as error:  # noqa: BLE001 - the listener failing must never reach the job
+            self.failure = f"the TCP listener stopped: {type(error).__name__}: {error}"
+        finally:
+            own.discard(threading.get_ident())
+            if os.getpid() == self.owner_pid:
+                self._close_everything()
+
+    def _timeout(self, now: float) -> Optional[float]:
+        deadlines = [entry.deadline for entry in self._pending]
+        if self._accept_paused_until is not None:
+            deadlines.append(self._accept_paused_until)
+        if self.registry is not None and not self.registered and not self._registering:
+            deadlines.append(self._register_at)
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _accept_some(self) -> None:
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                conn, address = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                if error.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue
+                if error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._selector.unregister(self.sock)
+                    self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                    return
+                raise
+            self._begin_handshake(conn, peer_text(address))
+
+    def _maybe_resume_accepting(self, now: float) -> None:
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            self._selector.register(self.sock, selectors.EVENT_READ, None)
+
+    def _begin_handshake(self, conn: socket.socket, peer: str) -> None:
+        conn.setblocking(False)
+        nonce, challenge = auth.challenge()
+        try:
+            sent = conn.send(challenge)
+        except OSError:
+            sent = 0
+        if sent != len(challenge):  # a fresh socket's buffer takes 40 bytes; else it is broken
+            conn.close()
+            return
+        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+            self._drop(self._pending[0])
+        entry = _Handshake(conn, peer, nonce, time.monotonic())
+        self._pending.append(entry)
+        self._selector.register(conn, selectors.EVENT_READ, entry)
+
+    def _read_response(self, entry: _Handshake) -> None:
+        want = 4096 if entry.refused else auth.RESPONSE_BYTES - len(entry.received)
+        try:
+            data = entry.sock.recv(want)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(entry)
+            return
+        if entry.refused:
+            return  # a refused peer's bytes are discarded unread, whatever they are
+        entry.received += data
+        if len(entry.received) < auth.RESPONSE_BYTES:
+            return
+        accepted, verdict = auth.verdict(self._key, entry.nonce, entry.received)
+        try:
+            entry.sock.send(verdict)
+        except OSError:
+            self._drop(entry)
+            return
+        if not accepted:
+            entry.refused = True
+            entry.deadline = time.monotonic() + REFUSAL_LINGER_S
+            try:
+                entry.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._drop(entry)
+            return
+        # Authenticated: from here on it is a client like any on the Unix socket. Whatever it
+        # sent after its RESPONSE (a pipelined hello) is still unread in the kernel's buffer.
+        self._selector.unregister(entry.sock)
+        self._pending.remove(entry)
+        entry.sock.setblocking(True)
+        try:
+            entry.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        self.server.admit_authenticated(entry.sock, entry.peer)
+
+    def _expire(self, now: float) -> None:
+        for entry in [entry for entry in self._pending if entry.deadline <= now]:
+            self._drop(entry)
+
+    def _drop(self, entry: _Handshake) -> None:
+        try:
+            self._selector.unregister(entry.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        try:
+            self._pending.remove(entry)
+        except ValueError:
+            pass
+        release(entry.sock, entry.identity)
+
+    # --- registration ------------------------------------------------------------------------
+
+    def _maybe_register(self, now: float) -> None:
+        if self.registry is None or self.registered or self._registering or now < self._register_at:
+            return
+        if loaded_torch_distributed() is None:
+            self.registry_error = "waiting for the job to import torch.distributed"
+            self._retry_later()
+            return
+        # The store may take seconds to answer (or time out): never in this thread, which must
+        # keep serving handshakes meanwhile.
+        self._registering = True
+        worker = threading.Thread(target=self._register, name=REGISTRY_THREAD_NAME, daemon=True)
+        try:
+            worker.start()
+        except RuntimeError:  # can't start new thread: try again later
+            self._registering = False
+            self._retry_later()
+            return
+        self.server.own_threads.add(worker.ident or 0)
+
+    def _register(self) -> None:
+        own = self.server.own_threads
+        own.add(threading.get_ident())
+        registry = self.registry
+        try:
+            if registry is not None and not self._stopping:
+                registry.register(self.endpoint)
+                self.registered = True
+                self.registry_error = None
+        except RegistryUnavailable as error:
+            self.registry_error = str(error)
+            self._retry_later()
+        except Exception as error:  # noqa: BLE001 - a failure here must never reach the job
+            self.registry_error = f"{type(error).__name__}: {error}"
+            self._retry_later()
+        finally:
+            self._registering = False
+            own.discard(threading.get_ident())
+            self._wake()
+
+    def _retry_later(self) -> None:
+        self._register_at = time.monotonic() + self._register_delay
+        self._register_delay = min(self._register_delay * 2, REGISTER_MAX_DELAY_S)
+
+    # --- stopping ------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        try:
+            self._waker.send(b"\0")
+        except OSError:
+            pass  # full (a wake is pending anyway) or closed (stopped)
+
+    def _drain_wakes(self) -> None:
+        try:
+            self._wake_end.recv(4096)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """Close the port and every handshake in progress (detach); unpublish the endpoint."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._wake()
+        thread = self._thread
+        if thread is not None and thread.ident != threading.get_ident():
+            thread.join(timeout=2.0)
+        if thread is None:  # never started; a thread closes everything itself as it ends
+            self._close_everything()
+        if self.registry is not None and self.registered:
+            self.registry.unregister()
+            self.registered = False
+
+    def _close_everything(self) -> None:
+        for entry in list(self._pending):
+            release(entry.sock, entry.identity)
+        self._pending.clear()
+        try:
+            self._selector.close()
+        except OSError:
+            pass
+        release(self.sock, self.identity)
+        self._waker.close()
+        self._wake_end.close()
+
+    def abandon_in_child(self) -> None:
+        """After fork, in the child: close our copies of the parent's sockets, nothing more.
+
+        The parent goes on listening; its epoll instance is shared with the child, so nothing
+        here may unregister from it (closing our descriptors leaves its registrations alone).
+        """
+        if os.getpid() == self.owner_pid or self._stopping:
+            return
+        self._stopping = True
+        for entry in list(self._pending):
+            release(entry.sock, entry.identity)
+        self._pending.clear()
+        release(self.sock, self.identity)
+        for end in (self._waker, self._wake_end):
+            try:
+                end.close()
+            except OSError:
+                pass
+        try:
+            self._selector.close()
+        except OSError:
+            pass
+        if self.registry is not None:
+            self.registry.forget()

@@ -1,0 +1,89 @@
+"""Where the agent listens on TCP (PROBING_LISTEN, or a `listen` request) and the endpoint it
+publishes for other nodes to reach it."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Mapping, Optional, Tuple
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # noqa: S104 - listening on every interface is what `auto` asks
+
+
+class AddressError(ValueError):
+    """A listen address that cannot be used; the message says what form it takes."""
+
+
+def parse_listen_address(text: str, environ: Optional[Mapping[str, str]] = None) -> Tuple[str, int]:
+    """(host, port) of `[HOST:]PORT | auto`.
+
+    A fixed port P becomes P + LOCAL_RANK: every rank on a node reads the same PROBING_LISTEN,
+    and each needs a port of its own. Port 0 (any free port) stays 0.
+    """
+    env = os.environ if environ is None else environ
+    spec = text.strip()
+    if spec.lower() == "auto":
+        return "0.0.0.0", 0  # noqa: S104
+    host, separator, port_text = spec.rpartition(":")
+    if not separator:
+        host = "0.0.0.0"  # noqa: S104
+    elif host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise AddressError(f"listen address {text!r:.80}: write an IPv6 host in brackets, [::1]:PORT")
+    if not port_text.isdigit():
+        raise AddressError(f"listen address {text!r:.80} is not [HOST:]PORT or auto")
+    port = int(port_text)
+    if port:
+        local_rank = env.get("LOCAL_RANK", "0")
+        port += int(local_rank) if local_rank.isdigit() else 0
+    if not 0 <= port <= 65535:
+        raise AddressError(f"listen address {text!r:.80}: port {port} is out of range (0 to 65535)")
+    return host or "0.0.0.0", port  # noqa: S104
+
+
+def bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening, non-blocking TCP socket; OSError (address in use, no such host) as it comes."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    listener = socket.socket(family, kind | socket.SOCK_CLOEXEC, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(backlog)
+        listener.setblocking(False)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def published_endpoint(listener: socket.socket, environ: Optional[Mapping[str, str]] = None) -> str:
+    """ "HOST:PORT" as another node should dial it.
+
+    A socket bound to every interface has no address of its own to give: the one on the route
+    towards the job's rendezvous host is the one the other nodes can reach (a UDP connect()
+    sends nothing, it only picks the route), else the host name.
+    """
+    env = os.environ if environ is None else environ
+    bound = listener.getsockname()
+    host, port = str(bound[0]), int(bound[1])
+    if host in WILDCARD_HOSTS:
+        host = _route_address(env.get("MASTER_ADDR"), env.get("MASTER_PORT")) or socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _route_address(master_host: Optional[str], master_port: Optional[str]) -> Optional[str]:
+    if not master_host:
+        return None
+    port = int(master_port) if master_port and master_port.isdigit() else 29500
+    try:
+        infos = socket.getaddrinfo(master_host, port, 0, socket.SOCK_DGRAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(address)
+            local = str(probe.getsockname()[0])
+    except (OSError, UnicodeError):
+        return None
+    return None if local in WILDCARD_HOSTS else local
