@@ -59,7 +59,9 @@ def test_the_nodes_see_only_their_own_processes(stalled: TwoNodeJob) -> None:
     for index, node in enumerate(stalled.nodes):
         seen = stalled.in_node(index, "sh", "-c", "hostname; cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
         assert seen.stdout.splitlines()[0] == node.name
-        assert seen.stdout.count("ranks_job.py") == 2, seen.stdout
+        assert seen.stdout.count(f"-u {TARGETS / 'ranks_job.py'}") == 2, (
+            seen.stdout
+        )  # torchrun starts ranks so
     assert sorted(stalled.nodes[0].pids) == [0, 1] and sorted(stalled.nodes[1].pids) == [2, 3]
 
 
@@ -134,6 +136,24 @@ def test_no_token_on_the_cli_is_a_usage_error(stalled: TwoNodeJob) -> None:
     result = stalled.probing(0, f"tcp://{endpoint}", "backtrace", env=unset)
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"tcp://{endpoint} needs the job's token" in result.stderr
+
+
+def test_a_node_that_does_not_listen_is_named_with_what_to_run_there_until_it_listens() -> None:
+    sql = "SELECT DISTINCT rank FROM python.backtrace ORDER BY rank"
+    with TwoNodeJob("idle", listening=(True, False)) as job:
+        partial = job.probing(0, "1", "query", "--ranks", "all", "--format", "json", sql)
+        assert partial.returncode == 14, partial.stdout + partial.stderr
+        assert [row["rank"] for row in json.loads(partial.stdout)] == [0, 1]
+        for rank in (2, 3):
+            assert f"rank {rank}: not reachable from this node: its agent does not listen" in partial.stderr
+        assert "`probing PID listen`" in partial.stderr
+        listened = job.probing(1, "1", "listen", "--ranks", "local", "--address", f"{job.nodes[1].address}:0")
+        assert listened.returncode == 0, listened.stdout + listened.stderr
+        assert listened.stdout.count(f"listens now on {job.nodes[1].address}:") == 2, listened.stdout
+        job.listening = [0, 1, 2, 3]
+        assert wait_until(job.all_registered, timeout=30, interval=0.2)
+        whole = _json(job.probing(0, "1", "query", "--ranks", "all", "--format", "json", sql), 0)
+        assert [row["rank"] for row in whole] == [0, 1, 2, 3]
 
 
 def _connected_to(address: str) -> bool:
