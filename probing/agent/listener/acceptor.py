@@ -33,7 +33,7 @@ MAX_PENDING_HANDSHAKES = 64
 # A refused peer's connection stays open this long after the verdict, its bytes discarded:
 # closed with unread data, the kernel would reset it and the peer might never read why.
 REFUSAL_LINGER_S = 0.2
-BACKLOG = 128
+BACKLOG = 1024  # the kernel caps it at somaxconn; a burst of connects must not stall in SYN retries
 # Accepts per wake-up: a flood of connections must not starve the handshakes already waiting.
 ACCEPTS_PER_WAKE = 64
 # Out of descriptors, the listening socket stays readable: wait instead of spinning.
