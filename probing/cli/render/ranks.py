@@ -20,10 +20,22 @@ if TYPE_CHECKING:
     from ...engine.job_glance import JobGlance, RankGlance
 
 # The rows' columns (and the keys of each rank in JSON), documented in docs/commands.md.
-# host: the node's hostname; pid: on that node; endpoint: where its agent listens on TCP.
-COLUMNS = ("rank", "local_rank", "node", "host", "pid", "endpoint", "agent", "source", "state", "error")
-TYPES = ("INTEGER", "INTEGER", "INTEGER", "VARCHAR", "BIGINT", "VARCHAR", "BOOLEAN", "VARCHAR", "VARCHAR",
+# host: the node's hostname; pid: on that node; endpoint: where its agent listens on TCP. The two
+# newest at the end, where scripts reading the older columns by position do not see them.
+COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state", "error", "host", "endpoint")
+TYPES = ("INTEGER", "INTEGER", "INTEGER", "BIGINT", "BOOLEAN", "VARCHAR", "VARCHAR", "VARCHAR", "VARCHAR",
          "VARCHAR")  # fmt: skip
+TEXT_TYPES = (
+    "INTEGER",
+    "INTEGER",
+    "INTEGER",
+    "VARCHAR",
+    "BIGINT",
+    "VARCHAR",
+    "BOOLEAN",
+    "VARCHAR",
+    "VARCHAR",
+)
 # What people read: the error takes the place of the state it kept from being read.
 TEXT_COLUMNS = ("rank", "local_rank", "node", "host", "pid", "endpoint", "agent", "source", "state")
 
@@ -39,8 +51,8 @@ def _row(each: RankGlance) -> Tuple[Any, ...]:
     rank = each.rank
     error = each.error.message if each.error is not None else None
     pid = rank.pid or None  # 0: a rank of this node whose process is gone
-    return (rank.rank, rank.local_rank, rank.node, _host(each), pid, each.endpoint, each.agent, each.source,
-            each.state, error)  # fmt: skip
+    return (rank.rank, rank.local_rank, rank.node, pid, each.agent, each.source, each.state, error,
+            _host(each), each.endpoint)  # fmt: skip
 
 
 def _job_object(job: Job) -> Dict[str, Any]:
@@ -75,7 +87,7 @@ def _text(answer: JobGlance, out: IO[str]) -> None:
         pid = rank.pid or "-"
         rows.append((rank.rank, rank.local_rank, rank.node, _host(each) or "-", pid, each.endpoint or "-",
                      each.agent, each.source or "-", state))  # fmt: skip
-    write_table(TEXT_COLUMNS, TYPES[: len(TEXT_COLUMNS)], rows, out)  # every cell made inert
+    write_table(TEXT_COLUMNS, TEXT_TYPES, rows, out)  # every cell made inert
 
 
 def write_job_glance(answer: JobGlance, format: str) -> None:
