@@ -25,7 +25,12 @@ if TYPE_CHECKING:
 COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state", "error", "host", "endpoint")
 TYPES = ("INTEGER", "INTEGER", "INTEGER", "BIGINT", "BOOLEAN", "VARCHAR", "VARCHAR", "VARCHAR", "VARCHAR",
          "VARCHAR")  # fmt: skip
-TEXT_TYPES = (
+# What people read: the error takes the place of the state it kept from being read. host and
+# endpoint only for a job whose agents listen on TCP or that spans nodes.
+TEXT_COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state")
+TEXT_TYPES = ("INTEGER", "INTEGER", "INTEGER", "BIGINT", "BOOLEAN", "VARCHAR", "VARCHAR")
+NETWORK_COLUMNS = ("rank", "local_rank", "node", "host", "pid", "endpoint", "agent", "source", "state")
+NETWORK_TYPES = (
     "INTEGER",
     "INTEGER",
     "INTEGER",
@@ -36,8 +41,6 @@ TEXT_TYPES = (
     "VARCHAR",
     "VARCHAR",
 )
-# What people read: the error takes the place of the state it kept from being read.
-TEXT_COLUMNS = ("rank", "local_rank", "node", "host", "pid", "endpoint", "agent", "source", "state")
 
 
 def _host(each: RankGlance) -> Optional[str]:
@@ -87,7 +90,10 @@ def _text(answer: JobGlance, out: IO[str]) -> None:
         pid = rank.pid or "-"
         rows.append((rank.rank, rank.local_rank, rank.node, _host(each) or "-", pid, each.endpoint or "-",
                      each.agent, each.source or "-", state))  # fmt: skip
-    write_table(TEXT_COLUMNS, TEXT_TYPES, rows, out)  # every cell made inert
+    if any(each.endpoint or each.rank.remote or each.rank.unreachable for each in answer.ranks):
+        write_table(NETWORK_COLUMNS, NETWORK_TYPES, rows, out)  # every cell made inert
+    else:
+        write_table(TEXT_COLUMNS, TEXT_TYPES, [row[:3] + row[4:5] + row[6:] for row in rows], out)
 
 
 def write_job_glance(answer: JobGlance, format: str) -> None:
