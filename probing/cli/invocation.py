@@ -7,7 +7,7 @@ import sys
 
 from ..engine.target import Target, quiet
 from ..errors import UsageError
-from .render import log_to_stderr
+from .render import log_to_stderr, notes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class Invocation:
             if self.target_text is not None:
                 raise UsageError("give either a TARGET or --endpoints, not both")
             job = job_from_endpoints(parse_endpoints(self.endpoints), REGISTRY_TIMEOUT_S, log)
+            notes(job.notes)
             return job, choose(job, ranks)
         pid = self.target().require_pid("--ranks")
         require_process(pid)
@@ -62,6 +63,7 @@ class Invocation:
             from ..engine.job_remote import with_remote_ranks
 
             job = with_remote_ranks(job, REGISTRY_TIMEOUT_S, log)
+            notes(job.notes)
         return job, choose(job, ranks)
 
     def local_job(self) -> Tuple[Job, List[Rank]]:

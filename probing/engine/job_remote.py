@@ -65,7 +65,7 @@ def _unreachable(job: Job, rank: int, why: str) -> Rank:
     this node's size."""
     size = len(job.ranks) + len(job.absent)
     local, node = (rank % size, rank // size) if size else (rank, 0)
-    return Rank(rank, local, node, 0, unreachable=f"rank {rank}: {why}")
+    return Rank(rank, local, node, 0, unreachable=why)
 
 
 def merge_registry(job: Job, registry: Optional[Dict[str, Any]], why_none: str = NOT_LISTENING) -> Job:
@@ -211,7 +211,7 @@ def job_from_endpoints(urls: List[str], timeout: float, log: Callable[[str], Non
         why += " (no answer from " + "; ".join(f"{url}: {error.message}" for url, error in failed[:4]) + ")"
     ranks = sorted(found.values())
     remote = ranks + [
-        Rank(rank, rank, 0, 0, unreachable=f"rank {rank}: {why}")
+        Rank(rank, rank, 0, 0, unreachable=why)
         for rank in range(min(world_size, MAX_WORLD))
         if rank not in found
     ]

@@ -43,7 +43,9 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 
 def _pid_text(rank: Rank) -> str:
-    """A local rank's PID; a remote one's with its node, where that PID is."""
+    """A local rank's PID; a remote one's with its node, where that PID is; ? where unknown."""
+    if rank.unreachable is not None:
+        return "?"
     if rank.remote:
         return f"{rank.pid} on {rank.host or rank.endpoint}"
     return str(rank.pid)

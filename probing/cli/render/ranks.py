@@ -20,12 +20,27 @@ if TYPE_CHECKING:
     from ...engine.job_glance import JobGlance, RankGlance
 
 # The rows' columns (and the keys of each rank in JSON), documented in docs/commands.md.
-# host: the node's hostname; pid: on that node; endpoint: where its agent listens on TCP.
-COLUMNS = ("rank", "local_rank", "node", "host", "pid", "endpoint", "agent", "source", "state", "error")
-TYPES = ("INTEGER", "INTEGER", "INTEGER", "VARCHAR", "BIGINT", "VARCHAR", "BOOLEAN", "VARCHAR", "VARCHAR",
+# host: the node's hostname; pid: on that node; endpoint: where its agent listens on TCP. The two
+# newest at the end, where scripts reading the older columns by position do not see them.
+COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state", "error", "host", "endpoint")
+TYPES = ("INTEGER", "INTEGER", "INTEGER", "BIGINT", "BOOLEAN", "VARCHAR", "VARCHAR", "VARCHAR", "VARCHAR",
          "VARCHAR")  # fmt: skip
-# What people read: the error takes the place of the state it kept from being read.
-TEXT_COLUMNS = ("rank", "local_rank", "node", "host", "pid", "endpoint", "agent", "source", "state")
+# What people read: the error takes the place of the state it kept from being read. host and
+# endpoint only for a job whose agents listen on TCP or that spans nodes.
+TEXT_COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state")
+TEXT_TYPES = ("INTEGER", "INTEGER", "INTEGER", "BIGINT", "BOOLEAN", "VARCHAR", "VARCHAR")
+NETWORK_COLUMNS = ("rank", "local_rank", "node", "host", "pid", "endpoint", "agent", "source", "state")
+NETWORK_TYPES = (
+    "INTEGER",
+    "INTEGER",
+    "INTEGER",
+    "VARCHAR",
+    "BIGINT",
+    "VARCHAR",
+    "BOOLEAN",
+    "VARCHAR",
+    "VARCHAR",
+)
 
 
 def _host(each: RankGlance) -> Optional[str]:
@@ -39,8 +54,8 @@ def _row(each: RankGlance) -> Tuple[Any, ...]:
     rank = each.rank
     error = each.error.message if each.error is not None else None
     pid = rank.pid or None  # 0: a rank of this node whose process is gone
-    return (rank.rank, rank.local_rank, rank.node, _host(each), pid, each.endpoint, each.agent, each.source,
-            each.state, error)  # fmt: skip
+    return (rank.rank, rank.local_rank, rank.node, pid, each.agent, each.source, each.state, error,
+            _host(each), each.endpoint)  # fmt: skip
 
 
 def _job_object(job: Job) -> Dict[str, Any]:
@@ -75,7 +90,10 @@ def _text(answer: JobGlance, out: IO[str]) -> None:
         pid = rank.pid or "-"
         rows.append((rank.rank, rank.local_rank, rank.node, _host(each) or "-", pid, each.endpoint or "-",
                      each.agent, each.source or "-", state))  # fmt: skip
-    write_table(TEXT_COLUMNS, TYPES[: len(TEXT_COLUMNS)], rows, out)  # every cell made inert
+    if any(each.endpoint or each.rank.remote or each.rank.unreachable for each in answer.ranks):
+        write_table(NETWORK_COLUMNS, NETWORK_TYPES, rows, out)  # every cell made inert
+    else:
+        write_table(TEXT_COLUMNS, TEXT_TYPES, [row[:3] + row[4:5] + row[6:] for row in rows], out)
 
 
 def write_job_glance(answer: JobGlance, format: str) -> None:
