@@ -296,3 +296,9 @@ def test_torchrun_ranks_publish_their_endpoints_in_the_jobs_store() -> None:
         assert not store.check(["endpoint/0/0"])
         assert job.process.poll() is None and all(unix_call(pid, "ping")["ok"] for pid in job.pids.values())
         assert not [line for line in job.stderr_lines if "Traceback" in line or "Error" in line]
+        # A detached rank takes its endpoint out of the registry, and its port closes.
+        endpoint = endpoint_of(job.pids[1])
+        assert unix_call(job.pids[1], "detach")["ok"]
+        assert wait_until(lambda: port_closed(endpoint), 10)
+        assert [entry["rank"] for entry in unix_call(job.pids[0], "endpoints")["result"]["ranks"]] == [0]
+        assert not store.check(["probing/endpoint/0/1"])
