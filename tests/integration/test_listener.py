@@ -20,7 +20,7 @@ import pytest
 from probing import protocol
 from probing.protocol import auth
 
-from support import Target, TorchrunJob, interpreter_params, wait_until
+from support import Target, TorchrunJob, interpreter_params, probing, wait_until
 
 TOKEN = "the job's shared secret, 32 chars"
 LISTEN = {"PROBING_LISTEN": "127.0.0.1:0", "PROBING_TOKEN": TOKEN}
@@ -113,6 +113,16 @@ def test_a_bad_listen_address_is_refused(listening_job: Target) -> None:
         refused = unix_call(target.pid, "listen", {"address": "host:port", "token": TOKEN})
         assert refused["error"]["type"] == protocol.ErrorKind.BAD_REQUEST
         assert "is not [HOST:]PORT or auto" in refused["error"]["message"]
+
+
+def test_the_listener_thread_never_appears_in_backtraces(listening_job: Target) -> None:
+    names = probing(
+        str(listening_job.pid), "eval", "import threading; [t.name for t in threading.enumerate()]"
+    )
+    assert "probing-listener" in names.stdout, names.stderr
+    backtrace = probing(str(listening_job.pid), "backtrace")
+    assert backtrace.returncode == 0 and "stdin-watcher" in backtrace.stdout
+    assert "probing-listener" not in backtrace.stdout and "acceptor.py" not in backtrace.stdout
 
 
 def test_a_wrong_token_is_refused_and_nothing_it_sends_runs(listening_job: Target, tmp_path: Path) -> None:
