@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import threading
@@ -201,3 +202,24 @@ def listening_endpoint_of_pid(pid: int) -> str:
     endpoint = listener_of(pid)["endpoint"]
     assert isinstance(endpoint, str)
     return endpoint
+
+
+def test_a_rank_that_stops_answering_leaves_a_partial_answer_in_time(listening_job: TorchrunJob) -> None:
+    """Rank 1 stopped (SIGSTOP: its kernel still accepts connections, nothing answers): rank 0's
+    rows come back and rank 1 is named missing, with its endpoint, within the timeouts: exit 14."""
+    endpoints = [listening_endpoint_of_pid(listening_job.pids[rank]) for rank in (0, 1)]
+    os.kill(listening_job.pids[1], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        sql = "SELECT DISTINCT rank FROM python.backtrace"
+        result = probing(
+            "--endpoints", ",".join(endpoints), "query", "--ranks", "all", "--timeout", "2",
+            "--format", "json", sql, env=TOKEN_ENV,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(listening_job.pids[1], signal.SIGCONT)
+    assert result.returncode == ExitCode.PARTIAL, result.stderr
+    assert json.loads(result.stdout) == [{"rank": 0}]
+    assert "rank 1 (PID ?)" in result.stderr and f"tcp://{endpoints[1]}" in result.stderr
+    assert elapsed < 30
