@@ -331,6 +331,10 @@ class AgentServer:
         if thread is not None and thread.ident != threading.get_ident():
             thread.join(timeout=1.0)
         release(self.listener, self.listener_identity)
+        # The TCP port closes before the connections do: a client that sees its connection end
+        # after a detach finds the port closed too (its stop hook below is then a no-op).
+        if self.tcp_listener is not None:
+            self.tcp_listener.stop()
         with self._connections_lock:
             for record in self._connections.values():
                 release(record.sock, record.identity, socket.SHUT_RDWR)

@@ -18,6 +18,7 @@ import selectors
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Deque, Dict, Optional, Protocol, Set
 
 from ...protocol import auth
@@ -33,7 +34,7 @@ MAX_PENDING_HANDSHAKES = 64
 # A refused peer's connection stays open this long after the verdict, its bytes discarded:
 # closed with unread data, the kernel would reset it and the peer might never read why.
 REFUSAL_LINGER_S = 0.2
-BACKLOG = 128
+BACKLOG = 1024  # the kernel caps it at somaxconn; a burst of connects must not stall in SYN retries
 # Accepts per wake-up: a flood of connections must not starve the handshakes already waiting.
 ACCEPTS_PER_WAKE = 64
 # Out of descriptors, the listening socket stays readable: wait instead of spinning.
@@ -104,10 +105,15 @@ class TcpListener:
         self._thread.start()
         self.server.own_threads.add(self._thread.ident or 0)
         on_stop(self.stop, WORK)
-        on_fork_in_child(self.abandon_in_child)
+        _started.add(self)
+        on_fork_in_child(_abandon_all_in_child)
 
     def running(self) -> bool:
-        return not self._stopping and self._thread is not None and self._thread.is_alive()
+        """Serving: its thread runs and its descriptor is still its socket (a job that closes
+        every descriptor, os.closerange(3, ...), closes ours too)."""
+        if self._stopping or self._thread is None or not self._thread.is_alive():
+            return False
+        return descriptor_identity(self.sock) == self.identity
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -140,9 +146,9 @@ class TcpListener:
         except Exception as error:  # noqa: BLE001 - the listener failing must never reach the job
             self.failure = f"the TCP listener stopped: {type(error).__name__}: {error}"
         finally:
-            own.discard(threading.get_ident())
             if os.getpid() == self.owner_pid:
                 self._close_everything()
+            own.discard(threading.get_ident())
 
     def _timeout(self, now: float) -> Optional[float]:
         deadlines = [entry.deadline for entry in self._pending]
@@ -259,12 +265,10 @@ class TcpListener:
         self._registering = True
         worker = threading.Thread(target=self._register, name=REGISTRY_THREAD_NAME, daemon=True)
         try:
-            worker.start()
+            worker.start()  # it adds itself to the agent's threads: it may be gone before we could
         except RuntimeError:  # can't start new thread: try again later
             self._registering = False
             self._retry_later()
-            return
-        self.server.own_threads.add(worker.ident or 0)
 
     def _register(self) -> None:
         own = self.server.own_threads
@@ -275,6 +279,9 @@ class TcpListener:
                 registry.register(self.endpoint)
                 self.registered = True
                 self.registry_error = None
+                if self._stopping:  # detached while the store answered: take it back out
+                    registry.unregister()
+                    self.registered = False
         except RegistryUnavailable as error:
             self.registry_error = str(error)
             self._retry_later()
@@ -309,15 +316,16 @@ class TcpListener:
         if self._stopping:
             return
         self._stopping = True
+        # Out of the registry first: whoever finds the port closed must not find it listed.
+        if self.registry is not None and self.registered:
+            self.registry.unregister()
+            self.registered = False
         self._wake()
         thread = self._thread
         if thread is not None and thread.ident != threading.get_ident():
             thread.join(timeout=2.0)
         if thread is None:  # never started; a thread closes everything itself as it ends
             self._close_everything()
-        if self.registry is not None and self.registered:
-            self.registry.unregister()
-            self.registered = False
 
     def _close_everything(self) -> None:
         for entry in list(self._pending):
@@ -355,3 +363,13 @@ class TcpListener:
             pass
         if self.registry is not None:
             self.registry.forget()
+
+
+# Listeners of this process, for the one fork hook that abandons them all in a child: a hook per
+# listener would keep every stopped one alive for good (attach and detach may cycle for days).
+_started: weakref.WeakSet[TcpListener] = weakref.WeakSet()
+
+
+def _abandon_all_in_child() -> None:
+    for listener in list(_started):
+        listener.abandon_in_child()

@@ -1,0 +1,298 @@
+"""The shared token and the TCP handshake: where the token comes from and which files are
+refused, the challenge-response on its own, and the agent's listener (its selector thread, in
+this process, on loopback) against scripted peers: accepted, refused, replayed, silent, flooded."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Iterator, List, Set, Tuple
+
+import pytest
+
+from probing.agent.connections import Connection, busy_message
+from probing.agent.listener import acceptor
+from probing.agent.listener.acceptor import TcpListener
+from probing.agent.listener.address import AddressError, bind_tcp, parse_listen_address
+from probing.protocol import auth
+
+TOKEN = "correct horse battery staple"
+KEY = auth.key_of(TOKEN)
+
+
+# --- where the token comes from ---------------------------------------------------------------
+
+
+def token_file(directory: Path, text: str = TOKEN, mode: int = 0o600) -> Path:
+    path = directory / "token"
+    path.write_text(text + "\n")
+    path.chmod(mode)
+    return path
+
+
+def test_the_environment_token_comes_first_and_is_stripped(tmp_path: Path) -> None:
+    path = token_file(tmp_path, "a file token of sixteen+")
+    env = {auth.TOKEN_ENV: f"  {TOKEN}\n", auth.TOKEN_FILE_ENV: str(path)}
+    assert auth.load_token(env) == TOKEN
+
+
+def test_a_short_token_is_refused_wherever_it_comes_from(tmp_path: Path) -> None:
+    with pytest.raises(auth.TokenError, match="too short: 16 characters"):
+        auth.load_token({auth.TOKEN_ENV: "short"})
+    path = token_file(tmp_path, "short")
+    with pytest.raises(auth.TokenError, match="too short"):
+        auth.load_token({auth.TOKEN_FILE_ENV: str(path)})
+
+
+def test_a_0600_token_file_of_ones_own_is_read(tmp_path: Path) -> None:
+    assert auth.load_token({auth.TOKEN_FILE_ENV: str(token_file(tmp_path))}) == TOKEN
+
+
+def test_the_default_token_file_is_in_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(
+        auth.TokenError, match=r"no token: \$PROBING_TOKEN is not set and there is no .*/\.probing/token"
+    ):
+        auth.load_token({})
+    (tmp_path / ".probing").mkdir()
+    token_file(tmp_path / ".probing")
+    assert auth.load_token({}) == TOKEN
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    path = token_file(tmp_path, mode=0o644)
+    with pytest.raises(auth.TokenError, match=r"open to others \(mode 0644\); chmod 600"):
+        auth.load_token({auth.TOKEN_FILE_ENV: str(path)})
+    path.chmod(0o620)
+    with pytest.raises(auth.TokenError, match="open to others"):
+        auth.load_token({auth.TOKEN_FILE_ENV: str(path)})
+
+
+def test_a_token_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    path = token_file(tmp_path)
+    other = 65534 if os.geteuid() != 65534 else 65533
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    os.chown(path, other, other)
+    with pytest.raises(auth.TokenError, match=f"belongs to uid {other}, not to uid {os.geteuid()}"):
+        auth.load_token({auth.TOKEN_FILE_ENV: str(path)})
+
+
+def test_a_symlinked_token_file_is_refused(tmp_path: Path) -> None:
+    """Someone who can plant a link in a shared home must not choose the token we read."""
+    target = token_file(tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(auth.TokenError, match="cannot read the token file"):
+        auth.load_token({auth.TOKEN_FILE_ENV: str(link)})
+
+
+def test_a_token_path_that_is_no_regular_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(auth.TokenError, match="not a regular file"):
+        auth.load_token({auth.TOKEN_FILE_ENV: str(tmp_path)})
+
+
+# --- the handshake as functions ----------------------------------------------------------------
+
+
+def test_the_right_token_is_accepted_and_the_agent_proves_it_too() -> None:
+    agent_nonce, challenge = auth.challenge()
+    assert len(challenge) == auth.CHALLENGE_BYTES
+    nonce, response = auth.respond(KEY, challenge)
+    assert nonce == agent_nonce and len(response) == auth.RESPONSE_BYTES
+    accepted, verdict = auth.verdict(KEY, agent_nonce, response)
+    assert accepted and len(verdict) == auth.VERDICT_BYTES
+    auth.check_verdict(KEY, nonce, response, verdict)  # raises if the agent's proof is wrong
+
+
+def test_a_wrong_token_is_refused() -> None:
+    agent_nonce, challenge = auth.challenge()
+    nonce, response = auth.respond(auth.key_of("another token, also long"), challenge)
+    accepted, verdict = auth.verdict(KEY, agent_nonce, response)
+    assert not accepted and verdict == auth.REFUSED + bytes(auth.MAC_BYTES)
+    with pytest.raises(auth.HandshakeError) as caught:
+        auth.check_verdict(KEY, nonce, response, verdict)
+    assert caught.value.refused
+
+
+def test_a_recorded_response_fails_against_a_new_challenge() -> None:
+    first_nonce, first = auth.challenge()
+    _, recorded = auth.respond(KEY, first)
+    assert auth.verdict(KEY, first_nonce, recorded)[0]
+    second_nonce, _ = auth.challenge()
+    assert not auth.verdict(KEY, second_nonce, recorded)[0]
+
+
+def test_an_agent_that_does_not_know_the_token_cannot_pose_as_one() -> None:
+    agent_nonce, challenge = auth.challenge()
+    nonce, response = auth.respond(KEY, challenge)
+    _, forged = auth.verdict(auth.key_of("the impostor's own token"), agent_nonce, response)
+    forged = auth.ACCEPTED + forged[1:]
+    with pytest.raises(auth.HandshakeError, match="not the job's agent"):
+        auth.check_verdict(KEY, nonce, response, forged)
+
+
+def test_a_peer_that_sends_no_challenge_is_no_agent() -> None:
+    with pytest.raises(auth.HandshakeError, match="not a probing agent"):
+        auth.respond(KEY, b"SSH-2.0-OpenSSH_9.6\r\n" + bytes(19))
+
+
+# --- listen addresses ---------------------------------------------------------------------------
+
+
+def test_listen_addresses_and_the_local_rank_offset() -> None:
+    assert parse_listen_address("auto", {}) == ("0.0.0.0", 0)
+    assert parse_listen_address("47001", {"LOCAL_RANK": "3"}) == ("0.0.0.0", 47004)
+    assert parse_listen_address("127.0.0.2:0", {"LOCAL_RANK": "3"}) == ("127.0.0.2", 0)
+    assert parse_listen_address("[::1]:5000", {}) == ("::1", 5000)
+    for bad in ("host:port", "::1:5000", "70000", "", "127.0.0.1:"):
+        with pytest.raises(AddressError):
+            parse_listen_address(bad, {})
+
+
+# --- the listener against scripted peers ---------------------------------------------------------
+
+
+class FakeServer:
+    """Stands for the agent's server: records what the listener hands over."""
+
+    def __init__(self) -> None:
+        self.own_threads: Set[int] = set()
+        self.admitted: List[Tuple[socket.socket, str]] = []
+        self.event = threading.Event()
+
+    def admit_authenticated(self, conn: socket.socket, peer: str) -> None:
+        self.admitted.append((conn, peer))
+        self.event.set()
+
+
+@pytest.fixture
+def listening() -> Iterator[Tuple[TcpListener, FakeServer, Tuple[str, int]]]:
+    server = FakeServer()
+    listener = TcpListener(server, bind_tcp("127.0.0.1", 0, acceptor.BACKLOG), TOKEN)
+    listener.start()
+    address = listener.sock.getsockname()
+    yield listener, server, (str(address[0]), int(address[1]))
+    listener.stop()
+    for conn, _ in server.admitted:
+        conn.close()
+
+
+def connect(address: Tuple[str, int]) -> socket.socket:
+    sock = socket.create_connection(address, timeout=5)
+    return sock
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def handshake(sock: socket.socket, key: bytes = KEY) -> Tuple[bytes, bytes, bytes]:
+    nonce, response = auth.respond(key, recv_exactly(sock, auth.CHALLENGE_BYTES))
+    sock.sendall(response)
+    return nonce, response, recv_exactly(sock, auth.VERDICT_BYTES)
+
+
+def test_the_listener_hands_an_authenticated_peer_to_the_server(
+    listening: Tuple[TcpListener, FakeServer, Tuple[str, int]],
+) -> None:
+    listener, server, address = listening
+    with connect(address) as sock:
+        nonce, response, verdict = handshake(sock)
+        auth.check_verdict(KEY, nonce, response, verdict)
+        assert server.event.wait(5)
+        conn, peer = server.admitted[0]
+        assert peer == f"127.0.0.1:{sock.getsockname()[1]}"
+        assert conn.getblocking()
+    assert listener.sock.fileno() >= 0 and listener.running()
+    assert listener._thread is not None and listener._thread.ident in server.own_threads
+
+
+def test_a_wrong_token_gets_the_refusal_and_the_connection_ends(
+    listening: Tuple[TcpListener, FakeServer, Tuple[str, int]],
+) -> None:
+    listener, server, address = listening
+    with connect(address) as sock:
+        _, _, verdict = handshake(sock, auth.key_of("not the job's token at all"))
+        assert verdict == auth.REFUSED + bytes(auth.MAC_BYTES)
+        sock.sendall(b"anything at all, a request even")
+        assert sock.recv(100) == b""  # hung up (after a short linger), nothing answered
+    assert not server.admitted
+
+
+def test_a_response_replayed_on_a_new_connection_is_refused(
+    listening: Tuple[TcpListener, FakeServer, Tuple[str, int]],
+) -> None:
+    _, server, address = listening
+    with connect(address) as first:
+        _, recorded, verdict = handshake(first)
+        assert verdict[:1] == auth.ACCEPTED
+    with connect(address) as second:
+        recv_exactly(second, auth.CHALLENGE_BYTES)
+        second.sendall(recorded)
+        assert recv_exactly(second, auth.VERDICT_BYTES)[:1] == auth.REFUSED
+    assert len(server.admitted) == 1
+
+
+def test_a_silent_peer_is_closed_at_the_handshake_deadline(
+    monkeypatch: pytest.MonkeyPatch, listening: Tuple[TcpListener, FakeServer, Tuple[str, int]]
+) -> None:
+    monkeypatch.setattr(acceptor, "HANDSHAKE_TIMEOUT_S", 0.3)
+    _, _, address = listening
+    with connect(address) as sock:
+        assert len(recv_exactly(sock, auth.CHALLENGE_BYTES)) == auth.CHALLENGE_BYTES
+        sock.settimeout(5)
+        assert sock.recv(10) == b""  # closed by the agent, well before our 5 s
+
+
+def test_pending_handshakes_are_capped_and_the_oldest_goes(
+    monkeypatch: pytest.MonkeyPatch, listening: Tuple[TcpListener, FakeServer, Tuple[str, int]]
+) -> None:
+    monkeypatch.setattr(acceptor, "MAX_PENDING_HANDSHAKES", 4)
+    listener, server, address = listening
+    silent = [connect(address) for _ in range(6)]
+    try:
+        for sock in silent:
+            recv_exactly(sock, auth.CHALLENGE_BYTES)  # each has been accepted
+        assert silent[0].recv(10) == b"" and silent[1].recv(10) == b""
+        assert len(listener._pending) == 4
+        with connect(address) as late:
+            nonce, response, verdict = handshake(late)
+            auth.check_verdict(KEY, nonce, response, verdict)
+            assert server.event.wait(5)
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_stop_closes_the_port_and_the_pending_handshakes(
+    listening: Tuple[TcpListener, FakeServer, Tuple[str, int]],
+) -> None:
+    listener, _, address = listening
+    with connect(address) as pending:
+        recv_exactly(pending, auth.CHALLENGE_BYTES)
+        listener.stop()
+        assert pending.recv(10) == b""
+    assert listener._thread is not None and not listener._thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        connect(address)
+
+
+def test_a_tcp_client_is_described_by_its_address_not_a_pid() -> None:
+    with socket.socket() as sock:
+        record = Connection(sock, None, "10.0.0.5:51234")
+        record.busy_since = record.connected_at
+        record.method = "eval"
+        described = record.describe(record.connected_at + 2)
+    assert described["peer"] == "10.0.0.5:51234" and described["pid"] is None
+    assert "eval for 2.0 s (from 10.0.0.5:51234)" in busy_message([described])
