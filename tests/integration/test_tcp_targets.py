@@ -253,3 +253,19 @@ def test_the_registry_read_by_a_local_agent_names_a_rank_of_another_node(
     monkeypatch.setenv("PROBING_TOKEN", TOKEN)
     stacks = read_stacks(EngineTarget(f"tcp://{remote.endpoint}"), False, None, 5.0)
     assert stacks.info["pid"] == listening_job.pids[1]
+
+
+def test_listen_on_every_local_rank_of_a_job_that_did_not_listen() -> None:
+    pytest.importorskip("torch")
+    with TorchrunJob("healthy", ranks=2, env=dict(TOKEN_ENV, PROBING="1")) as job:
+        result = probing(
+            str(job.agent_pid), "listen", "--ranks", "local", "--address", "127.0.0.1:0", "--format", "json",
+            env=TOKEN_ENV,
+        )  # fmt: skip
+        assert result.returncode == ExitCode.OK, result.stderr
+        ranks = json.loads(result.stdout)["ranks"]
+        assert [(rank["rank"], rank["pid"]) for rank in ranks] == sorted(job.pids.items())
+        for rank in ranks:
+            assert rank["endpoint"] == listening_endpoint_of_pid(rank["pid"]) and not rank["already"]
+        answer = probing(f"tcp://{ranks[1]['endpoint']}", "eval", "import os; os.getpid()", env=TOKEN_ENV)
+        assert answer.returncode == ExitCode.OK and answer.stdout.strip() == str(job.pids[1])
