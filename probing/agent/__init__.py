@@ -121,6 +121,8 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             start_sampling(server.own_threads)
         except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
             sampling_error = f"memory sampling: {type(error).__name__}: {error}"
+        # The TCP listener before the socket serves: the first hello already says how it went.
+        _listen_from_environment(server)
         try:
             server.start()
         except Exception as error:  # noqa: BLE001 - can't start new thread, say
@@ -128,11 +130,14 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             from .memory.sampler import stop_sampling
 
             stop_sampling()
+            if server.tcp_listener is not None and server.tcp_listener is not getattr(
+                previous, "tcp_listener", None
+            ):
+                server.tcp_listener.stop()
             return False
         _server = server
         _path_identity = path_identity
         last_error = sampling_error
-        _listen_from_environment(server)
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
         try:

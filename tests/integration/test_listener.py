@@ -20,7 +20,7 @@ import pytest
 from probing import protocol
 from probing.protocol import auth
 
-from support import Target, TorchrunJob, interpreter_params, wait_until
+from support import Target, TorchrunJob, interpreter_params, probing, wait_until
 
 TOKEN = "the job's shared secret, 32 chars"
 LISTEN = {"PROBING_LISTEN": "127.0.0.1:0", "PROBING_TOKEN": TOKEN}
@@ -115,6 +115,16 @@ def test_a_bad_listen_address_is_refused(listening_job: Target) -> None:
         assert "is not [HOST:]PORT or auto" in refused["error"]["message"]
 
 
+def test_the_listener_thread_never_appears_in_backtraces(listening_job: Target) -> None:
+    names = probing(
+        str(listening_job.pid), "eval", "import threading; [t.name for t in threading.enumerate()]"
+    )
+    assert "probing-listener" in names.stdout, names.stderr
+    backtrace = probing(str(listening_job.pid), "backtrace")
+    assert backtrace.returncode == 0 and "stdin-watcher" in backtrace.stdout
+    assert "probing-listener" not in backtrace.stdout and "acceptor.py" not in backtrace.stdout
+
+
 def test_a_wrong_token_is_refused_and_nothing_it_sends_runs(listening_job: Target, tmp_path: Path) -> None:
     proof = tmp_path / "executed"
     sock, _, verdict = tcp_handshake(endpoint_of(listening_job.pid), "a token that is not the job's")
@@ -160,43 +170,80 @@ def step_times(target: Target, start: float, end: float) -> List[float]:
     return times
 
 
+def fast_ms(times: List[float]) -> float:
+    """The 20th percentile of step times: the steps no other process on this shared machine
+    preempted. An agent that held the GIL (a polling loop, a thread per connection) would slow
+    these too, all through the window."""
+    return statistics.quantiles(times, n=5)[0] * 1e3
+
+
 def test_200_silent_connections_hold_neither_the_agent_nor_the_job(listening_job: Target) -> None:
+    """The step-time comparison is paired with a control job (the same target, no listener)
+    over the same windows: on a shared machine, whatever slows every process shows in both."""
     endpoint = endpoint_of(listening_job.pid)
-    before_start = time.monotonic()
-    assert wait_until(lambda: len(step_times(listening_job, before_start, float("inf"))) >= 100, 30)
-    flood_start = time.monotonic()
-    silent = []
-    try:
-        for _ in range(200):
-            silent.append(socket.create_connection(address_of(endpoint), timeout=10))
-        started = time.monotonic()
-        sock, _, verdict = tcp_handshake(endpoint)
-        with sock:
-            assert verdict[:1] == auth.ACCEPTED
-            protocol.send_frame(sock, protocol.request(1, "hello", {"protocol": protocol.PROTOCOL_VERSION}))
-            protocol.send_frame(sock, protocol.request(2, "backtrace", {}))
-            replies = [protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES) for _ in range(2)]
-            answered = time.monotonic() - started
-        assert all(reply is not None and reply.header["ok"] for reply in replies)
-        assert answered < 1.0, f"hello + backtrace took {answered:.2f} s behind 200 silent connections"
-        # Held past the handshake deadline (or pushed out by newer ones): the agent closes
-        # every one itself, each having had its challenge and nothing more.
-        for held in silent:
-            held.settimeout(10)
-            assert len(recv_exactly(held, auth.CHALLENGE_BYTES + 1)) == auth.CHALLENGE_BYTES
-        flood_end = time.monotonic()
-    finally:
-        for held in silent:
-            held.close()
-    before = step_times(listening_job, before_start, flood_start)
-    during = step_times(listening_job, flood_start, flood_end)
-    assert len(before) >= 100 and len(during) >= 50
-    ratio = statistics.median(during) / statistics.median(before)
-    medians = (
-        f"{statistics.median(before) * 1e3:.2f} ms before, {statistics.median(during) * 1e3:.2f} ms during"
-    )
-    assert ratio < 1.5, f"median step {medians}"
+    with Target("timed_stepper.py", via="env") as control:
+        before_start = time.monotonic()
+        enough = lambda job: len(step_times(job, before_start, float("inf"))) >= 60  # noqa: E731
+        assert wait_until(lambda: enough(listening_job) and enough(control), 30)
+        flood_start = time.monotonic()
+        silent = []
+        try:
+            for _ in range(200):
+                silent.append(socket.create_connection(address_of(endpoint), timeout=10))
+            started = time.monotonic()
+            sock, _, verdict = tcp_handshake(endpoint)
+            with sock:
+                assert verdict[:1] == auth.ACCEPTED
+                protocol.send_frame(
+                    sock, protocol.request(1, "hello", {"protocol": protocol.PROTOCOL_VERSION})
+                )
+                protocol.send_frame(sock, protocol.request(2, "backtrace", {}))
+                replies = [protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES) for _ in range(2)]
+                answered = time.monotonic() - started
+            assert all(reply is not None and reply.header["ok"] for reply in replies)
+            assert answered < 1.0, f"hello + backtrace took {answered:.2f} s behind 200 silent connections"
+            # Held past the handshake deadline (or pushed out by newer ones): the agent closes
+            # every one itself, each having had its challenge and nothing more.
+            for held in silent:
+                held.settimeout(10)
+                assert len(recv_exactly(held, auth.CHALLENGE_BYTES + 1)) == auth.CHALLENGE_BYTES
+            flood_end = time.monotonic()
+        finally:
+            for held in silent:
+                held.close()
+        ratios = {}
+        for name, job in (("flooded", listening_job), ("control", control)):
+            before = step_times(job, before_start, flood_start)
+            during = step_times(job, flood_start, flood_end)
+            assert len(before) >= 60 and len(during) >= 50
+            ratios[name] = fast_ms(during) / fast_ms(before)
+            print(f"{name}: fast steps {fast_ms(before):.2f} ms before, {fast_ms(during):.2f} ms during")
+    assert ratios["flooded"] < max(1.5, 1.5 * ratios["control"]), ratios
     assert listening_job.alive()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of all the process's threads, in nanoseconds from schedstat (an idle agent
+    spends far less than the clock tick /proc/PID/stat counts in)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as schedstat:
+                total += int(schedstat.read().split()[0])
+        except OSError:
+            pass
+    return total / 1e9
+
+
+def test_an_idle_listener_costs_next_to_nothing() -> None:
+    """A blocking select, no polling: a second of idling costs the process well under 1 % of a
+    core (the memory sampler included), in a torchrun-like rank whose registration retries too."""
+    rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
+    with Target("sleeper.py", via="env", env=dict(LISTEN, **rank)) as target:
+        assert unix_call(target.pid, "hello")["result"]["listener"] is not None
+        before = cpu_seconds(target.pid)
+        time.sleep(1.0)  # the quantity under test is what a second of idling costs
+        assert cpu_seconds(target.pid) - before < 0.01
 
 
 def port_closed(endpoint: str) -> bool:
@@ -204,6 +251,8 @@ def port_closed(endpoint: str) -> bool:
         socket.create_connection(address_of(endpoint), timeout=10).close()
     except ConnectionRefusedError:
         return True
+    except OSError:
+        return False  # reset by a port closing meanwhile: ask again
     return False
 
 
@@ -239,11 +288,14 @@ def test_a_forked_child_never_serves_on_the_parents_port(python: str) -> None:
         child = int(re.search(r"child=(\d+)", target.ready_line()).group(1))  # type: ignore[union-attr]
         try:
             endpoint = endpoint_of(target.pid)
-            assert not socket_inodes(target.pid) & socket_inodes(child)
+            shared = socket_inodes(target.pid) & socket_inodes(child)
+            assert not shared, f"the child holds the parent's sockets {shared}"
             for _ in range(5):
-                sock, _, _ = tcp_handshake(endpoint)
+                sock, _, verdict = tcp_handshake(endpoint)
                 with sock:
-                    assert call(sock, "hello")["result"]["pid"] == target.pid
+                    assert verdict[:1] == auth.ACCEPTED
+                    hello = call(sock, "hello")
+                    assert hello["result"]["pid"] == target.pid, hello
             # Once the job is gone, nothing serves the port (a leader thread turns zombie
             # before its other threads have closed the process's files: waited for, bounded).
             os.kill(target.pid, signal.SIGKILL)
@@ -296,3 +348,9 @@ def test_torchrun_ranks_publish_their_endpoints_in_the_jobs_store() -> None:
         assert not store.check(["endpoint/0/0"])
         assert job.process.poll() is None and all(unix_call(pid, "ping")["ok"] for pid in job.pids.values())
         assert not [line for line in job.stderr_lines if "Traceback" in line or "Error" in line]
+        # A detached rank takes its endpoint out of the registry, and its port closes.
+        endpoint = endpoint_of(job.pids[1])
+        assert unix_call(job.pids[1], "detach")["ok"]
+        assert wait_until(lambda: port_closed(endpoint), 10)
+        assert [entry["rank"] for entry in unix_call(job.pids[0], "endpoints")["result"]["ranks"]] == [0]
+        assert not store.check(["probing/endpoint/0/1"])

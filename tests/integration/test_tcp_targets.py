@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import threading
@@ -201,3 +202,70 @@ def listening_endpoint_of_pid(pid: int) -> str:
     endpoint = listener_of(pid)["endpoint"]
     assert isinstance(endpoint, str)
     return endpoint
+
+
+def test_a_rank_that_stops_answering_leaves_a_partial_answer_in_time(listening_job: TorchrunJob) -> None:
+    """Rank 1 stopped (SIGSTOP: its kernel still accepts connections, nothing answers): rank 0's
+    rows come back and rank 1 is named missing, with its endpoint, within the timeouts: exit 14."""
+    endpoints = [listening_endpoint_of_pid(listening_job.pids[rank]) for rank in (0, 1)]
+    os.kill(listening_job.pids[1], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        sql = "SELECT DISTINCT rank FROM python.backtrace"
+        result = probing(
+            "--endpoints", ",".join(endpoints), "query", "--ranks", "all", "--timeout", "2",
+            "--format", "json", sql, env=TOKEN_ENV,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(listening_job.pids[1], signal.SIGCONT)
+    assert result.returncode == ExitCode.PARTIAL, result.stderr
+    assert json.loads(result.stdout) == [{"rank": 0}]
+    assert "rank 1 (PID ?)" in result.stderr and f"tcp://{endpoints[1]}" in result.stderr
+    assert elapsed < 30
+
+
+def test_the_registry_read_by_a_local_agent_names_a_rank_of_another_node(
+    listening_job: TorchrunJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job seen as if rank 1 ran on another node (left out of the local ranks): one local
+    agent's `endpoints` answer makes rank 1 a remote rank with its registered endpoint, and the
+    engine reaches it over TCP."""
+    from probing.engine.backtrace import read_stacks
+    from probing.engine.job import Job, find_job
+    from probing.engine.job_remote import ask_registry, merge_registry
+    from probing.engine.target import Target as EngineTarget
+
+    found = find_job(listening_job.pids[0])
+    here = Job(found.run_id, found.launcher, found.master, found.world_size, found.ranks[:1])
+    deadline = time.monotonic() + 30
+    while True:  # each rank registers once its job has imported torch.distributed
+        registry, why = ask_registry(here, 5.0, lambda message: None)
+        job = merge_registry(here, registry, why)
+        if job.remote[0].unreachable is None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    (remote,) = job.remote
+    assert remote.unreachable is None, remote.unreachable
+    assert (remote.rank, remote.pid, remote.remote) == (1, listening_job.pids[1], True)
+    assert remote.endpoint == listening_endpoint_of_pid(listening_job.pids[1])
+    assert job.ranks[0].endpoint == listening_endpoint_of_pid(listening_job.pids[0])
+    monkeypatch.setenv("PROBING_TOKEN", TOKEN)
+    stacks = read_stacks(EngineTarget(f"tcp://{remote.endpoint}"), False, None, 5.0)
+    assert stacks.info["pid"] == listening_job.pids[1]
+
+
+def test_listen_on_every_local_rank_of_a_job_that_did_not_listen() -> None:
+    pytest.importorskip("torch")
+    with TorchrunJob("healthy", ranks=2, env=dict(TOKEN_ENV, PROBING="1")) as job:
+        result = probing(
+            str(job.agent_pid), "listen", "--ranks", "local", "--address", "127.0.0.1:0", "--format", "json",
+            env=TOKEN_ENV,
+        )  # fmt: skip
+        assert result.returncode == ExitCode.OK, result.stderr
+        ranks = json.loads(result.stdout)["ranks"]
+        assert [(rank["rank"], rank["pid"]) for rank in ranks] == sorted(job.pids.items())
+        for rank in ranks:
+            assert rank["endpoint"] == listening_endpoint_of_pid(rank["pid"]) and not rank["already"]
+        answer = probing(f"tcp://{ranks[1]['endpoint']}", "eval", "import os; os.getpid()", env=TOKEN_ENV)
+        assert answer.returncode == ExitCode.OK and answer.stdout.strip() == str(job.pids[1])

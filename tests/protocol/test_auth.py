@@ -12,6 +12,7 @@ from typing import Iterator, List, Set, Tuple
 
 import pytest
 
+from probing.agent.connections import Connection, busy_message
 from probing.agent.listener import acceptor
 from probing.agent.listener.acceptor import TcpListener
 from probing.agent.listener.address import AddressError, bind_tcp, parse_listen_address
@@ -285,3 +286,13 @@ def test_stop_closes_the_port_and_the_pending_handshakes(
     assert listener._thread is not None and not listener._thread.is_alive()
     with pytest.raises(ConnectionRefusedError):
         connect(address)
+
+
+def test_a_tcp_client_is_described_by_its_address_not_a_pid() -> None:
+    with socket.socket() as sock:
+        record = Connection(sock, None, "10.0.0.5:51234")
+        record.busy_since = record.connected_at
+        record.method = "eval"
+        described = record.describe(record.connected_at + 2)
+    assert described["peer"] == "10.0.0.5:51234" and described["pid"] is None
+    assert "eval for 2.0 s (from 10.0.0.5:51234)" in busy_message([described])

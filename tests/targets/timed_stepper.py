@@ -18,7 +18,7 @@ def watch_stdin():
 
 
 def work():
-    return sum(i * i for i in range(20000))
+    return sum(i * i for i in range(100000))
 
 
 threading.Thread(target=watch_stdin, name="stdin-watcher", daemon=True).start()

@@ -279,6 +279,9 @@ class TcpListener:
                 registry.register(self.endpoint)
                 self.registered = True
                 self.registry_error = None
+                if self._stopping:  # detached while the store answered: take it back out
+                    registry.unregister()
+                    self.registered = False
         except RegistryUnavailable as error:
             self.registry_error = str(error)
             self._retry_later()
@@ -313,15 +316,16 @@ class TcpListener:
         if self._stopping:
             return
         self._stopping = True
+        # Out of the registry first: whoever finds the port closed must not find it listed.
+        if self.registry is not None and self.registered:
+            self.registry.unregister()
+            self.registered = False
         self._wake()
         thread = self._thread
         if thread is not None and thread.ident != threading.get_ident():
             thread.join(timeout=2.0)
         if thread is None:  # never started; a thread closes everything itself as it ends
             self._close_everything()
-        if self.registry is not None and self.registered:
-            self.registry.unregister()
-            self.registered = False
 
     def _close_everything(self) -> None:
         for entry in list(self._pending):
