@@ -123,11 +123,21 @@ def test_a_wrong_token_is_refused_and_nothing_runs_on_node1(stalled: TwoNodeJob)
         assert refused.returncode == 5, refused.stdout + refused.stderr
         assert f"the agent at tcp://{endpoints[rank]} refused our token" in refused.stderr
     fanned = stalled.probing(0, "1", "eval", "--ranks", "2-3", mark, env={"PROBING_TOKEN": WRONG_TOKEN})
-    assert fanned.returncode != 0 and "refused our token" in fanned.stderr, fanned.stdout + fanned.stderr
+    assert fanned.returncode == 5, fanned.stdout + fanned.stderr  # every rank asked refused: their code
+    for rank in (2, 3):
+        assert (
+            f"rank {rank} (PID {stalled.nodes[1].pids[rank]} on node1): the agent at tcp://{endpoints[rank]} "
+            "refused our token" in fanned.stderr
+        ), fanned.stderr
     assert stalled.in_node(1, "ls", "/tmp").stdout.split().count("evaluated-by-a-stranger") == 0
-    # The job is unharmed: with the right token, both of node 1's ranks answer as before.
+    # The job is unharmed: with the right token, both of node 1's ranks answer as before, and the
+    # same code, allowed, does write in node 1's /tmp (the check above could not miss it).
     rows = _json(stalled.probing(0, "1", "query", "--ranks", "2-3", "--format", "json", FIRST_FRAMES), 0)
     assert {row["rank"] for row in rows} == {2, 3}
+    allowed = stalled.probing(0, f"tcp://{endpoints[2]}", "eval", mark.replace("stranger", "friend"))
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert "evaluated-by-a-friend" in stalled.in_node(1, "ls", "/tmp").stdout.split()
+    assert "evaluated-by-a-friend" not in stalled.in_node(0, "ls", "/tmp").stdout.split()
 
 
 def test_no_token_on_the_cli_is_a_usage_error(stalled: TwoNodeJob) -> None:
