@@ -124,9 +124,17 @@ def test_query_over_all_ranks_returns_rows_of_both_nodes(stalled: TwoNodeJob) ->
     assert {row["func"] for row in rows if row["rank"] != 3} >= {"all_reduce"}
 
 
-def test_one_remote_agent_answers_directly_over_tcp(stalled: TwoNodeJob) -> None:
-    endpoint = _endpoints(stalled)[3]
-    result = stalled.probing(0, f"tcp://{endpoint}", "backtrace")
+def test_eval_over_all_ranks_runs_on_each_node(stalled: TwoNodeJob) -> None:
+    result = stalled.probing(0, "1", "eval", "--ranks", "all", "import socket; print(socket.gethostname())")
+    assert result.returncode == 0, result.stdout + result.stderr
+    node0, node1 = (stalled.nodes[0].pids, stalled.nodes[1].pids)
+    assert f"── ranks 0,1 (PIDs {node0[0]}, {node0[1]}) ──\nnode0\n" in result.stdout
+    assert f"── ranks 2,3 (PIDs {node1[2]} on node1, {node1[3]} on node1) ──\nnode1\n" in result.stdout
+
+
+def test_one_remote_agent_answers_directly_over_tcp_by_host_name(stalled: TwoNodeJob) -> None:
+    port = _endpoints(stalled)[3].rsplit(":", 1)[1]
+    result = stalled.probing(0, f"tcp://node1:{port}", "backtrace")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "in load_shard" in result.stdout
 
