@@ -8,7 +8,8 @@ Off unless asked: PROBING_LISTEN at start, or a `listen` request. Never without 
 from __future__ import annotations
 
 import os
-from typing import Optional
+import threading
+from typing import Any, Optional, Tuple
 
 from ...protocol.auth import TOKEN_ENV, TOKEN_HINT, TokenError, load_token
 from .acceptor import BACKLOG, Admitting, TcpListener
@@ -23,6 +24,7 @@ __all__ = [
     "TcpListener",
     "listen_setting",
     "rank_identity",
+    "listen_once",
     "start_listener",
 ]
 
@@ -66,3 +68,29 @@ def start_listener(server: Admitting, address: str, token: Optional[str] = None)
         sock.close()
         raise ListenError(f"cannot start the TCP listener: {type(error).__name__}: {error}") from None
     return listener
+
+
+# Two `listen` requests at once must not start two listeners (the loser's would be orphaned).
+_start_lock = threading.Lock()
+
+
+def listen_once(server: Any, address: str, token: Optional[str] = None) -> Tuple[TcpListener, bool]:
+    """(the server's listener, whether it was already running): started on `address` unless one
+    serves. `server` is the agent's AgentServer; its tcp_listener and listen_error are set here."""
+    with _start_lock:
+        listener = server.tcp_listener
+        if isinstance(listener, TcpListener) and listener.running():
+            return listener, True
+        listener = start_listener(server, address, token)
+        server.tcp_listener = listener
+        server.listen_error = None
+        return listener, False
+
+
+def _new_lock_in_child() -> None:
+    # A thread of the parent may have held it at fork; the child has no such thread.
+    global _start_lock
+    _start_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
