@@ -181,19 +181,18 @@ class TcpListener:
 
     def _begin_handshake(self, conn: socket.socket, peer: str) -> None:
         conn.setblocking(False)
+        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+            self._drop(self._pending[0])
         nonce, challenge = auth.challenge()
+        entry = _Handshake(conn, peer, nonce, time.monotonic())
+        self._pending.append(entry)
+        self._selector.register(conn, selectors.EVENT_READ, entry)
         try:
             sent = conn.send(challenge)
         except OSError:
             sent = 0
         if sent != len(challenge):  # a fresh socket's buffer takes 40 bytes; else it is broken
-            conn.close()
-            return
-        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
-            self._drop(self._pending[0])
-        entry = _Handshake(conn, peer, nonce, time.monotonic())
-        self._pending.append(entry)
-        self._selector.register(conn, selectors.EVENT_READ, entry)
+            self._drop(entry)
 
     def _read_response(self, entry: _Handshake) -> None:
         want = 4096 if entry.refused else auth.RESPONSE_BYTES - len(entry.received)
