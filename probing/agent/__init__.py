@@ -12,7 +12,7 @@ import threading
 from typing import Optional, Tuple
 
 from .lifecycle import run_fork_hooks
-from .listener import ListenError, listen_once, listen_setting
+from .listener.address import listen_setting
 from .server import AgentServer
 from .sockets import AGENT_THREAD_NAME, descriptor_identity, release
 
@@ -155,6 +155,9 @@ def _listen_from_environment(server: AgentServer) -> None:
     address = listen_setting()
     if address is None or server.tcp_listener is not None:
         return
+    # Loaded only when asked: most jobs never listen, and every job pays for what starts here.
+    from .listener.control import ListenError, listen_once
+
     try:
         listen_once(server, address)
     except ListenError as error:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from .. import __version__, protocol
 from ..schema.tables import AGENT_TABLES as TABLES
 from .identity import python_version, working_directory
-from .listener import ListenError, Registry, RegistryUnavailable, listen_once, rank_identity
+from .listener.control import ListenError, listen_once
+from .listener.registry import Registry, RegistryUnavailable, rank_identity
 from .requests import ErrorKind, RequestError, bool_param, float_param, int_param, str_param, type_name
 from .tables import BUILDERS
 
