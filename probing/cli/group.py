@@ -18,6 +18,7 @@ from .hang import hang
 from .inject import inject_command
 from .invocation import Invocation
 from .list_processes import list_command
+from .listen import listen_command
 from .memory import memory_command
 from .options import apply, pass_invocation
 from .query import query
@@ -25,10 +26,12 @@ from .ranks import ranks
 from .render import report_error, stdout_is_closed
 from .repl import repl
 from .run import run
-from .spec import BACKTRACE_OPTIONS, GLOBAL_OPTIONS, TARGET_OPTIONS
+from .spec import BACKTRACE_OPTIONS, ENDPOINTS, GLOBAL_OPTIONS, TARGET_OPTIONS
 from .switch import nan, trace
 from .tables import tables
 
+# Global options followed by their value: that word is no TARGET.
+VALUED_OPTIONS = tuple(option.name for option in (*GLOBAL_OPTIONS, ENDPOINTS) if not option.flag)
 # Commands that do not act on a target process.
 TARGETLESS = ("list", "run")
 
@@ -58,6 +61,10 @@ class ProbingGroup(click.Group):
             if arg in TARGET_OPTIONS or arg.startswith("--target="):
                 # Given as an option: a positional word after it is a (mistyped) command.
                 return super().parse_args(ctx, args)
+            if arg in VALUED_OPTIONS and index + 1 < len(args):
+                rewritten += [arg, args[index + 1]]
+                index += 2
+                continue
             if not arg.startswith("-"):
                 rewritten += ["--target", arg]
                 index += 1
@@ -84,12 +91,22 @@ class ProbingGroup(click.Group):
     epilog=_exit_code_table(),
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.option("-t", "--target", metavar="TARGET", help="PID of the process, or the path of its agent socket.")
-@apply(*GLOBAL_OPTIONS)
+@click.option(
+    "-t",
+    "--target",
+    metavar="TARGET",
+    help="PID of the process, the path of its agent socket, or tcp://HOST:PORT of an agent listening on TCP.",
+)
+@apply(*GLOBAL_OPTIONS, ENDPOINTS)
 @click.version_option(__version__, prog_name="probing")
 @click.pass_context
 def cli(
-    ctx: click.Context, target: Optional[str], verbose: bool, no_attach: bool, attach_timeout: float
+    ctx: click.Context,
+    target: Optional[str],
+    verbose: bool,
+    no_attach: bool,
+    attach_timeout: float,
+    endpoints: Optional[str],
 ) -> None:
     """Debug a live Python process: its stacks, its state, SQL over what it records.
 
@@ -101,17 +118,20 @@ def cli(
       probing PID memory           RSS/USS, Python objects by type, torch memory, growth
       probing PID ranks            every rank of the torchrun job PID belongs to, at a glance
       probing PID hang --ranks all which rank of the job is stuck, and where (--ranks: most commands)
+      probing tcp://HOST:PORT ...  an agent on another node, over TCP (PROBING_LISTEN, PROBING_TOKEN)
       probing list                 Python processes by job, and which have an agent
       probing run -- CMD ...       start CMD with the agent in it
 
     A process without an agent is attached to first (unless --no-attach): one of its
     threads is borrowed for about a millisecond to load the agent; see `probing PID inject`.
     """
-    ctx.obj = Invocation(target, verbose, no_attach, attach_timeout)
-    if ctx.invoked_subcommand not in TARGETLESS and target is None:
+    ctx.obj = Invocation(target, verbose, no_attach, attach_timeout, endpoints)
+    if ctx.invoked_subcommand not in TARGETLESS and target is None and endpoints is None:
         raise click.UsageError("missing TARGET: probing PID COMMAND (or probing -t PID COMMAND)")
-    if ctx.invoked_subcommand in TARGETLESS and target is not None:
+    if ctx.invoked_subcommand in TARGETLESS and (target is not None or endpoints is not None):
         raise click.UsageError(f"'{ctx.invoked_subcommand}' takes no TARGET")
+    if target is not None and endpoints is not None:
+        raise click.UsageError("give either a TARGET or --endpoints, not both")
     if target is not None:
         parse_address(target)  # a malformed TARGET is a usage error before any work
 
@@ -143,7 +163,7 @@ def backtrace(
 
 
 for _command in (hang, eval_command, repl, query, trace, nan, memory_command, tables, inject_command,
-                 detach_command, list_command, run):  # fmt: skip
+                 detach_command, listen_command, list_command, run):  # fmt: skip
     cli.add_command(_command)
 cli.add_command(ranks)
 

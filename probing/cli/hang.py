@@ -58,7 +58,7 @@ def hang(
             return watched.failure_code
         return ExitCode.PARTIAL if watched.verdict.missing else ExitCode.OK
     target = invocation.target()
-    pid: Optional[int] = target.require_pid("hang")
+    pid: Optional[int] = None if target.remote else target.require_pid("hang")
     sources = SourceLines(pid)
     answer = sample_hang(
         target, duration, samples, timeout, lambda frame: sources.line(frame["file"], frame["lineno"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from ..engine.target import Target
+from ..engine.target import Target, quiet
 from ..errors import UsageError
-from .render import log_to_stderr
+from .render import log_to_stderr, notes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,13 +16,23 @@ if TYPE_CHECKING:
     from ..engine.job import Job, Rank
 
 
+# What each agent asked while the job is found (its registry, or its hello) may take.
+REGISTRY_TIMEOUT_S = 5.0
+
+
 class Invocation:
-    __slots__ = ("target_text", "verbose", "no_attach", "attach_timeout")
+    __slots__ = ("target_text", "verbose", "no_attach", "attach_timeout", "endpoints")
 
     def __init__(
-        self, target_text: Optional[str], verbose: bool, no_attach: bool = False, attach_timeout: float = 5.0
+        self,
+        target_text: Optional[str],
+        verbose: bool,
+        no_attach: bool = False,
+        attach_timeout: float = 5.0,
+        endpoints: Optional[str] = None,
     ) -> None:
         self.target_text = target_text
+        self.endpoints = endpoints  # --endpoints: the job's agents over TCP, instead of a TARGET
         self.verbose = verbose
         self.no_attach = no_attach
         self.attach_timeout = attach_timeout
@@ -37,10 +47,34 @@ class Invocation:
         from ..client.discovery import require_process
         from ..engine.job import choose, find_job
 
+        log = log_to_stderr if self.verbose else quiet
+        if self.endpoints is not None:
+            from ..engine.job_remote import job_from_endpoints, parse_endpoints
+
+            if self.target_text is not None:
+                raise UsageError("give either a TARGET or --endpoints, not both")
+            job = job_from_endpoints(parse_endpoints(self.endpoints), REGISTRY_TIMEOUT_S, log)
+            notes(job.notes)
+            return job, choose(job, ranks)
         pid = self.target().require_pid("--ranks")
         require_process(pid)
         job = find_job(pid)
+        if job.world_size > len(job.ranks) + len(job.absent):
+            from ..engine.job_remote import with_remote_ranks
+
+            job = with_remote_ranks(job, REGISTRY_TIMEOUT_S, log)
+            notes(job.notes)
         return job, choose(job, ranks)
+
+    def local_job(self) -> Tuple[Job, List[Rank]]:
+        """The job the target belongs to and its ranks on this node only (no other node asked)."""
+        from ..client.discovery import require_process
+        from ..engine.job import find_job
+
+        pid = self.target().require_pid("--ranks local")
+        require_process(pid)
+        job = find_job(pid)
+        return job, list(job.ranks)
 
     def rank_target(self, rank: Rank) -> Target:
         """One rank of the job, with the global options; -v lines name the rank."""
@@ -48,7 +82,8 @@ class Invocation:
         def log(message: str) -> None:
             log_to_stderr(f"rank {rank.rank}: {message}")
 
-        return Target(str(rank.pid), log if self.verbose else None, self.no_attach, self.attach_timeout)
+        text = f"tcp://{rank.endpoint}" if rank.remote else str(rank.pid)
+        return Target(text, log if self.verbose else None, self.no_attach, self.attach_timeout)
 
 
 def read_argument(value: str, what: str) -> str:

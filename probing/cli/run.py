@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import click
 
+from ..engine.listen import cli_token
 from ..errors import UsageError
 from ..launch.launcher import Launcher
 from ..launch.watchdog import HungJob, Watchdog
@@ -25,10 +26,19 @@ from .render.reports import write_hung_job, write_started
 @click.option(
     "--report", type=click.Path(dir_okay=False), metavar="FILE", help="With --hang-timeout: a JSON report."
 )
+@click.option(
+    "--listen", is_flag=False, flag_value="auto", default=None, metavar="[ADDR]",
+    help="Every agent of the job listens on TCP ([HOST:]PORT, default auto) for the CLIs of other "
+    "nodes; needs the token (PROBING_TOKEN, or ~/.probing/token) here and in the job.",
+)  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_invocation
 def run(
-    invocation: Invocation, hang_timeout: Optional[float], report: Optional[str], command: List[str]
+    invocation: Invocation,
+    hang_timeout: Optional[float],
+    report: Optional[str],
+    listen: Optional[str],
+    command: List[str],
 ) -> int:
     """Run COMMAND with the agent in every Python process it starts.
 
@@ -38,7 +48,9 @@ def run(
         raise click.UsageError("--report goes with --hang-timeout")
     if not command:
         raise UsageError("nothing to run: probing run -- python train.py")
-    launcher = Launcher(list(command))
+    if listen is not None:
+        cli_token()  # the job's agents would refuse to listen without one: say so before it starts
+    launcher = Launcher(list(command), listen=listen)
     child = launcher.start()
     write_started(child.pid, list(command))
     if hang_timeout is None:

@@ -66,6 +66,15 @@ RANKS = Option(
     metavar="all|LIST",
 )
 
+# Global (before the command), for every --ranks command: the job is the agents at these
+# endpoints, reached over TCP, and TARGET is left out.
+ENDPOINTS = Option(
+    "--endpoints",
+    "the job's agents listening on TCP (HOST:PORT,... or @FILE, one per line), instead of TARGET: "
+    "probing --endpoints h1:29600,h2:29600 COMMAND --ranks all",
+    metavar="LIST|@FILE",
+)
+
 BACKTRACE_OPTIONS = (
     Option("--locals", "show each frame's local variables (bounded reprs)", flag=True, default=False),
     Option("--thread", "only the thread with this name, Python ident or native id", metavar="NAME|ID"),

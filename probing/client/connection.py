@@ -34,8 +34,12 @@ if TYPE_CHECKING:
     from .discovery import Log as Log
 
 
+# A target written as tcp://HOST:PORT (client/tcp.py; not imported for a Unix socket).
+TCP_SCHEME = "tcp://"
+
+
 class Client:
-    """One connection to one agent. Use as a context manager.
+    """One connection to one agent (its Unix socket, or tcp://HOST:PORT). Use as a context manager.
 
     The hello goes out together with the first request, and both replies come back in one
     read: a command costs one round trip.
@@ -52,6 +56,7 @@ class Client:
         """Connect to the agent at `path`: the agent of process `pid` (as this side sees it),
         or, without a pid, whatever process the socket's name and owner say (see trust.py).
         Nothing is sent before the socket and the process answering on it are checked.
+        A `path` of tcp://HOST:PORT is a remote agent: the token handshake stands in for the checks.
         `stuck`, asked while the agent's queue of connections stays full, says why waiting
         for room is pointless (or None to wait on)."""
         self._stuck = stuck
@@ -62,6 +67,14 @@ class Client:
         self._greeting = False
         self._next_id = 0
         self._started = time.perf_counter()
+        if path.startswith(TCP_SCHEME):
+            # Over TCP the handshake proves the peer knows the job's token: there is no
+            # process or socket owner to check.
+            from .tcp import open_authenticated
+
+            self._sock = open_authenticated(path, timeout, log)
+            self._reader = ReplyReader(self._sock, protocol.MAX_REPLY_BYTES)
+            return
         if pid is None:
             path, expected = expected_for_path(path)
         else:
@@ -165,6 +178,10 @@ class Client:
             protocol.send_buffers(self._sock, buffers)
         except (ConnectionResetError, BrokenPipeError):
             raise AgentUnreachable(f"the agent closed the connection before {method!r}") from None
+        except OSError as error:  # over TCP: a peer that stopped reading, a network gone
+            raise AgentUnreachable(
+                f"cannot send {method!r} to {self.path}: {error.strerror or error}"
+            ) from None
 
     def answered(self, timeout: float) -> bool:
         """Whether the agent's reply starts arriving within `timeout` seconds."""

@@ -16,10 +16,10 @@ import time
 
 from ..client.connection import Client
 from ..client.replies import decode_reply_table
-from ..errors import NoAgent, ProbingError, UsageError
+from ..errors import AgentTimeout, AgentUnreachable, NoAgent, ProbingError, UsageError
 from ..procfs import command_line
 from .fanout import Gathered
-from .target import STILL_CHECK_S, Fallback, Stillness
+from .target import REMOTE_HINT, STILL_CHECK_S, Fallback, Stillness
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ class Stacks:
 def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, target: Target) -> Any:
     """One request that gives up early (Fallback) when the agent stays silent and a look from
     outside shows a thread holding the GIL, or when the agent times out or goes away."""
-    from ..errors import AgentTimeout, AgentUnreachable
 
     deadline = time.monotonic() + timeout
     try:
@@ -86,14 +85,22 @@ def _answered_or_stuck(client: Client, target: Target, wait: float) -> bool:
             return False
 
 
-def _from_agent(target: Target, params: Dict[str, Any], timeout: float) -> Stacks:
-    from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
+def _connect_local(target: Target, timeout: float) -> Client:
+    from ..errors import AttachFailed, AttachTimeout
 
-    started = time.monotonic()
     try:
-        client = target.connect(timeout, attach_budget=timeout, give_up_early=True, reattach=False)
+        return target.connect(timeout, attach_budget=timeout, give_up_early=True, reattach=False)
     except (AttachTimeout, AttachFailed, AgentTimeout, AgentUnreachable) as error:
         raise Fallback(error.message) from None
+
+
+def _from_agent(target: Target, params: Dict[str, Any], timeout: float) -> Stacks:
+    started = time.monotonic()
+    if target.remote:
+        # Nothing to fall back on over TCP: the error as it is, naming the endpoint.
+        client = target.connect(timeout)
+    else:
+        client = _connect_local(target, timeout)
     with client:
         remaining = max(0.5, timeout - (time.monotonic() - started))
         result, payload = ask(client, "backtrace", params, remaining, target)
@@ -114,7 +121,6 @@ def _only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]
 def from_outside(target: Target, native: bool, thread: Optional[str], why: Optional[str]) -> Stacks:
     """The stacks read with py-spy; `why` the agent did not give them (None: not asked)."""
     from ..client.discovery import python_version_of
-    from ..errors import AgentTimeout
     from ..outside.pyspy import OutsideView, gil_holder, look, rows_from_dump
 
     pid = target.require_pid("reading the stacks from outside")
@@ -146,6 +152,8 @@ def read_stacks(
     """The stacks of one process: from its agent, or from outside when the agent cannot answer
     (or when `native` asks for native frames, which only py-spy reads)."""
     if native:
+        if target.remote:
+            raise UsageError(f"--native reads the process from outside: {REMOTE_HINT}")
         if target.pid is None:
             raise UsageError("--native reads the process from outside: give its PID, not a socket")
         return from_outside(target, True, thread, None)
@@ -156,6 +164,9 @@ def read_stacks(
             raise
         why = "no agent"
     except Fallback as fallback:
+        if target.remote:
+            failure = AgentUnreachable if fallback.unreachable else AgentTimeout
+            raise failure(f"{fallback.why}; {REMOTE_HINT}", hint="") from None
         if target.pid is None:
             raise ProbingError(fallback.why) from None
         why = fallback.why
@@ -186,7 +197,10 @@ def read_stacks_of_ranks(
             continue
         target = target_of(rank)
         try:
-            client = Client(locate_socket(rank.pid, target.log), timeout, target.log, pid=rank.pid)
+            if rank.remote:
+                client = target.connect(timeout)
+            else:
+                client = Client(locate_socket(rank.pid, target.log), timeout, target.log, pid=rank.pid)
         except ProbingError:
             full.append(rank)
             continue
@@ -203,7 +217,8 @@ def read_stacks_of_ranks(
     end = time.monotonic() + EARLY_LOOK_S
     for rank, client in asked:
         with client:
-            stillness = Stillness(rank.pid)
+            # A remote rank's PID is its own node's: no /proc here to look at.
+            stillness = Stillness(None if rank.remote else rank.pid)
             try:
                 while not client.answered(min(STILL_CHECK_S, max(0.0, end - time.monotonic()))):
                     if time.monotonic() >= end or stillness.check() is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from ..errors import AgentTimeout, ExitCode, ProbingError, ProcessNotFound
+from ..errors import AgentTimeout, AgentUnreachable, ExitCode, ProbingError, ProcessNotFound
 
 # No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
 TYPE_CHECKING = False
@@ -79,6 +79,10 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) ->
 
     for rank in ranks:
         outcome = outcomes[rank.rank] = _Outcome(threading.Event())
+        if rank.unreachable is not None:
+            outcome.error = AgentUnreachable(rank.unreachable)
+            outcome.done.set()
+            continue
         if rank.pid == 0:
             outcome.error = ProcessNotFound(
                 f"rank {rank.rank} (local rank {rank.local_rank}) is not running: no process of the job "
@@ -95,7 +99,8 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) ->
     for rank in ranks:
         outcome = outcomes[rank.rank]
         if not outcome.done.wait(max(0.0, end - time.monotonic())):
-            late = f"rank {rank.rank} (PID {rank.pid}) gave no answer within {deadline_s:g} s"
+            where = f"at {rank.endpoint}" if rank.remote else f"PID {rank.pid}"
+            late = f"rank {rank.rank} ({where}) gave no answer within {deadline_s:g} s"
             missing.append(Missing(rank, AgentTimeout(late)))
         elif outcome.crash is not None:
             raise outcome.crash

@@ -29,7 +29,8 @@ def sample_hang(
     from ..client.discovery import python_version_of
     from ..outside.pyspy import dump, rows_from_dump
 
-    pid = target.require_pid("hang")
+    # A remote agent's samples are all there is: its PID (on its node) only names it.
+    pid = target.agent_pid(timeout) if target.remote else target.require_pid("hang")
     notes: List[str] = []
 
     def sample() -> Sample:
@@ -39,7 +40,7 @@ def sample_hang(
 
     report = watch(pid, sample, duration, samples, code_line)
     main = next((thread for thread in report.threads if thread.is_main), None)
-    if main is None or main.state != "waiting for a DataLoader worker":
+    if main is None or main.state != "waiting for a DataLoader worker" or target.remote:
         return HangAnswer(report, None, notes)
     worker_rows: Dict[int, List[Dict[str, Any]]] = {}
     commands: Dict[int, str] = {}

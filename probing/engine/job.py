@@ -42,18 +42,37 @@ class NotAJob(ProbingError):
 class Rank:
     """One process of the job: its global rank, its rank on its node, the node (torchrun's
     GROUP_RANK) and its PID (0: a rank of this node whose process is gone, `Job.absent`).
-    Ordered by rank."""
+    Ordered by rank.
 
-    __slots__ = ("rank", "local_rank", "node", "pid")
+    A rank on another node (`remote`) is reached only through its agent's TCP `endpoint`
+    ("HOST:PORT"); its PID is the one on its own node (`host`), for people to read. A rank
+    reachable neither here nor over TCP has pid 0 and `unreachable` saying why."""
 
-    def __init__(self, rank: int, local_rank: int, node: int, pid: int) -> None:
+    __slots__ = ("rank", "local_rank", "node", "pid", "endpoint", "host", "remote", "unreachable")
+
+    def __init__(
+        self,
+        rank: int,
+        local_rank: int,
+        node: int,
+        pid: int,
+        endpoint: Optional[str] = None,
+        host: Optional[str] = None,
+        remote: bool = False,
+        unreachable: Optional[str] = None,
+    ) -> None:
         self.rank = rank
         self.local_rank = local_rank
         self.node = node
         self.pid = pid
+        self.endpoint = endpoint  # where its agent listens on TCP, when it does
+        self.host = host  # the hostname of its node, when known
+        self.remote = remote
+        self.unreachable = unreachable
 
-    def _key(self) -> Tuple[int, int, int, int]:
-        return (self.rank, self.local_rank, self.node, self.pid)
+    def _key(self) -> Tuple[int, int, int, int, str, str, bool, str]:
+        return (self.rank, self.local_rank, self.node, self.pid, self.endpoint or "", self.host or "",
+                self.remote, self.unreachable or "")  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Rank) and self._key() == other._key()
@@ -65,13 +84,16 @@ class Rank:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"Rank(rank={self.rank}, local_rank={self.local_rank}, node={self.node}, pid={self.pid})"
+        where = f", endpoint={self.endpoint!r}" if self.endpoint else ""
+        return (
+            f"Rank(rank={self.rank}, local_rank={self.local_rank}, node={self.node}, pid={self.pid}{where})"
+        )
 
 
 class Job:
     """The ranks of one job found on this machine, and what names the job."""
 
-    __slots__ = ("run_id", "launcher", "master", "world_size", "ranks", "absent")
+    __slots__ = ("run_id", "launcher", "master", "world_size", "ranks", "absent", "remote", "notes")
 
     def __init__(
         self,
@@ -81,6 +103,8 @@ class Job:
         world_size: int,
         ranks: List[Rank],
         absent: Optional[List[Rank]] = None,
+        remote: Optional[List[Rank]] = None,
+        notes: Optional[List[str]] = None,
     ) -> None:
         self.run_id = run_id  # TORCHELASTIC_RUN_ID; None when not started by torchrun
         self.launcher = launcher  # the PID that started the ranks (torchrun's elastic agent)
@@ -89,6 +113,9 @@ class Job:
         self.ranks = ranks  # the ranks found on this machine, by rank
         # Ranks this machine should have (LOCAL_WORLD_SIZE of them) whose process is gone, pid 0.
         self.absent = absent or []
+        # Ranks of other nodes: reached over TCP (remote), or not at all (unreachable set).
+        self.remote = remote or []
+        self.notes = notes or []  # how the other nodes' ranks were looked for, when it failed
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Job) and all(
@@ -273,13 +300,13 @@ def choose(job: Job, text: str) -> List[Rank]:
     rank whose process is gone is chosen too (pid 0): the answer says it is missing."""
     wanted = parse_ranks(text)
     if wanted is None:
-        return sorted(job.ranks + job.absent)
-    here = {rank.rank: rank for rank in job.ranks + job.absent}
+        return sorted(job.ranks + job.absent + job.remote)
+    here = {rank.rank: rank for rank in job.ranks + job.absent + job.remote}
     absent = sorted(wanted - set(here))
     if absent:
         listed = ", ".join(str(rank) for rank in sorted(here)) or "none"
         raise UsageError(
-            f"--ranks {text}: no rank {', '.join(map(str, absent[:8]))} in {job.name()} on this machine "
+            f"--ranks {text}: no rank {', '.join(map(str, absent[:8]))} in {job.name()} "
             f"(ranks here: {listed}; world size {job.world_size})"
         )
     return [here[rank] for rank in sorted(wanted)]

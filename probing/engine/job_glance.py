@@ -28,6 +28,7 @@ class RankGlance(NamedTuple):
     rank: Rank
     agent: bool  # an agent accepts connections on the rank's socket
     source: Optional[str]  # where its stacks came from: "agent" or "py-spy"; None if not read
+    endpoint: Optional[str]  # where its agent listens on TCP ("HOST:PORT"), None where it does not
     state: Optional[str]  # its main thread at a glance (analysis/glance.py); None if not read
     error: Optional[ProbingError]  # why its stacks could not be read
 
@@ -41,6 +42,7 @@ class JobGlance(NamedTuple):
 class _Look(NamedTuple):
     source: Optional[str]
     state: str
+    endpoint: Optional[str]  # the agent's listener, from its hello
 
 
 def _look(target: Target, timeout: float) -> _Look:
@@ -50,7 +52,10 @@ def _look(target: Target, timeout: float) -> _Look:
         stacks.rows, lambda frame: sources.line(frame["file"], frame["lineno"]), stacks.info.get("outside")
     )
     source = stacks.rows[0].get("source") if stacks.rows else None
-    return _Look(source if isinstance(source, str) else None, state)
+    listener = stacks.info.get("listener")
+    endpoint = listener.get("endpoint") if isinstance(listener, dict) else None
+    endpoint = endpoint if isinstance(endpoint, str) and len(endpoint) <= 256 else None
+    return _Look(source if isinstance(source, str) else None, state, endpoint)
 
 
 def glance_at_job(
@@ -59,11 +64,15 @@ def glance_at_job(
     """A glance at each rank of `job` in `chosen`. `target_of(rank)`: the rank as a target,
     with the command's options (never attached to here, whatever they say); `timeout`: how
     long each rank's agent may take before its stacks are read from outside."""
-    agents = {rank.rank: rank.pid != 0 and agent_present(rank.pid) for rank in chosen}
+    # A remote rank is known at all only because its agent listens (it registered).
+    agents = {rank.rank: rank.remote or (rank.pid != 0 and agent_present(rank.pid)) for rank in chosen}
 
     def look(rank: Rank) -> _Look:
+        target = target_of(rank)
+        if rank.remote:
+            return _look(target, timeout)
         # Never attach: a look at every rank must not put an agent into a job that has none.
-        return _look(target_of(rank).related(rank.pid, no_attach=True), timeout)
+        return _look(target.related(rank.pid, no_attach=True), timeout)
 
     gathered = gather(chosen, look, timeout + LOOK_GRACE_S)
     looked = {rank.rank: answer for rank, answer in gathered.answers}
@@ -76,6 +85,7 @@ def glance_at_job(
                 rank,
                 agents[rank.rank],
                 answer.source if answer else None,
+                rank.endpoint or (answer.endpoint if answer else None),
                 answer.state if answer else None,
                 failed.get(rank.rank),
             )

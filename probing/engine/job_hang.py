@@ -57,8 +57,8 @@ def collectives_of(target: Target, timeout: float) -> Dict[str, Optional[List[Di
 
 
 def _watch_rank(target: Target, duration: float, samples: int, timeout: float) -> RankHang:
-    pid = target.require_pid("hang")
-    sources = SourceLines(pid)
+    # A remote rank's files are read here, where a shared file system usually has them too.
+    sources = SourceLines(None if target.remote else target.require_pid("hang"))
     answer = sample_hang(
         target, duration, samples, timeout, lambda frame: sources.line(frame["file"], frame["lineno"])
     )

@@ -14,7 +14,7 @@ from .backtrace import OUTSIDE_LOOK_S, ask, from_outside
 from .fanout import Missing, gather
 from .job import Rank
 from .process_tables import LOCAL_TABLES, local_rows, local_tables_described
-from .target import Fallback, Target
+from .target import REMOTE_HINT, Fallback, Target
 
 # Beyond --step-wait, what a torch table may take to install its step hook on first use.
 STEP_HOOK_INSTALL_S = 1.0
@@ -115,6 +115,9 @@ def _from_outside(
 ) -> Tuple[Table, List[Any]]:
     """python.backtrace read from outside; other tables cannot be, and the error says why the
     agent did not give them: it went away (exit 1) or stayed silent (7)."""
+    if target.remote:
+        failure = AgentUnreachable if unreachable else AgentTimeout
+        raise failure(f"{why}; {REMOTE_HINT}", hint="")
     if (
         target.pid is None
         or BACKTRACE.name not in wanted

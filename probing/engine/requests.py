@@ -60,7 +60,7 @@ def memory(
         pid = pid or client.info.get("pid")
         result["pid"] = pid
         command = " ".join(client.info.get("argv") or [])
-    if params["action"] == "summary":
+    if params["action"] == "summary" and not target.remote:  # a remote PID is its own node's
         result["outside"] = outside_memory(int(pid or 0))
     return MemoryAnswer(params["action"], result, command, bytes(payload))
 

@@ -1,4 +1,5 @@
-"""One target to inspect: a PID or the path of an agent's socket, and how to reach its agent.
+"""One target to inspect: a PID, the path of an agent's socket, or a remote agent's
+tcp://HOST:PORT, and how to reach its agent.
 
 A `Target` holds everything about one process that a command needs between its steps (the
 options, the last look from outside) and nothing global, so that many of them can work side by
@@ -14,7 +15,7 @@ import os
 import stat
 import time
 
-from ..client.connection import Client
+from ..client.connection import TCP_SCHEME, Client
 from ..client.discovery import locate_socket
 from ..errors import NoAgent, ProbingError, UsageError
 
@@ -32,6 +33,8 @@ STOPPED_AGENT_HINT = (
     "code in the job closed the agent's socket (a job closing its descriptors, or an eval); "
     "drop --no-attach, or run `probing {pid} inject`, to start a new agent in it"
 )
+# What a remote rank (tcp://) cannot have: attach, py-spy and /proc need the process itself.
+REMOTE_HINT = "reading from outside works only on the rank's own node"
 # How long a look from outside (py-spy) stays fresh enough to answer with.
 LOOK_FRESH_S = 0.5
 # While the agent is silent (or its queue of connections full): how often the process's threads
@@ -55,9 +58,13 @@ class Fallback(Exception):
 
 
 def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
-    """(pid, socket path) of a TARGET as the user wrote it; exactly one of them is set."""
+    """(pid, socket path or tcp:// endpoint) of a TARGET as the user wrote it; exactly one is set."""
     if text is None:
         raise UsageError("this command needs a target: probing PID COMMAND (or -t PID)")
+    if text.startswith(TCP_SCHEME):
+        from ..client.tcp import endpoint_url, split_endpoint
+
+        return None, endpoint_url(*split_endpoint(text))
     if text.isdigit():
         return int(text), None
     try:
@@ -65,7 +72,7 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
             return None, text
     except OSError:
         pass
-    raise UsageError(f"TARGET must be a PID or the path of an agent socket, not {text!r}")
+    raise UsageError(f"TARGET must be a PID, the path of an agent socket or tcp://HOST:PORT, not {text!r}")
 
 
 class Stillness:
@@ -100,7 +107,8 @@ class Stillness:
 
 
 class Target:
-    """One process to inspect, named by PID or by its agent's socket.
+    """One process to inspect, named by PID, by its agent's socket or by a remote agent's
+    tcp://HOST:PORT (`remote`: nothing is done to the process itself, only asked of its agent).
 
     `log` narrates each step (socket, attach, timings); `no_attach` refuses to put an agent
     into a process that has none; `attach_timeout` bounds the wait for one that was put in.
@@ -115,6 +123,7 @@ class Target:
     ) -> None:
         self.text = text
         self.pid, self.socket = parse_address(text)
+        self.remote = self.socket is not None and self.socket.startswith(TCP_SCHEME)
         self.log: Log = log or quiet
         self.no_attach = no_attach
         self.attach_timeout = attach_timeout
@@ -131,6 +140,10 @@ class Target:
 
     def require_pid(self, what: str) -> int:
         """The PID, for what can only be done to a process (read from outside, attach)."""
+        if self.remote:
+            raise UsageError(
+                f"{what} needs the PID of the process: {self.socket} is a remote agent ({REMOTE_HINT})"
+            )
         if self.pid is None:
             raise UsageError(f"{what} needs the PID of the process, not a socket path")
         return self.pid
@@ -180,6 +193,13 @@ class Target:
         """A client of the agent already there; never attaches (detach, a repl reconnecting)."""
         path = self.socket or locate_socket(self.pid or 0, self.log)
         return Client(path, timeout, self.log, pid=self.pid)
+
+    def agent_pid(self, timeout: float) -> int:
+        """The PID of the process as its agent names it (for a remote target, on its node)."""
+        with self.connect(timeout) as client:
+            client.call("ping")
+            pid = client.info.get("pid")
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
 
     # --- the look from outside, which decides whether to wait on a silent agent ---------------
 

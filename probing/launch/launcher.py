@@ -52,9 +52,14 @@ def _terminal_delivers_sigint() -> bool:
 
 
 class Launcher:
-    def __init__(self, command: List[str], env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(
+        self, command: List[str], env: Optional[Dict[str, str]] = None, listen: Optional[str] = None
+    ) -> None:
         self.command = command
         self.env = agent_environment(env)
+        if listen is not None:
+            # Each agent of the job listens on TCP (the job's token, from its environment).
+            self.env["PROBING_LISTEN"] = listen
         self.process: Optional[subprocess.Popen[bytes]] = None
         self._previous_handlers: Dict[int, Any] = {}
 

@@ -42,15 +42,32 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ",".join(parts)
 
 
+def _pid_text(rank: Rank) -> str:
+    """A local rank's PID; a remote one's with its node, where that PID is; ? where unknown."""
+    if rank.unreachable is not None:
+        return "?"
+    if rank.remote:
+        return f"{rank.pid} on {rank.host or rank.endpoint}"
+    return str(rank.pid)
+
+
 def heading(ranks: Sequence[Rank]) -> str:
     numbers = [rank.rank for rank in ranks]
-    pids = ", ".join(str(rank.pid) for rank in sorted(ranks))
+    pids = ", ".join(_pid_text(rank) for rank in sorted(ranks))
     word = "rank" if len(numbers) == 1 else "ranks"
     return f"{word} {ranks_text(numbers)} (PID{'s' if len(ranks) > 1 else ''} {pids})"
 
 
 def rank_fields(rank: Rank) -> Dict[str, Any]:
-    return {"rank": rank.rank, "local_rank": rank.local_rank, "node": rank.node, "pid": rank.pid}
+    fields: Dict[str, Any] = {
+        "rank": rank.rank,
+        "local_rank": rank.local_rank,
+        "node": rank.node,
+        "pid": rank.pid,
+    }
+    if rank.remote:
+        fields.update(host=rank.host, endpoint=rank.endpoint)
+    return fields
 
 
 def job_fields(job: Job) -> Dict[str, Any]:
@@ -132,7 +149,7 @@ def write_job_stacks(job: Job, gathered: Gathered, format: str) -> None:
     shown once, headed by them. Main threads first."""
     for rank, stacks in gathered.answers:
         for message in stacks.notes:
-            sys.stderr.write(f"probing: rank {rank.rank} (PID {rank.pid}): {inert(message)}\n")
+            sys.stderr.write(f"probing: {heading([rank])}: {inert(message)}\n")
     if format != "text":
         from ...schema.tables import BACKTRACE, RANK_COLUMNS
         from .rows import write_rows

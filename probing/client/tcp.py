@@ -1,0 +1,129 @@
+"""Reaching an agent over TCP (`tcp://HOST:PORT`): connect within the timeout, then prove the
+shared token (protocol/auth.py) before a single frame is sent. After that the connection carries
+the same frames as the Unix socket, read by the same checks: the peer is untrusted input.
+
+Imported only for a tcp:// target: the Unix-socket path of `probing PID backtrace` never pays
+for the socket module.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from ..errors import AgentTimeout, AgentUnreachable, BadReply, PermissionDenied, UsageError
+from ..protocol import auth
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Tuple
+
+SCHEME = "tcp://"
+TOKEN_REFUSED_HINT = (
+    "give the CLI the job's token: the same PROBING_TOKEN (or token file) as the job was started with"
+)
+NOT_AN_AGENT_HINT = "check HOST:PORT: `probing PID ranks` on the rank's node shows its endpoint"
+
+
+def split_endpoint(text: str) -> Tuple[str, int]:
+    """(host, port) of `tcp://HOST:PORT` or `HOST:PORT` (`[v6]:PORT` too); UsageError if malformed."""
+    address = text[len(SCHEME) :] if text.startswith(SCHEME) else text
+    host, colon, port_text = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if (
+        not colon
+        or not host
+        or len(host) > 255
+        or not port_text.isdigit()
+        or len(port_text) > 5
+        or not 0 < int(port_text) < 65536
+        or any(char.isspace() or char in "/[]" for char in host)
+    ):
+        raise UsageError(f"an endpoint is HOST:PORT (tcp://HOST:PORT as a target), not {text!r}")
+    return host, int(port_text)
+
+
+def endpoint_url(host: str, port: int) -> str:
+    return f"{SCHEME}[{host}]:{port}" if ":" in host else f"{SCHEME}{host}:{port}"
+
+
+def _receive_exactly(sock: socket.socket, size: int, deadline: float, url: str, what: str) -> bytes:
+    data = b""
+    while len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AgentTimeout(
+                f"{url} sent no {what} in time: is it a probing agent?", hint=NOT_AN_AGENT_HINT
+            )
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(size - len(data))
+        except socket.timeout:
+            continue
+        except OSError as error:
+            raise AgentUnreachable(f"{url} broke the connection: {error.strerror or error}") from None
+        if not chunk:
+            if what == "verdict":
+                # An agent hangs up without a verdict only when it is no agent of ours, or full.
+                raise BadReply(f"{url} hung up during the handshake", hint=NOT_AN_AGENT_HINT)
+            raise BadReply(
+                f"{url} hung up without a challenge: not a probing agent listening on TCP",
+                hint=NOT_AN_AGENT_HINT,
+            )
+        data += chunk
+    return data
+
+
+def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> socket.socket:
+    """A TCP connection to the agent at `url` that has passed the handshake with our token.
+
+    No token here: UsageError with auth.TOKEN_HINT (exit 2). The agent refused it:
+    PermissionDenied (exit 5). Nothing listens, or no answer in time: AgentUnreachable /
+    AgentTimeout naming the endpoint. A peer that does not speak the handshake: BadReply."""
+    host, port = split_endpoint(url)
+    try:
+        key = auth.key_of(auth.load_token())
+    except auth.TokenError as error:
+        raise UsageError(f"{url} needs the job's token: {error}", hint=auth.TOKEN_HINT) from None
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except socket.timeout:
+        raise AgentTimeout(f"no connection to {url} within {timeout:g} s") from None
+    except ConnectionRefusedError:
+        raise AgentUnreachable(
+            f"nothing listens on {url}",
+            hint="is the job's agent listening? (PROBING_LISTEN, or `probing PID listen` on its node)",
+        ) from None
+    except socket.gaierror as error:
+        raise AgentUnreachable(f"cannot resolve the host of {url}: {error.strerror or error}") from None
+    except OSError as error:
+        raise AgentUnreachable(f"cannot connect to {url}: {error.strerror or error}") from None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        challenge = _receive_exactly(sock, auth.CHALLENGE_BYTES, deadline, url, "challenge")
+        try:
+            agent_nonce, response = auth.respond(key, challenge)
+        except auth.HandshakeError as error:
+            raise BadReply(f"{url}: {error}", hint=NOT_AN_AGENT_HINT) from None
+        try:
+            sock.sendall(response)
+        except OSError as error:
+            raise AgentUnreachable(f"{url} broke the connection: {error.strerror or error}") from None
+        verdict = _receive_exactly(sock, auth.VERDICT_BYTES, deadline, url, "verdict")
+        try:
+            auth.check_verdict(key, agent_nonce, response, verdict)
+        except auth.HandshakeError as error:
+            if error.refused:
+                raise PermissionDenied(
+                    f"the agent at {url} refused our token: PROBING_TOKEN differs from the job's",
+                    hint=TOKEN_REFUSED_HINT,
+                ) from None
+            raise BadReply(f"{url}: {error}", hint=NOT_AN_AGENT_HINT) from None
+    except BaseException:
+        sock.close()
+        raise
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    log(f"{url}: authenticated")
+    return sock

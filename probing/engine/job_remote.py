@@ -1,0 +1,219 @@
+"""The ranks of a job on other nodes: found through the job's own rendezvous store, or from a
+list of endpoints the user gives (`--endpoints`), and reached over authenticated TCP.
+
+Each listening rank's agent registers its endpoint in the store torchrun's ranks already share
+(contract: `endpoints` method). One local agent reads the registry for the CLI, so the CLI needs
+no torch and talks to no store. What the registry and the agents say is the job's: untrusted
+input, checked field by field here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..client.connection import Client
+from ..client.discovery import locate_socket
+from ..client.tcp import SCHEME, endpoint_url, split_endpoint
+from ..errors import ProbingError, UsageError
+from .job import Job, Rank
+
+# How many local agents may be asked for the registry before giving up on it.
+ASK_AT_MOST = 3
+# How many endpoints --endpoints may name (a file of them is the job's size, not unbounded).
+MAX_ENDPOINTS = 4096
+MAX_ENDPOINTS_FILE_BYTES = 1 << 20
+# The most ranks reported unreachable one by one (WORLD_SIZE is the job's text).
+MAX_WORLD = 1 << 16
+
+NOT_LISTENING = (
+    "not reachable from this node: its agent does not listen (on its node: PROBING_LISTEN=auto "
+    "with PROBING_TOKEN when starting the job, or `probing PID listen`)"
+)
+
+
+def _integer(value: Any, low: int = 0, high: int = 1 << 20) -> Optional[int]:
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    return None
+
+
+def _text(value: Any, limit: int = 256) -> Optional[str]:
+    return value if isinstance(value, str) and 0 < len(value) <= limit and value.isprintable() else None
+
+
+def registered_rank(entry: Any) -> Optional[Rank]:
+    """A remote Rank from one entry of the registry; None for an entry that is not one."""
+    if not isinstance(entry, dict):
+        return None
+    rank, pid = _integer(entry.get("rank")), _integer(entry.get("pid"), 1, 1 << 31)
+    endpoint = _text(entry.get("endpoint"))
+    if rank is None or pid is None or endpoint is None:
+        return None
+    try:
+        split_endpoint(endpoint)
+    except UsageError:
+        return None
+    local_rank = _integer(entry.get("local_rank"))
+    node = _integer(entry.get("group_rank"))
+    return Rank(rank, rank if local_rank is None else local_rank, 0 if node is None else node, pid,
+                endpoint, _text(entry.get("node")), remote=True)  # fmt: skip
+
+
+def _unreachable(job: Job, rank: int, why: str) -> Rank:
+    """A rank no one here can reach; its local rank and node as torchrun gives them on nodes of
+    this node's size."""
+    size = len(job.ranks) + len(job.absent)
+    local, node = (rank % size, rank // size) if size else (rank, 0)
+    return Rank(rank, local, node, 0, unreachable=why)
+
+
+def merge_registry(job: Job, registry: Optional[Dict[str, Any]], why_none: str = NOT_LISTENING) -> Job:
+    """`job` with the ranks the registry (the `endpoints` result, or None) names that are not on
+    this node as remote ranks, the endpoints of the local ones filled in, and every other rank
+    of the world reported unreachable with `why_none`."""
+    entries = registry.get("ranks") if isinstance(registry, dict) else None
+    registered: Dict[int, Rank] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        each = registered_rank(entry)
+        if each is not None and each.rank < job.world_size:
+            registered.setdefault(each.rank, each)
+    local = []
+    for rank in job.ranks:
+        found = registered.get(rank.rank)
+        if found is not None:
+            rank = Rank(rank.rank, rank.local_rank, rank.node, rank.pid, found.endpoint, found.host)
+        local.append(rank)
+    here = {rank.rank for rank in job.ranks + job.absent}
+    remote = [rank for number, rank in sorted(registered.items()) if number not in here]
+    known = here | {rank.rank for rank in remote}
+    remote += [
+        _unreachable(job, rank, why_none)
+        for rank in range(min(job.world_size, MAX_WORLD))
+        if rank not in known
+    ]
+    return Job(job.run_id, job.launcher, job.master, job.world_size, local, job.absent,
+               sorted(remote), job.notes)  # fmt: skip
+
+
+def ask_registry(
+    job: Job, timeout: float, log: Callable[[str], None]
+) -> Tuple[Optional[Dict[str, Any]], str]:
+    """The `endpoints` result of the first local agent that gives one (never attaches), or None
+    and why the other nodes' ranks cannot be reached."""
+    why = NOT_LISTENING
+    asked = 0
+    for rank in job.ranks:
+        if asked >= ASK_AT_MOST:
+            break
+        try:
+            path = locate_socket(rank.pid, log)
+        except ProbingError:
+            continue
+        asked += 1
+        try:
+            with Client(path, timeout, log, pid=rank.pid) as client:
+                result, _ = client.call("endpoints", {}, timeout=timeout)
+        except ProbingError as error:
+            log(f"rank {rank.rank}: no registry of endpoints: {error.message}")
+            why = (
+                f"not reachable from this node: the registry of endpoints could not be read ({error.message})"
+            )
+            continue
+        return result, why
+    if asked == 0:
+        why = "not reachable from this node: no agent runs on this node's ranks to read the job's registry"
+    return None, why
+
+
+def with_remote_ranks(job: Job, timeout: float, log: Callable[[str], None]) -> Job:
+    """`job` with its ranks on other nodes, when it has any (world size above this node's ranks)."""
+    if job.world_size <= len(job.ranks) + len(job.absent):
+        return job
+    registry, why = ask_registry(job, timeout, log)
+    return merge_registry(job, registry, why)
+
+
+# --- --endpoints -------------------------------------------------------------------------------
+
+
+def parse_endpoints(text: str) -> List[str]:
+    """tcp:// URLs of `--endpoints HOST:PORT,...` or `--endpoints @FILE` (one per line, # comments)."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:], "rb") as handle:
+                data = handle.read(MAX_ENDPOINTS_FILE_BYTES + 1)
+        except OSError as error:
+            raise UsageError(f"--endpoints: cannot read {text[1:]}: {error.strerror or error}") from None
+        if len(data) > MAX_ENDPOINTS_FILE_BYTES:
+            raise UsageError(f"--endpoints: {text[1:]} is larger than {MAX_ENDPOINTS_FILE_BYTES} bytes")
+        lines = data.decode("utf-8", "replace").splitlines()
+        words = [line.split("#", 1)[0].strip() for line in lines]
+    else:
+        words = [word.strip() for word in text.split(",")]
+    urls = list(dict.fromkeys(endpoint_url(*split_endpoint(word)) for word in words if word))
+    if not urls:
+        raise UsageError("--endpoints names no endpoint: HOST:PORT,... or @FILE")
+    if len(urls) > MAX_ENDPOINTS:
+        raise UsageError(f"--endpoints: more than {MAX_ENDPOINTS} endpoints")
+    return urls
+
+
+def rank_from_hello(url: str, info: Dict[str, Any]) -> Tuple[Rank, int]:
+    """The Rank an agent's hello describes, and its world size; UsageError for an agent that
+    is no rank of a distributed job."""
+    described = info.get("rank")
+    fields = described if isinstance(described, dict) else {}
+    rank, world_size = _integer(fields.get("rank")), _integer(fields.get("world_size"), 1)
+    if rank is None or world_size is None or rank >= world_size:
+        raise UsageError(f"{url} is no rank of a distributed job (its agent knows no RANK and WORLD_SIZE)")
+    local_rank, node = _integer(fields.get("local_rank")), _integer(fields.get("group_rank"))
+    pid = _integer(info.get("pid"), 1, 1 << 31) or 0
+    endpoint = url[len(SCHEME) :]
+    return Rank(rank, rank if local_rank is None else local_rank, 0 if node is None else node, pid,
+                endpoint, _text(info.get("node")), remote=True), world_size  # fmt: skip
+
+
+def job_from_endpoints(urls: List[str], timeout: float, log: Callable[[str], None]) -> Job:
+    """The job the agents at `urls` are ranks of, each asked its hello in parallel. Every rank is
+    reached over TCP, even one on this node. Ranks of the world that no endpoint answered for
+    are unreachable, with the endpoints that did not answer named."""
+    answers: Dict[str, Any] = {}
+
+    def hello(url: str) -> None:
+        try:
+            with Client(url, timeout, log) as client:
+                client.call("ping", timeout=timeout)
+                answers[url] = rank_from_hello(url, client.info)
+        except ProbingError as error:
+            answers[url] = error
+
+    threads = [threading.Thread(target=hello, args=(url,), daemon=True) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 1.0)
+    found: Dict[int, Rank] = {}
+    failed: List[Tuple[str, ProbingError]] = []
+    world_size = 0
+    for url in urls:
+        answer = answers.get(url)
+        if isinstance(answer, tuple):
+            found.setdefault(answer[0].rank, answer[0])
+            world_size = max(world_size, answer[1])
+        else:
+            error = answer if isinstance(answer, ProbingError) else ProbingError(f"{url} did not answer")
+            failed.append((url, error))
+    if not found:
+        raise failed[0][1]
+    why = "no endpoint given answered for it"
+    if failed:
+        why += " (no answer from " + "; ".join(f"{url}: {error.message}" for url, error in failed[:4]) + ")"
+    ranks = sorted(found.values())
+    remote = ranks + [
+        Rank(rank, rank, 0, 0, unreachable=why)
+        for rank in range(min(world_size, MAX_WORLD))
+        if rank not in found
+    ]
+    notes = [f"{url}: {error.message}" for url, error in failed]
+    return Job(None, None, None, world_size, [], [], sorted(remote), notes)
