@@ -12,7 +12,7 @@ import threading
 from typing import Optional, Tuple
 
 from .lifecycle import run_fork_hooks
-from .listener import ListenError, listen_setting, start_listener
+from .listener.address import listen_setting
 from .server import AgentServer
 from .sockets import AGENT_THREAD_NAME, descriptor_identity, release
 
@@ -155,9 +155,11 @@ def _listen_from_environment(server: AgentServer) -> None:
     address = listen_setting()
     if address is None or server.tcp_listener is not None:
         return
+    # Loaded only when asked: most jobs never listen, and every job pays for what starts here.
+    from .listener.control import ListenError, listen_once
+
     try:
-        server.tcp_listener = start_listener(server, address)
-        server.listen_error = None
+        listen_once(server, address)
     except ListenError as error:
         server.listen_error = f"PROBING_LISTEN={address}: {error}"
     except Exception as error:  # noqa: BLE001 - the Unix socket serves whatever happens here

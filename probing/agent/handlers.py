@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from .. import __version__, protocol
 from ..schema.tables import AGENT_TABLES as TABLES
 from .identity import python_version, working_directory
-from .listener import ListenError, Registry, RegistryUnavailable, rank_identity, start_listener
+from .listener.control import ListenError, listen_once
+from .listener.registry import Registry, RegistryUnavailable, rank_identity
 from .requests import ErrorKind, RequestError, bool_param, float_param, int_param, str_param, type_name
 from .tables import BUILDERS
 
@@ -87,15 +88,10 @@ def _listen_error(server: Any) -> Optional[str]:
 def _listen(server: Any, params: Dict[str, Any]) -> Any:
     address = str_param(params, "address") or "auto"
     token = str_param(params, "token")
-    listener = server.tcp_listener
-    already = listener is not None and listener.running()
-    if not already:
-        try:
-            listener = start_listener(server, address, token)
-        except ListenError as error:
-            raise RequestError(ErrorKind.BAD_REQUEST, str(error)) from None
-        server.tcp_listener = listener
-        server.listen_error = None
+    try:
+        listener, already = listen_once(server, address, token)
+    except ListenError as error:
+        raise RequestError(ErrorKind.BAD_REQUEST, str(error)) from None
     return dict(listener.describe(), already=already)
 
 

@@ -31,7 +31,8 @@ from .sockets import (
 
 if TYPE_CHECKING:
     from .. import protocol
-    from .listener import Registry, TcpListener
+    from .listener.acceptor import TcpListener
+    from .listener.registry import Registry
 
 __all__ = ["AGENT_THREAD_NAME", "AgentServer"]
 

@@ -53,6 +53,7 @@ class RankView(NamedTuple):
     missing_reason: str = ""
     collectives: Optional[Rows] = None  # python.collectives rows; None: the rank could not give them
     process_groups: Optional[Rows] = None  # python.process_groups rows, likewise
+    host: Optional[str] = None  # a rank on another node: its hostname (its PID is that node's)
 
 
 class Waiting(NamedTuple):
@@ -87,6 +88,7 @@ class BehindRank(NamedTuple):
     seq: Optional[int] = None
     op: str = ""
     last_seq: Optional[int] = None  # the last it enqueued in that group (None: unknown)
+    host: Optional[str] = None  # another node's rank: its hostname
 
 
 class MissingRank(NamedTuple):
@@ -95,6 +97,7 @@ class MissingRank(NamedTuple):
     node: Optional[int]
     pid: Optional[int]
     reason: str
+    host: Optional[str] = None
 
 
 class JobVerdict(NamedTuple):
@@ -111,7 +114,8 @@ class JobVerdict(NamedTuple):
 
     def to_json(self) -> Dict[str, Any]:
         """Stable keys: hung, reason, basis, duration_s, behind, waiting, mismatches, missing,
-        mismatch_check, ranks (each: rank, local_rank, node, pid, hung, where, state, reason)."""
+        mismatch_check, ranks (each: rank, local_rank, node, pid, host, hung, where, state, reason);
+        host is the hostname of a rank on another node, null on this one."""
         return {
             "hung": self.hung,
             "reason": self.reason,
@@ -136,7 +140,7 @@ def _rank_summary(view: RankView) -> Dict[str, Any]:
     thread = main_thread(view.report) if view.report is not None else None
     return {
         "rank": view.rank, "local_rank": view.local_rank, "node": view.node, "pid": view.pid,
-        "hung": None if view.report is None else view.report.hung,
+        "host": view.host, "hung": None if view.report is None else view.report.hung,
         "where": thread.where if thread else None, "state": thread.state if thread else None,
         "reason": view.report.reason if view.report is not None else view.missing_reason,
     }  # fmt: skip
@@ -162,7 +166,7 @@ def _behind(
         view.rank, view.local_rank, view.node, view.pid,
         thread.where if thread else "(not seen)", thread.state if thread else "unknown",
         thread.activity if thread else "unknown", bool(report and report.hung),
-        holder is not None, holder.name if holder else None, pg_id, pg_desc, seq, op, last_seq,
+        holder is not None, holder.name if holder else None, pg_id, pg_desc, seq, op, last_seq, view.host,
     )  # fmt: skip
 
 
@@ -234,8 +238,11 @@ def job_verdict(
     (None: collectives are compared by ours)."""
     views = sorted(ranks, key=lambda view: view.rank)
     sampled = [view for view in views if view.report is not None]
-    missing = [MissingRank(v.rank, v.local_rank, v.node, v.pid, v.missing_reason or "could not be sampled")
-               for v in views if v.report is None]  # fmt: skip
+    missing = [
+        MissingRank(v.rank, v.local_rank, v.node, v.pid, v.missing_reason or "could not be sampled", v.host)
+        for v in views
+        if v.report is None
+    ]
     duration = max((view.report.duration_s for view in sampled if view.report), default=0.0)
     with_rows = {view.rank: view.collectives for view in views if view.collectives}
     found, check = mismatches({rank: rows for rank, rows in with_rows.items() if rows}, build_db)

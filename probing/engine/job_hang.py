@@ -94,13 +94,22 @@ def watch_job(
                 "",
                 watched.collectives,
                 watched.process_groups,
+                rank.host if rank.remote else None,
             )  # fmt: skip
         )
         notes.extend(f"rank {rank.rank}: {note}" for note in watched.notes)
     for each in gathered.missing:
         rank = each.rank
         views.append(
-            RankView(rank.rank, rank.local_rank, rank.node, rank.pid or None, None, each.error.message)
+            RankView(
+                rank.rank,
+                rank.local_rank,
+                rank.node,
+                rank.pid or None,
+                None,
+                each.error.message,
+                host=rank.host if rank.remote else None,
+            )  # fmt: skip
         )
     build_db = analyzer.result() if any(view.collectives for view in views) else None
     failure = None if gathered.answers or not gathered.missing else int(gathered.missing[0].error.exit_code)

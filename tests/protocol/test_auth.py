@@ -296,3 +296,15 @@ def test_a_tcp_client_is_described_by_its_address_not_a_pid() -> None:
         described = record.describe(record.connected_at + 2)
     assert described["peer"] == "10.0.0.5:51234" and described["pid"] is None
     assert "eval for 2.0 s (from 10.0.0.5:51234)" in busy_message([described])
+
+
+@pytest.mark.parametrize("key_bytes", [0, 1, 32, 63, 64, 65, 200])
+def test_the_built_in_hmac_matches_the_standard_librarys(key_bytes: int) -> None:
+    """auth.py computes HMAC-SHA256 without hashlib (which loads OpenSSL into the agent)."""
+    import hashlib
+    import hmac
+
+    key = bytes(index % 251 for index in range(key_bytes))
+    for message in (b"", b"client\x00" + bytes(64), bytes(range(256)) * 3):
+        assert auth.hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
+    assert auth.key_of(TOKEN) == hashlib.sha256(b"probing-token\x00" + TOKEN.encode()).digest()

@@ -1,68 +1,9 @@
 """The agent on TCP, for ranks on other nodes: a listener that serves only peers proving the
-shared token (acceptor.py), where it binds (address.py), and the job's rendezvous store where a
-torchrun rank publishes its endpoint (registry.py).
+shared token (acceptor.py), started at most once per process (control.py), where it binds
+(address.py), and the job's rendezvous store where a torchrun rank publishes its endpoint
+(registry.py).
 
-Off unless asked: PROBING_LISTEN at start, or a `listen` request. Never without a token.
+Off unless asked: PROBING_LISTEN at start, or a `listen` request. Never without a token. This
+package's own import is empty, and the agent reads PROBING_LISTEN through address.py alone: the
+rest loads only when a listener starts or a request needs it.
 """
-
-from __future__ import annotations
-
-import os
-from typing import Optional
-
-from ...protocol.auth import TOKEN_ENV, TOKEN_HINT, TokenError, load_token
-from .acceptor import BACKLOG, Admitting, TcpListener
-from .address import AddressError, bind_tcp, parse_listen_address
-from .registry import Registry, RegistryUnavailable, rank_identity
-
-__all__ = [
-    "LISTEN_ENV",
-    "ListenError",
-    "Registry",
-    "RegistryUnavailable",
-    "TcpListener",
-    "listen_setting",
-    "rank_identity",
-    "start_listener",
-]
-
-LISTEN_ENV = "PROBING_LISTEN"
-_OFF = ("", "0", "off", "false", "no")
-
-
-class ListenError(Exception):
-    """The listener cannot start; the message says why and what to do."""
-
-
-def listen_setting() -> Optional[str]:
-    """PROBING_LISTEN when it asks for a listener, else None."""
-    value = os.environ.get(LISTEN_ENV, "").strip()
-    return None if value.lower() in _OFF else value
-
-
-def start_listener(server: Admitting, address: str, token: Optional[str] = None) -> TcpListener:
-    """Bind `address` ([HOST:]PORT or auto) and serve it; ListenError says why not.
-
-    `token`: the one a `listen` request brought (the CLI's own, over the peer-checked Unix
-    socket); else the agent loads its own (PROBING_TOKEN, the token file).
-    """
-    try:
-        secret = load_token({TOKEN_ENV: token}) if token is not None else load_token()
-    except TokenError as error:
-        raise ListenError(f"refusing to listen on TCP without a token: {error}; {TOKEN_HINT}") from None
-    try:
-        host, port = parse_listen_address(address)
-    except AddressError as error:
-        raise ListenError(str(error)) from None
-    try:
-        sock = bind_tcp(host, port, BACKLOG)
-    except (OSError, UnicodeError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
-    try:
-        listener = TcpListener(server, sock, secret)
-        listener.start()
-    except Exception as error:  # noqa: BLE001 - can't start new thread, and the like
-        sock.close()
-        raise ListenError(f"cannot start the TCP listener: {type(error).__name__}: {error}") from None
-    return listener

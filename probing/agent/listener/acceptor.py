@@ -101,12 +101,14 @@ class TcpListener:
     def start(self) -> None:
         self._selector.register(self.sock, selectors.EVENT_READ, None)
         self._selector.register(self._wake_end, selectors.EVENT_READ, self._wake_end)
+        # Known to the fork hook before anything runs: a child forked a moment later must not
+        # keep our port open.
+        _started.add(self)
+        on_fork_in_child(_abandon_all_in_child)
+        on_stop(self.stop, WORK)
         self._thread = threading.Thread(target=self._run, name=LISTENER_THREAD_NAME, daemon=True)
         self._thread.start()
         self.server.own_threads.add(self._thread.ident or 0)
-        on_stop(self.stop, WORK)
-        _started.add(self)
-        on_fork_in_child(_abandon_all_in_child)
 
     def running(self) -> bool:
         """Serving: its thread runs and its descriptor is still its socket (a job that closes
@@ -181,19 +183,18 @@ class TcpListener:
 
     def _begin_handshake(self, conn: socket.socket, peer: str) -> None:
         conn.setblocking(False)
+        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+            self._drop(self._pending[0])
         nonce, challenge = auth.challenge()
+        entry = _Handshake(conn, peer, nonce, time.monotonic())
+        self._pending.append(entry)
+        self._selector.register(conn, selectors.EVENT_READ, entry)
         try:
             sent = conn.send(challenge)
         except OSError:
             sent = 0
         if sent != len(challenge):  # a fresh socket's buffer takes 40 bytes; else it is broken
-            conn.close()
-            return
-        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
-            self._drop(self._pending[0])
-        entry = _Handshake(conn, peer, nonce, time.monotonic())
-        self._pending.append(entry)
-        self._selector.register(conn, selectors.EVENT_READ, entry)
+            self._drop(entry)
 
     def _read_response(self, entry: _Handshake) -> None:
         want = 4096 if entry.refused else auth.RESPONSE_BYTES - len(entry.received)

@@ -8,6 +8,14 @@ import socket
 from typing import Mapping, Optional, Tuple
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # noqa: S104 - listening on every interface is what `auto` asks
+LISTEN_ENV = "PROBING_LISTEN"
+_OFF = ("", "0", "off", "false", "no")
+
+
+def listen_setting() -> Optional[str]:
+    """PROBING_LISTEN when it asks for a listener, else None."""
+    value = os.environ.get(LISTEN_ENV, "").strip()
+    return None if value.lower() in _OFF else value
 
 
 class AddressError(ValueError):

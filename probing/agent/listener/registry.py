@@ -15,7 +15,6 @@ import os
 import socket
 import sys
 import threading
-from datetime import timedelta
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -87,6 +86,8 @@ class Registry:
         dist = loaded_torch_distributed()
         if dist is None:
             raise RegistryUnavailable("the job has not imported torch.distributed (yet)")
+        from datetime import timedelta  # here: `hello` loads this module, and needs none of it
+
         try:
             client = dist.TCPStore(
                 job["host"], job["port"], is_master=False, wait_for_workers=False,

@@ -29,7 +29,7 @@ def write_job_hang(verdict: Any, format: str, out: Optional[IO[str]] = None) -> 
     if verdict.behind:
         out.write("\nBehind (not at the collective the others wait in):\n")
         rows: List[Sequence[Any]] = [
-            (rank.rank, rank.pid, rank.where, _gil(rank), rank.activity, _reached(rank))
+            (rank.rank, _pid(rank), rank.where, _gil(rank), rank.activity, _reached(rank))
             for rank in verdict.behind
         ]
         _table(["rank", "pid", "where", "state", "activity", "last collective"], rows, out)
@@ -51,12 +51,21 @@ def write_job_hang(verdict: Any, format: str, out: Optional[IO[str]] = None) -> 
         _table(["process group", "seq", "differs in", "ranks", "op", "sizes", "dtypes"], rows, out)
     if verdict.missing:
         out.write("\nNot sampled:\n")
-        _table(["rank", "pid", "why"], [(rank.rank, rank.pid, rank.reason) for rank in verdict.missing], out)
+        _table(
+            ["rank", "pid", "why"], [(rank.rank, _pid(rank), rank.reason) for rank in verdict.missing], out
+        )
 
 
 def _table(columns: List[str], rows: Sequence[Sequence[Any]], out: IO[str]) -> None:
     # write_table makes every cell inert: where, state, ops and reasons come from the job.
     write_table(columns, ["VARCHAR"] * len(columns), [[_text(value) for value in row] for row in rows], out)
+
+
+def _pid(rank: Any) -> str:
+    """A rank on another node: its PID is that node's, so the node goes with it."""
+    if rank.pid is None or not rank.host:
+        return _text(rank.pid)
+    return f"{rank.pid} on {rank.host}"
 
 
 def _text(value: Any) -> str:
