@@ -77,7 +77,8 @@ def job_fields(job: Job) -> Dict[str, Any]:
 
 def write_job_header(job: Job, gathered: Gathered, out: IO[str]) -> None:
     asked = len(gathered.answers) + len(gathered.missing)
-    out.write(f"Job: {inert(job.name())}; world size {job.world_size}, {asked} ranks asked here\n")
+    ranks = "rank" if asked == 1 else "ranks"
+    out.write(f"Job: {inert(job.name())}; world size {job.world_size}, {asked} {ranks} asked here\n")
 
 
 def write_missing(missing: List[Missing], err: IO[str] = sys.stderr) -> None:
