@@ -22,6 +22,8 @@ from .target import Target
 
 # read_stacks answers within its timeout plus this (py-spy's own time after the agent's).
 LOOK_GRACE_S = 4.0
+# What of an agent's reason for not listening is shown (it comes from the job).
+MAX_LISTEN_ERROR_CHARS = 1000
 
 
 class RankGlance(NamedTuple):
@@ -31,6 +33,7 @@ class RankGlance(NamedTuple):
     endpoint: Optional[str]  # where its agent listens on TCP ("HOST:PORT"), None where it does not
     state: Optional[str]  # its main thread at a glance (analysis/glance.py); None if not read
     error: Optional[ProbingError]  # why its stacks could not be read
+    listen_error: Optional[str] = None  # why its agent, asked to listen (PROBING_LISTEN), does not
 
 
 class JobGlance(NamedTuple):
@@ -43,6 +46,7 @@ class _Look(NamedTuple):
     source: Optional[str]
     state: str
     endpoint: Optional[str]  # the agent's listener, from its hello
+    listen_error: Optional[str]  # why PROBING_LISTEN started no listener, from its hello
 
 
 def _look(target: Target, timeout: float) -> _Look:
@@ -55,7 +59,9 @@ def _look(target: Target, timeout: float) -> _Look:
     listener = stacks.info.get("listener")
     endpoint = listener.get("endpoint") if isinstance(listener, dict) else None
     endpoint = endpoint if isinstance(endpoint, str) and len(endpoint) <= 256 else None
-    return _Look(source if isinstance(source, str) else None, state, endpoint)
+    why = stacks.info.get("listen_error")
+    listen_error = why[:MAX_LISTEN_ERROR_CHARS] if isinstance(why, str) else None
+    return _Look(source if isinstance(source, str) else None, state, endpoint, listen_error)
 
 
 def glance_at_job(
@@ -88,6 +94,7 @@ def glance_at_job(
                 rank.endpoint or (answer.endpoint if answer else None),
                 answer.state if answer else None,
                 failed.get(rank.rank),
+                answer.listen_error if answer else None,
             )
         )
     return JobGlance(job, rows, gathered.exit_code())

@@ -122,7 +122,7 @@ def test_ranks_names_only_the_ranks_asked_for(stalled: TorchrunJob) -> None:
     result = probing(str(stalled.agent_pid), "ranks", "--ranks", "1,3", "--format", "csv")
     assert result.returncode == ExitCode.OK, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "rank,local_rank,node,pid,agent,source,state,error,host,endpoint"
+    assert lines[0] == "rank,local_rank,node,pid,agent,source,state,error,host,endpoint,listen_error"
     assert [line.split(",")[:4] for line in lines[1:]] == [
         ["1", "1", "0", str(stalled.pids[1])],
         ["3", "3", "0", str(stalled.pids[3])],

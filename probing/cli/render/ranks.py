@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import inert
+from . import inert, notes
 from .json_writer import write_json
 from .per_rank import job_fields
 from .rows import write_rows, write_table
@@ -22,9 +22,11 @@ if TYPE_CHECKING:
 # The rows' columns (and the keys of each rank in JSON), documented in docs/commands.md.
 # host: the node's hostname; pid: on that node; endpoint: where its agent listens on TCP. The two
 # newest at the end, where scripts reading the older columns by position do not see them.
-COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state", "error", "host", "endpoint")
+# listen_error: why an agent asked to listen (PROBING_LISTEN) does not.
+COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state", "error", "host", "endpoint",
+           "listen_error")  # fmt: skip
 TYPES = ("INTEGER", "INTEGER", "INTEGER", "BIGINT", "BOOLEAN", "VARCHAR", "VARCHAR", "VARCHAR", "VARCHAR",
-         "VARCHAR")  # fmt: skip
+         "VARCHAR", "VARCHAR")  # fmt: skip
 # What people read: the error takes the place of the state it kept from being read. host and
 # endpoint only for a job whose agents listen on TCP or that spans nodes.
 TEXT_COLUMNS = ("rank", "local_rank", "node", "pid", "agent", "source", "state")
@@ -55,7 +57,7 @@ def _row(each: RankGlance) -> Tuple[Any, ...]:
     error = each.error.message if each.error is not None else None
     pid = rank.pid or None  # 0: a rank of this node whose process is gone
     return (rank.rank, rank.local_rank, rank.node, pid, each.agent, each.source, each.state, error,
-            _host(each), each.endpoint)  # fmt: skip
+            _host(each), each.endpoint, each.listen_error)  # fmt: skip
 
 
 def _job_object(job: Job) -> Dict[str, Any]:
@@ -94,6 +96,13 @@ def _text(answer: JobGlance, out: IO[str]) -> None:
         write_table(NETWORK_COLUMNS, NETWORK_TYPES, rows, out)  # every cell made inert
     else:
         write_table(TEXT_COLUMNS, TEXT_TYPES, [row[:3] + row[4:5] + row[6:] for row in rows], out)
+    # PROBING_LISTEN asked for a listener that did not start (no token, port in use): the agent
+    # writes nothing to the job's output, so this is where a user learns why.
+    notes(
+        f"rank {each.rank.rank}: its agent does not listen on TCP: {each.listen_error}"
+        for each in answer.ranks
+        if each.listen_error
+    )
 
 
 def write_job_glance(answer: JobGlance, format: str) -> None:
