@@ -156,6 +156,13 @@ def _listen_from_environment(server: AgentServer) -> None:
     if address is None or server.tcp_listener is not None:
         return
     # Loaded only when asked: most jobs never listen, and every job pays for what starts here.
+    from .listener.launcher import LAUNCHER_REFUSAL, launcher_program
+
+    if launcher_program() is not None:
+        # torchrun's own process: PROBING_LISTEN is for its ranks (a `listen` request still
+        # works, since whoever sends one asks for this very process).
+        server.listen_error = LAUNCHER_REFUSAL
+        return
     from .listener.control import ListenError, listen_once
 
     try:

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from .. import __version__, protocol
 from ..schema.tables import AGENT_TABLES as TABLES
 from .identity import python_version, working_directory
-from .listener.control import ListenError, listen_once
-from .listener.registry import Registry, RegistryUnavailable, rank_identity
+from .listener.rank import rank_identity
 from .requests import ErrorKind, RequestError, bool_param, float_param, int_param, str_param, type_name
 from .tables import BUILDERS
 
@@ -85,7 +84,13 @@ def _listen_error(server: Any) -> Optional[str]:
     return server.listen_error  # type: ignore[no-any-return]
 
 
+# The listener's modules (and the token's HMAC) load only for `listen` and `endpoints`, or when
+# a listener starts: most jobs never listen, and hello must not make every job pay for them.
+
+
 def _listen(server: Any, params: Dict[str, Any]) -> Any:
+    from .listener.control import ListenError, listen_once
+
     address = str_param(params, "address") or "auto"
     token = str_param(params, "token")
     try:
@@ -96,11 +101,13 @@ def _listen(server: Any, params: Dict[str, Any]) -> Any:
 
 
 def _endpoints(server: Any, params: Dict[str, Any]) -> Any:
+    from .listener.registry import Registry, RegistryUnavailable
+
     listener = server.tcp_listener
     registry = listener.registry if listener is not None else None
     if registry is None:
         if server.registry is None:
-            server.registry = Registry()
+            server.registry = Registry(server.own_threads)
         registry = server.registry
     try:
         return registry.endpoints()

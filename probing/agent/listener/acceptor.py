@@ -5,8 +5,17 @@ A peer that has not proved the token gets no thread and no method (not even hell
 are read by the selector, at most RESPONSE_BYTES of them, and never parsed as a request. Each
 must finish the handshake within HANDSHAKE_TIMEOUT_S, and at most MAX_PENDING_HANDSHAKES wait
 at once (a newcomer drops the oldest), so silent connections cannot hold the agent. Idle, the
-thread sits in a blocking select; it wakes on a timer only for a handshake's deadline or, in a
-torchrun rank, to retry publishing its endpoint (0.5 s growing to 5 s, until it succeeds).
+thread sits in a blocking poll; it wakes on a timer only for a handshake's deadline, in a
+torchrun rank to retry publishing its endpoint (0.5 s growing to 5 s, until it succeeds), and
+every IDENTITY_CHECK_S to see that its descriptors are still its own.
+
+A job may close every descriptor (os.closerange(3, ...)) and open its own files under the same
+numbers. So the listener owns no descriptor it cannot check: poll() rather than an epoll
+instance (an epoll descriptor's identity cannot be told from any other anonymous inode's), and
+the listening socket, the waker's two ends and each handshake's socket are checked (their
+(st_dev, st_ino), sockets.py) before they are used, written or closed. Once any is not ours, the
+listener stops quietly: it forgets the numbers (never closing or writing them) and its store
+client (whose socket the job closed too), and says why in `hello`.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from ...protocol import auth
 from ..lifecycle import WORK, on_fork_in_child, on_stop
 from ..sockets import descriptor_identity, release
 from .address import published_endpoint
-from .registry import Registry, RegistryUnavailable, loaded_torch_distributed, rank_identity
+from .rank import rank_identity
+from .registry import Registry, RegistryUnavailable, loaded_torch_distributed
 
 LISTENER_THREAD_NAME = "probing-listener"
 REGISTRY_THREAD_NAME = "probing-registry"
@@ -41,6 +51,10 @@ ACCEPTS_PER_WAKE = 64
 ACCEPT_PAUSE_S = 0.1
 REGISTER_FIRST_DELAY_S = 0.5
 REGISTER_MAX_DELAY_S = 5.0
+# The longest the thread sleeps without looking at its descriptors: a job that closed them and
+# reused the numbers for files that never wake the poll must not keep the thread for good.
+IDENTITY_CHECK_S = 30.0
+LOST_DESCRIPTORS = "the TCP listener stopped: the job closed its sockets (os.closerange or the like)"
 
 
 class Admitting(Protocol):
@@ -82,7 +96,9 @@ class TcpListener:
         self.owner_pid = os.getpid()
         self._key = auth.key_of(token)
         # Only a torchrun rank publishes its endpoint; a plain process just listens.
-        self.registry: Optional[Registry] = Registry() if rank_identity() is not None else None
+        self.registry: Optional[Registry] = (
+            Registry(server.own_threads) if rank_identity() is not None else None
+        )
         self.registered = False
         self.registry_error: Optional[str] = None
         self.failure: Optional[str] = None  # why the listener thread ended, if it did by itself
@@ -90,8 +106,10 @@ class TcpListener:
         self._register_at = time.monotonic()
         self._registering = False
         self._pending: Deque[_Handshake] = collections.deque()
-        self._selector = selectors.DefaultSelector()
+        self._selector = selectors.PollSelector()  # no descriptor of its own: see the docstring
         self._waker, self._wake_end = socket.socketpair()
+        self._waker_identity = descriptor_identity(self._waker)
+        self._wake_end_identity = descriptor_identity(self._wake_end)
         self._waker.setblocking(False)
         self._wake_end.setblocking(False)
         self._accept_paused_until: Optional[float] = None
@@ -111,11 +129,18 @@ class TcpListener:
         self.server.own_threads.add(self._thread.ident or 0)
 
     def running(self) -> bool:
-        """Serving: its thread runs and its descriptor is still its socket (a job that closes
+        """Serving: its thread runs and its descriptors are still its sockets (a job that closes
         every descriptor, os.closerange(3, ...), closes ours too)."""
         if self._stopping or self._thread is None or not self._thread.is_alive():
             return False
-        return descriptor_identity(self.sock) == self.identity
+        return self._descriptors_ours()
+
+    def _descriptors_ours(self) -> bool:
+        return (
+            descriptor_identity(self.sock) == self.identity
+            and descriptor_identity(self._wake_end) == self._wake_end_identity
+            and descriptor_identity(self._waker) == self._waker_identity
+        )
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -132,6 +157,9 @@ class TcpListener:
         try:
             while not self._stopping:
                 events = self._selector.select(self._timeout(time.monotonic()))
+                if not self._descriptors_ours():
+                    self._lose_descriptors()
+                    break
                 for key, _ in events:
                     if self._stopping:
                         break
@@ -152,13 +180,14 @@ class TcpListener:
                 self._close_everything()
             own.discard(threading.get_ident())
 
-    def _timeout(self, now: float) -> Optional[float]:
+    def _timeout(self, now: float) -> float:
         deadlines = [entry.deadline for entry in self._pending]
+        deadlines.append(now + IDENTITY_CHECK_S)
         if self._accept_paused_until is not None:
             deadlines.append(self._accept_paused_until)
         if self.registry is not None and not self.registered and not self._registering:
             deadlines.append(self._register_at)
-        return max(0.0, min(deadlines) - now) if deadlines else None
+        return max(0.0, min(deadlines) - now)
 
     def _accept_some(self) -> None:
         for _ in range(ACCEPTS_PER_WAKE):
@@ -197,6 +226,9 @@ class TcpListener:
             self._drop(entry)
 
     def _read_response(self, entry: _Handshake) -> None:
+        if descriptor_identity(entry.sock) != entry.identity:
+            self._drop(entry)  # the job closed it: its number may be the job's file now
+            return
         want = 4096 if entry.refused else auth.RESPONSE_BYTES - len(entry.received)
         try:
             data = entry.sock.recv(want)
@@ -301,28 +333,49 @@ class TcpListener:
     # --- stopping ------------------------------------------------------------------------------
 
     def _wake(self) -> None:
+        if descriptor_identity(self._waker) != self._waker_identity:
+            return  # the job closed it: the number may be the job's socket now
         try:
             self._waker.send(b"\0")
         except OSError:
             pass  # full (a wake is pending anyway) or closed (stopped)
 
     def _drain_wakes(self) -> None:
+        if descriptor_identity(self._wake_end) != self._wake_end_identity:
+            return
         try:
             self._wake_end.recv(4096)
         except OSError:
             pass
 
+    def _lose_descriptors(self) -> None:
+        """The job closed our descriptors: stop, touching neither them nor the store."""
+        self._stopping = True
+        self.failure = LOST_DESCRIPTORS
+        if self.registry is not None:
+            self.registry.forget()  # its socket went with ours; its number may be the job's too
+        self.registered = False
+
     def stop(self) -> None:
         """Close the port and every handshake in progress (detach); unpublish the endpoint."""
         if self._stopping:
             return
+        ours = self._descriptors_ours()
+        if not ours:
+            self._lose_descriptors()
         self._stopping = True
         # Out of the registry first: whoever finds the port closed must not find it listed.
+        # Bounded (registry.py): a hung store must not hold the detach.
         if self.registry is not None and self.registered:
             self.registry.unregister()
             self.registered = False
-        self._wake()
         thread = self._thread
+        if not ours:
+            # Nothing to wake it with: it ends at its next wake-up (IDENTITY_CHECK_S at most).
+            # The numbers are forgotten now, so that no finalizer ever closes the job's files.
+            self._close_everything()
+            return
+        self._wake()
         if thread is not None and thread.ident != threading.get_ident():
             thread.join(timeout=2.0)
         if thread is None:  # never started; a thread closes everything itself as it ends
@@ -337,15 +390,12 @@ class TcpListener:
         except OSError:
             pass
         release(self.sock, self.identity)
-        self._waker.close()
-        self._wake_end.close()
+        release(self._waker, self._waker_identity)
+        release(self._wake_end, self._wake_end_identity)
 
     def abandon_in_child(self) -> None:
-        """After fork, in the child: close our copies of the parent's sockets, nothing more.
-
-        The parent goes on listening; its epoll instance is shared with the child, so nothing
-        here may unregister from it (closing our descriptors leaves its registrations alone).
-        """
+        """After fork, in the child: close our copies of the parent's sockets, nothing more (the
+        parent goes on listening)."""
         if os.getpid() == self.owner_pid or self._stopping:
             return
         self._stopping = True
@@ -353,15 +403,8 @@ class TcpListener:
             release(entry.sock, entry.identity)
         self._pending.clear()
         release(self.sock, self.identity)
-        for end in (self._waker, self._wake_end):
-            try:
-                end.close()
-            except OSError:
-                pass
-        try:
-            self._selector.close()
-        except OSError:
-            pass
+        release(self._waker, self._waker_identity)
+        release(self._wake_end, self._wake_end_identity)
         if self.registry is not None:
             self.registry.forget()
 

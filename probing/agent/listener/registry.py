@@ -6,6 +6,13 @@ per-rank servers: a TCPStore client of the store at MASTER_ADDR:MASTER_PORT that
 for workers (so it adds no key and counts as no worker), behind PrefixStore("probing") so that
 no key of the job's is ever read or written. The agent never imports torch: the store is used
 only once the job has imported torch.distributed completely.
+
+A store can hang (a stopped process, a peer that accepts and never answers), and torch's own
+timeout does not bound its socket I/O (measured: > 90 s in the constructor, > 40 s in check()).
+So no store call ever runs in a thread that matters: each operation runs in a throwaway daemon
+thread ("probing-registry") that the caller waits on for at most a few seconds, holding no lock
+meanwhile. At most one such thread lives per Registry: while one is out, a newcomer waits for it
+within its own deadline, and once that one is overdue, every caller is answered at once.
 """
 
 from __future__ import annotations
@@ -15,34 +22,25 @@ import os
 import socket
 import sys
 import threading
+import time
 from types import ModuleType
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from .rank import env_number
 
 KEY_PREFIX = "probing"
-STORE_TIMEOUT_S = 5.0
+# How long a caller waits for the store: shorter than the CLI's default timeouts, so that a
+# hung store is reported as such instead of the CLI giving up on the agent.
+STORE_DEADLINE_S = 3.0
+# Detach waits this long at most to take the endpoint out: a detach must stay fast.
+UNREGISTER_DEADLINE_S = 1.0
+STORE_THREAD_NAME = "probing-registry"
+
+StoreOperation = Callable[[Any], Any]
 
 
 class RegistryUnavailable(Exception):
     """The store cannot be used (yet): the message says why."""
-
-
-def _number(text: Optional[str]) -> Optional[int]:
-    return int(text) if text is not None and text.strip().isdigit() else None
-
-
-def rank_identity(environ: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
-    """Who this process is in a torchrun job (its environment), or None when it is no rank."""
-    env = os.environ if environ is None else environ
-    if _number(env.get("RANK")) is None:
-        return None
-    return {
-        "rank": _number(env.get("RANK")),
-        "local_rank": _number(env.get("LOCAL_RANK")),
-        "group_rank": _number(env.get("GROUP_RANK")),
-        "world_size": _number(env.get("WORLD_SIZE")),
-        "local_world_size": _number(env.get("LOCAL_WORLD_SIZE")),
-        "run_id": env.get("TORCHELASTIC_RUN_ID"),
-    }
 
 
 def loaded_torch_distributed() -> Optional[ModuleType]:
@@ -58,114 +56,170 @@ def loaded_torch_distributed() -> Optional[ModuleType]:
     return module
 
 
-class Registry:
-    """One store client, made on first use and kept; dropped after any failure."""
+class _StoreCall:
+    """One operation on the store, in a thread of its own; the caller reads its outcome."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, dist: ModuleType, host: str, port: int, store: Any, operation: StoreOperation,
+                 own_threads: Set[int], deadline: float) -> None:  # fmt: skip
+        self.address = f"{host}:{port}"
+        self._dist, self._host, self._port = dist, host, port
+        self.store = store  # None: connect first
+        self._operation = operation
+        self._own_threads = own_threads
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: Optional[str] = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=STORE_THREAD_NAME, daemon=True).start()
+
+    def _run(self) -> None:
+        self._own_threads.add(threading.get_ident())
+        try:
+            if self.store is None:
+                from datetime import timedelta  # here: only a rank that uses its store needs it
+
+                try:
+                    client = self._dist.TCPStore(
+                        self._host, self._port, is_master=False, wait_for_workers=False,
+                        timeout=timedelta(seconds=STORE_DEADLINE_S),
+                    )  # fmt: skip
+                except Exception as error:  # noqa: BLE001 - torch raises several kinds
+                    self.error = f"cannot reach the job's store at {self.address}: {error}"
+                    return
+                self.store = self._dist.PrefixStore(KEY_PREFIX, client)
+            try:
+                self.result = self._operation(self.store)
+            except Exception as error:  # noqa: BLE001
+                self.error = f"the job's store at {self.address} failed: {error}"
+        except BaseException as error:  # noqa: BLE001 - nothing may escape into the job
+            self.error = f"the job's store at {self.address} failed: {type(error).__name__}: {error}"
+        finally:
+            self.done.set()
+            self._own_threads.discard(threading.get_ident())
+
+
+def _job() -> Dict[str, Any]:
+    env = os.environ
+    host, port = env.get("MASTER_ADDR"), env_number(env.get("MASTER_PORT"))
+    rank, world_size = env_number(env.get("RANK")), env_number(env.get("WORLD_SIZE"))
+    if not host or port is None or rank is None or world_size is None:
+        raise RegistryUnavailable(
+            "this process is no torchrun rank (MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE "
+            "are not all in its environment)"
+        )
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return {"host": host, "port": port, "rank": rank, "world_size": world_size, "attempt": attempt}
+
+
+class Registry:
+    """One store client, made on first use and kept; dropped after any failure or timeout.
+
+    `own_threads`: the agent's thread idents, which its store threads join (never in backtraces).
+    """
+
+    def __init__(self, own_threads: Set[int]) -> None:
+        self._own_threads = own_threads
+        self._lock = threading.Lock()  # guards the fields below; never held while waiting
         self._store: Any = None
         self._store_address: Optional[str] = None
+        self._call: Optional[_StoreCall] = None  # the store thread out now, if any
 
-    def _job(self) -> Dict[str, Any]:
-        env = os.environ
-        host, port = env.get("MASTER_ADDR"), _number(env.get("MASTER_PORT"))
-        rank, world_size = _number(env.get("RANK")), _number(env.get("WORLD_SIZE"))
-        if not host or port is None or rank is None or world_size is None:
-            raise RegistryUnavailable(
-                "this process is no torchrun rank (MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE "
-                "are not all in its environment)"
-            )
-        attempt = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
-        return {"host": host, "port": port, "rank": rank, "world_size": world_size, "attempt": attempt}
-
-    def _client(self, job: Dict[str, Any]) -> Any:
-        """The prefixed store client (the lock is held)."""
+    def _run(self, job: Dict[str, Any], operation: StoreOperation, timeout: float) -> Any:
+        """`operation(prefixed store)` in a store thread, waited on for `timeout` at most."""
         address = f"{job['host']}:{job['port']}"
-        if self._store is not None and self._store_address == address:
-            return self._store
         dist = loaded_torch_distributed()
         if dist is None:
             raise RegistryUnavailable("the job has not imported torch.distributed (yet)")
-        from datetime import timedelta  # here: `hello` loads this module, and needs none of it
-
-        try:
-            client = dist.TCPStore(
-                job["host"], job["port"], is_master=False, wait_for_workers=False,
-                timeout=timedelta(seconds=STORE_TIMEOUT_S),
-            )  # fmt: skip
-        except Exception as error:  # noqa: BLE001 - torch raises several kinds for an unreachable store
-            raise RegistryUnavailable(f"cannot reach the job's store at {address}: {error}") from None
-        self._store = dist.PrefixStore(KEY_PREFIX, client)
-        self._store_address = address
-        return self._store
+        deadline = time.monotonic() + timeout
+        late = RegistryUnavailable(f"the job's store at {address} did not answer within {timeout:g} s")
+        while True:
+            with self._lock:
+                out = self._call
+                if out is None or out.done.is_set():
+                    store = self._store if self._store_address == address else None
+                    call = _StoreCall(dist, job["host"], job["port"], store, operation,
+                                      self._own_threads, deadline)  # fmt: skip
+                    try:
+                        call.start()
+                    except RuntimeError:  # can't start new thread
+                        raise RegistryUnavailable(f"cannot ask the store at {address}: no thread") from None
+                    self._call = call
+                    break
+            # One thread per Registry: wait for the one out (its deadline or ours, whichever
+            # comes first: one already overdue answers this caller at once).
+            if not out.done.wait(max(0.0, min(out.deadline, deadline) - time.monotonic())):
+                raise late
+        finished = call.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            if not finished or call.error is not None:
+                # A client that hung or failed is not used again: the next call makes a new one.
+                self._store, self._store_address = None, None
+                if not finished:
+                    raise late
+                raise RegistryUnavailable(call.error)
+            self._store, self._store_address = call.store, address
+            return call.result
 
     def register(self, endpoint: str) -> None:
         """Publish this rank's endpoint; RegistryUnavailable says why it could not."""
+        job = _job()
         env = os.environ
-        with self._lock:
-            job = self._job()
-            value = {
-                "rank": job["rank"],
-                "local_rank": _number(env.get("LOCAL_RANK")),
-                "group_rank": _number(env.get("GROUP_RANK")),
-                "node": socket.gethostname(),
-                "pid": os.getpid(),
-                "endpoint": endpoint,
-                "world_size": job["world_size"],
-            }
-            store = self._client(job)
-            try:
-                store.set(f"endpoint/{job['attempt']}/{job['rank']}", json.dumps(value))
-            except Exception as error:  # noqa: BLE001
-                self._store = None
-                raise RegistryUnavailable(
-                    f"the job's store at {self._store_address} failed: {error}"
-                ) from None
+        value = {
+            "rank": job["rank"],
+            "local_rank": env_number(env.get("LOCAL_RANK")),
+            "group_rank": env_number(env.get("GROUP_RANK")),
+            "node": socket.gethostname(),
+            "pid": os.getpid(),
+            "endpoint": endpoint,
+            "world_size": job["world_size"],
+        }
+        key, text = f"endpoint/{job['attempt']}/{job['rank']}", json.dumps(value)
+        self._run(job, lambda store: store.set(key, text), STORE_DEADLINE_S)
 
     def unregister(self) -> None:
-        """Take this rank's endpoint out (detach): best effort, the store may be gone."""
+        """Take this rank's endpoint out (detach): best effort and bounded, the store may be gone
+        or hung (a store thread still out and overdue: given up at once)."""
+        try:
+            job = _job()
+            key = f"endpoint/{job['attempt']}/{job['rank']}"
+            self._run(job, lambda store: store.delete_key(key), UNREGISTER_DEADLINE_S)
+        except RegistryUnavailable:
+            pass
         with self._lock:
-            if self._store is None:
-                return
-            try:
-                job = self._job()
-                self._store.delete_key(f"endpoint/{job['attempt']}/{job['rank']}")
-            except Exception:  # noqa: BLE001, S110 - a detach must finish whatever the store does
-                pass
-            self._store = None
+            self._store, self._store_address = None, None
 
     def endpoints(self) -> Dict[str, Any]:
         """Every registered rank of this job's current attempt, sorted by rank."""
-        with self._lock:
-            job = self._job()
-            store = self._client(job)
-            ranks: List[Dict[str, Any]] = []
-            try:
-                for rank in range(job["world_size"]):
-                    key = f"endpoint/{job['attempt']}/{rank}"
-                    # check() first: get() of a missing key would block until the store's timeout.
-                    if not store.check([key]):
-                        continue
-                    entry = _entry(store.get(key))
-                    if entry is not None:
-                        ranks.append(entry)
-            except Exception as error:  # noqa: BLE001
-                self._store = None
-                raise RegistryUnavailable(
-                    f"the job's store at {self._store_address} failed: {error}"
-                ) from None
+        job = _job()
+        read: StoreOperation = lambda store: _read_entries(store, job)  # noqa: E731
+        ranks: List[Dict[str, Any]] = self._run(job, read, STORE_DEADLINE_S)
         ranks.sort(key=lambda entry: entry["rank"])
         return {
             "store": f"{job['host']}:{job['port']}",
             "world_size": job["world_size"],
-            "attempt": _number(job["attempt"]),
+            "attempt": env_number(job["attempt"]),
             "ranks": ranks,
         }
 
     def forget(self) -> None:
-        """In a forked child: drop the parent's client without a word to the store."""
-        self._store = None
+        """In a forked child: drop the parent's client (and its thread) without a word to the store."""
+        self._store, self._store_address, self._call = None, None, None
         self._lock = threading.Lock()
+
+
+def _read_entries(store: Any, job: Dict[str, Any]) -> List[Dict[str, Any]]:
+    ranks = []
+    for rank in range(job["world_size"]):
+        key = f"endpoint/{job['attempt']}/{rank}"
+        # check() first: get() of a missing key would block until the store's timeout.
+        if not store.check([key]):
+            continue
+        entry = _entry(store.get(key))
+        if entry is not None:
+            ranks.append(entry)
+    return ranks
 
 
 _ENTRY_FIELDS = ("rank", "local_rank", "group_rank", "node", "pid", "endpoint")
