@@ -1,0 +1,175 @@
+"""What the agent's TCP side must never do to the job or to itself (issue 14 review): be held by
+the job's store when it hangs, touch descriptors the job closed and reused, take a rank's port
+in torchrun's launcher, or load the listener (and OpenSSL) in a job that does not listen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+from probing import protocol
+from probing.agent.listener.launcher import LAUNCHER_REFUSAL
+
+from support import Target, TorchrunJob, probing, wait_until
+
+TOKEN = "the job's shared secret, 32 chars"
+LISTEN = {"PROBING_LISTEN": "127.0.0.1:0", "PROBING_TOKEN": TOKEN}
+RANK = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+STORE_SILENT = "did not answer within 3 s"
+
+
+def unix_call(pid: int, method: str, params: Optional[Dict[str, Any]] = None, timeout: float = 30) -> Dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(os.path.join(os.environ["PROBING_SOCKET_DIR"], f"{pid}.sock"))
+        protocol.send_frame(sock, protocol.request(1, method, params or {}))
+        frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+        assert frame is not None, f"the agent closed the connection instead of answering {method}"
+        return frame.header
+
+
+def timed(pid: int, method: str) -> float:
+    started = time.monotonic()
+    reply = unix_call(pid, method, timeout=10)
+    assert reply["ok"], reply
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def silent_store() -> Iterator[int]:
+    """A "store" that accepts connections (the kernel does, from its backlog) and never answers."""
+    with socket.socket() as store:
+        store.bind(("127.0.0.1", 0))
+        store.listen(128)
+        yield int(store.getsockname()[1])
+
+
+def many_endpoints_then_the_agent_still_answers(pid: int) -> None:
+    """20 `endpoints` at once against a hung store: each answered (the store named, or busy while
+    16 wait), none held past the deadline by more than scheduling; then hello, backtrace,
+    detach answer at once, and the agent ran at most one store thread meanwhile."""
+    replies: List[Dict[str, Any]] = []
+
+    def ask() -> None:
+        replies.append(unix_call(pid, "endpoints", timeout=20))
+
+    started = time.monotonic()
+    askers = [threading.Thread(target=ask) for _ in range(20)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join(30)
+    elapsed = time.monotonic() - started
+    assert len(replies) == 20 and elapsed < 8, (elapsed, replies)
+    kinds = {(reply["error"]["type"], STORE_SILENT in reply["error"]["message"]) for reply in replies}
+    assert kinds <= {(protocol.ErrorKind.NOT_FOUND, True), (protocol.ErrorKind.BUSY, False)}, replies
+    assert (protocol.ErrorKind.NOT_FOUND, True) in kinds
+    names = unix_call(pid, "eval", {"code": "import threading; [t.name for t in threading.enumerate()]"})
+    assert str(names).count("probing-registry") <= 2, names  # one store thread, one registering
+    assert timed(pid, "hello") < 1.0 and timed(pid, "backtrace") < 2.0
+    assert timed(pid, "detach") < 2.5  # its unregister is bounded too
+
+
+def test_a_store_that_never_answers_holds_nothing(silent_store: int) -> None:
+    env = dict(LISTEN, **RANK, MASTER_PORT=str(silent_store))
+    with Target("store_rank.py", via="env", env=env) as job:
+        hello = unix_call(job.pid, "hello")["result"]
+        assert hello["listener"] is not None
+        many_endpoints_then_the_agent_still_answers(job.pid)
+        assert job.alive()
+
+
+def test_a_stopped_store_holds_nothing() -> None:
+    with Target("store_rank.py", via="plain", args=["--serve"]) as store:
+        port = store.ready_line().split()[2]
+        with Target("store_rank.py", via="env", env=dict(LISTEN, **RANK, MASTER_PORT=port)) as job:
+            assert wait_until(lambda: unix_call(job.pid, "hello")["result"]["listener"]["registered"], 30, 0.1)
+            assert [entry["rank"] for entry in unix_call(job.pid, "endpoints")["result"]["ranks"]] == [0]
+            os.kill(store.pid, signal.SIGSTOP)
+            try:
+                many_endpoints_then_the_agent_still_answers(job.pid)
+            finally:
+                os.kill(store.pid, signal.SIGCONT)
+            assert job.alive()
+
+
+def tell(job: Target, line: str, answer: str) -> str:
+    assert job.process.stdin is not None
+    job.process.stdin.write(f"{line}\n".encode())
+    job.process.stdin.flush()
+    assert wait_until(lambda: any(out.startswith(answer) for out in job.stdout_lines), 10), job.output()
+    return next(out for out in reversed(job.stdout_lines) if out.startswith(answer))
+
+
+def test_a_job_that_closes_the_listeners_descriptors_keeps_its_own_sockets_intact() -> None:
+    """The job closes every descriptor (the listener's port, its waker, its handshakes) and
+    its socketpairs take the numbers: the old listener stops without closing or writing any of
+    them, also when a detach stops it, and the job's sockets carry exactly what it sent."""
+    with Target("closes_sockets.py", via="env", env=LISTEN) as job:
+        assert unix_call(job.pid, "hello")["result"]["listener"] is not None
+        tell(job, "close", "reopened")
+        first = probing(str(job.pid), "backtrace")  # may still reach the old agent (see hostile/)
+        assert first.returncode == 0, first.stderr
+        again = probing(str(job.pid), "eval", "1")  # a new agent, its own listener
+        assert (again.returncode, again.stdout) == (0, "1\n"), again.stderr
+        assert tell(job, "check", "sockets") == "sockets ok"
+        detached = probing(str(job.pid), "detach")  # stops the old listener too (its stop hook)
+        assert detached.returncode == 0, detached.stderr
+        assert tell(job, "check", "sockets") == "sockets ok"
+        assert job.alive() and not [line for line in job.stderr_lines if line.strip()]
+
+
+def free_port_pair() -> int:
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no two free ports in a row")
+
+
+def test_torchruns_launcher_does_not_take_a_ranks_port() -> None:
+    port = free_port_pair()
+    env = dict(LISTEN, PROBING="1", PROBING_LISTEN=f"127.0.0.1:{port}")
+    with TorchrunJob("healthy", ranks=2, env=env) as job:
+        for rank, pid in job.pids.items():
+            hello = unix_call(pid, "hello")["result"]
+            assert hello["listener"] is not None, hello["listen_error"]
+            assert hello["listener"]["endpoint"] == f"127.0.0.1:{port + rank}"
+        launcher = unix_call(job.agent_pid, "hello")["result"]
+        assert launcher["listener"] is None and launcher["listen_error"] == LAUNCHER_REFUSAL
+        assert launcher["rank"] is None
+
+
+LISTENER_MODULES = (
+    "probing.agent.listener.control", "probing.agent.listener.registry", "probing.agent.listener.acceptor",
+    "probing.protocol.auth", "_sha256", "_sha2", "hashlib", "_hashlib", "hmac",
+)  # fmt: skip
+LOADED = f"import sys; sorted(name for name in sys.modules if name in {LISTENER_MODULES!r})"
+
+
+def test_a_job_that_does_not_listen_loads_nothing_of_the_listener() -> None:
+    with Target("stepper.py", via="env") as job:
+        assert unix_call(job.pid, "hello")["ok"]
+        loaded = probing(str(job.pid), "eval", LOADED)
+        assert (loaded.returncode, loaded.stdout) == (0, "[]\n"), loaded.stderr
+
+
+def test_a_listening_job_never_loads_openssl() -> None:
+    with Target("stepper.py", via="env", env=LISTEN) as job:
+        assert unix_call(job.pid, "hello")["result"]["listener"] is not None
+        loaded = probing(str(job.pid), "eval", LOADED)
+        assert loaded.returncode == 0, loaded.stderr
+        assert "hashlib" not in loaded.stdout and "hmac" not in loaded.stdout, loaded.stdout
+        assert "probing.agent.listener.acceptor" in loaded.stdout
