@@ -235,12 +235,20 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def test_an_idle_listener_costs_next_to_nothing() -> None:
-    """A blocking select, no polling: a second of idling costs the process well under 1 % of a
-    core (the memory sampler included), in a torchrun-like rank whose registration retries too."""
+@pytest.mark.parametrize("store", ["none", "real"])
+def test_an_idle_listener_costs_next_to_nothing(store: str) -> None:
+    """A blocking poll, no polling loop: a second of idling costs the process well under 1 % of a
+    core (the memory sampler included), in a torchrun-like rank whose registration retries
+    (store "none": torch never imported, so it waits for it) or is done (store "real": the job
+    runs a TCPStore and the rank's endpoint is in it, so the agent holds a store client)."""
     rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
-    with Target("sleeper.py", via="env", env=dict(LISTEN, **rank)) as target:
+    script, args = ("sleeper.py", []) if store == "none" else ("store_rank.py", ["--own-store"])
+    with Target(script, via="env", env=dict(LISTEN, **rank), args=args) as target:
         assert unix_call(target.pid, "hello")["result"]["listener"] is not None
+        if store == "real":
+            registered = lambda: unix_call(target.pid, "hello")["result"]["listener"]["registered"]  # noqa: E731
+            assert wait_until(registered, 30, 0.1)
+            assert [entry["rank"] for entry in unix_call(target.pid, "endpoints")["result"]["ranks"]] == [0]
         before = cpu_seconds(target.pid)
         time.sleep(1.0)  # the quantity under test is what a second of idling costs
         assert cpu_seconds(target.pid) - before < 0.01

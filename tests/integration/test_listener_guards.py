@@ -24,7 +24,9 @@ RANK = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0
 STORE_SILENT = "did not answer within 3 s"
 
 
-def unix_call(pid: int, method: str, params: Optional[Dict[str, Any]] = None, timeout: float = 30) -> Dict[str, Any]:
+def unix_call(
+    pid: int, method: str, params: Optional[Dict[str, Any]] = None, timeout: float = 30
+) -> Dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(os.path.join(os.environ["PROBING_SOCKET_DIR"], f"{pid}.sock"))
@@ -89,7 +91,9 @@ def test_a_stopped_store_holds_nothing() -> None:
     with Target("store_rank.py", via="plain", args=["--serve"]) as store:
         port = store.ready_line().split()[2]
         with Target("store_rank.py", via="env", env=dict(LISTEN, **RANK, MASTER_PORT=port)) as job:
-            assert wait_until(lambda: unix_call(job.pid, "hello")["result"]["listener"]["registered"], 30, 0.1)
+            assert wait_until(
+                lambda: unix_call(job.pid, "hello")["result"]["listener"]["registered"], 30, 0.1
+            )
             assert [entry["rank"] for entry in unix_call(job.pid, "endpoints")["result"]["ranks"]] == [0]
             os.kill(store.pid, signal.SIGSTOP)
             try:

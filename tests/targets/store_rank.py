@@ -14,7 +14,9 @@ import torch.distributed as dist
 store = None
 port = os.environ.get("MASTER_PORT", "")
 if "--own-store" in sys.argv or "--serve" in sys.argv:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
     port = str(store.port)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
 print("ready", os.getpid(), port, flush=True)
