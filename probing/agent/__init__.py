@@ -71,6 +71,10 @@ def _abandon(server: AgentServer) -> None:
     """
     server._stopping = True
     release(server.listener, server.listener_identity)
+    # Its store client (an `endpoints` request made one) may have lost its descriptor too: it is
+    # kept, never destroyed (the new server inherits it only with a running listener).
+    if server.registry is not None:
+        server.registry.abandon()
 
 
 def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False) -> bool:
@@ -108,7 +112,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             listener = previous.tcp_listener
             if listener is not None and listener.running():
                 listener.server = server
-                server.tcp_listener, server.registry = listener, previous.registry
+                server.tcp_listener = listener
         server.on_detach = stop
         if calling_thread_is_ours:
             server.own_threads.add(threading.get_ident())

@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
@@ -53,13 +54,29 @@ def silent_store() -> Iterator[int]:
 
 
 def many_endpoints_then_the_agent_still_answers(pid: int) -> None:
-    """20 `endpoints` at once against a hung store: each answered (the store named, or busy while
-    16 wait), none held past the deadline by more than scheduling; then hello, backtrace,
-    detach answer at once, and the agent ran at most one store thread meanwhile."""
-    replies: List[Dict[str, Any]] = []
+    """20 `endpoints` at once against a hung store: each is answered within the deadline (the
+    store named), refused at once (busy while 16 wait, or pushed out before its request came
+    in: the agent's usual rules for a full house), none held; then hello, backtrace, detach
+    answer at once, and the agent ran at most one store thread meanwhile."""
+    outcomes: List[str] = []
 
     def ask() -> None:
-        replies.append(unix_call(pid, "endpoints", timeout=20))
+        try:
+            reply = unix_call(pid, "endpoints", timeout=20)
+        except (AssertionError, BlockingIOError, ConnectionError) as error:
+            outcomes.append(f"refused: {type(error).__name__}")
+            return
+        if reply["ok"]:
+            outcomes.append("answered")
+        elif (
+            reply["error"]["type"] == protocol.ErrorKind.NOT_FOUND
+            and STORE_SILENT in reply["error"]["message"]
+        ):
+            outcomes.append("store silent")
+        elif reply["error"]["type"] == protocol.ErrorKind.BUSY:
+            outcomes.append("refused: busy")
+        else:
+            outcomes.append(str(reply["error"]))
 
     started = time.monotonic()
     askers = [threading.Thread(target=ask) for _ in range(20)]
@@ -68,10 +85,11 @@ def many_endpoints_then_the_agent_still_answers(pid: int) -> None:
     for asker in askers:
         asker.join(30)
     elapsed = time.monotonic() - started
-    assert len(replies) == 20 and elapsed < 8, (elapsed, replies)
-    kinds = {(reply["error"]["type"], STORE_SILENT in reply["error"]["message"]) for reply in replies}
-    assert kinds <= {(protocol.ErrorKind.NOT_FOUND, True), (protocol.ErrorKind.BUSY, False)}, replies
-    assert (protocol.ErrorKind.NOT_FOUND, True) in kinds
+    print(f"20 endpoints in {elapsed:.1f} s: {dict(Counter(outcomes))}")
+    assert len(outcomes) == 20 and elapsed < 8, (elapsed, outcomes)
+    assert "store silent" in outcomes and all(
+        outcome == "store silent" or outcome.startswith("refused") for outcome in outcomes
+    ), outcomes
     names = unix_call(pid, "eval", {"code": "import threading; [t.name for t in threading.enumerate()]"})
     assert str(names).count("probing-registry") <= 2, names  # one store thread, one registering
     assert timed(pid, "hello") < 1.0 and timed(pid, "backtrace") < 2.0

@@ -353,7 +353,7 @@ class TcpListener:
         self._stopping = True
         self.failure = LOST_DESCRIPTORS
         if self.registry is not None:
-            self.registry.forget()  # its socket went with ours; its number may be the job's too
+            self.registry.abandon()  # its socket went with ours; its number may be the job's too
         self.registered = False
 
     def stop(self) -> None:

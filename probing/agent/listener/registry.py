@@ -37,6 +37,8 @@ UNREGISTER_DEADLINE_S = 1.0
 STORE_THREAD_NAME = "probing-registry"
 
 StoreOperation = Callable[[Any], Any]
+# Store clients whose descriptor the job closed: alive for good, see Registry.abandon().
+_ABANDONED_CLIENTS: List[Any] = []
 
 
 class RegistryUnavailable(Exception):
@@ -202,6 +204,15 @@ class Registry:
             "attempt": env_number(job["attempt"]),
             "ranks": ranks,
         }
+
+    def abandon(self) -> None:
+        """The job closed the agent's descriptors (os.closerange), the client's socket among
+        them, and its number may be the job's file now: the client is kept, never used again
+        and never destroyed (torch's destructor would close that number)."""
+        with self._lock:
+            if self._store is not None:
+                _ABANDONED_CLIENTS.append(self._store)
+            self._store, self._store_address = None, None
 
     def forget(self) -> None:
         """In a forked child: drop the parent's client (and its thread) without a word to the store."""
