@@ -122,11 +122,14 @@ def test_a_stopped_store_holds_nothing() -> None:
 
 
 def tell(job: Target, line: str, answer: str) -> str:
+    """Send the job a command; its answer: the first line starting with `answer` printed after."""
     assert job.process.stdin is not None
+    seen = len(job.stdout_lines)
     job.process.stdin.write(f"{line}\n".encode())
     job.process.stdin.flush()
-    assert wait_until(lambda: any(out.startswith(answer) for out in job.stdout_lines), 10), job.output()
-    return next(out for out in reversed(job.stdout_lines) if out.startswith(answer))
+    fresh = lambda: [out for out in job.stdout_lines[seen:] if out.startswith(answer)]  # noqa: E731
+    assert wait_until(fresh, 10), job.output()
+    return fresh()[0]
 
 
 def test_a_job_that_closes_the_listeners_descriptors_keeps_its_own_sockets_intact() -> None:

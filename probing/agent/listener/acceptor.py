@@ -9,13 +9,10 @@ thread sits in a blocking poll; it wakes on a timer only for a handshake's deadl
 torchrun rank to retry publishing its endpoint (0.5 s growing to 5 s, until it succeeds), and
 every IDENTITY_CHECK_S to see that its descriptors are still its own.
 
-A job may close every descriptor (os.closerange(3, ...)) and open its own files under the same
-numbers. So the listener owns no descriptor it cannot check: poll() rather than an epoll
-instance (an epoll descriptor's identity cannot be told from any other anonymous inode's), and
-the listening socket, the waker's two ends and each handshake's socket are checked (their
-(st_dev, st_ino), sockets.py) before they are used, written or closed. Once any is not ours, the
-listener stops quietly: it forgets the numbers (never closing or writing them) and its store
-client (whose socket the job closed too), and says why in `hello`.
+A job may close every descriptor (os.closerange) and reuse the numbers, so the listener owns
+none it cannot check: poll(), not epoll (an epoll descriptor's identity is a shared anonymous
+inode's); its sockets' identities (sockets.py) are checked before use. Once one is not ours, it
+stops quietly, forgetting the numbers and its store client, and says why in `hello`.
 """
 
 from __future__ import annotations
@@ -370,9 +367,7 @@ class TcpListener:
             self.registry.unregister()
             self.registered = False
         thread = self._thread
-        if not ours:
-            # Nothing to wake it with: it ends at its next wake-up (IDENTITY_CHECK_S at most).
-            # The numbers are forgotten now, so that no finalizer ever closes the job's files.
+        if not ours:  # no waker: it ends at its next wake-up; the numbers are forgotten now
             self._close_everything()
             return
         self._wake()
