@@ -138,12 +138,12 @@ def ask_registry(
 
     for rank, path in sockets:
         threading.Thread(target=ask, args=(rank, path), name="probing-ask-registry", daemon=True).start()
-    why = NOT_LISTENING
+    why = f"{UNREADABLE_REGISTRY} (no agent of this node gave it within {timeout:g} s)"
     for _ in sockets:
         try:
             rank, answer = answers.get(timeout=_left(deadline, JOIN_SLACK_S))
         except queue.Empty:
-            return None, f"{UNREADABLE_REGISTRY} (no agent of this node gave it within {timeout:g} s)"
+            break  # the others are still waiting on the store: what failed first says why
         if isinstance(answer, ProbingError):
             log(f"rank {rank.rank}: no registry of endpoints: {answer.message}")
             why = f"{UNREADABLE_REGISTRY} ({answer.message})"
@@ -209,7 +209,7 @@ def rank_from_hello(url: str, info: Dict[str, Any]) -> Rank:
                 world_size=world_size)  # fmt: skip
 
 
-def _one_job(found: Dict[str, Rank]) -> Tuple[Optional[str], int]:
+def one_job(found: Dict[str, Rank]) -> Tuple[Optional[str], int]:
     """The run id and world size every endpoint answered with; UsageError naming them when the
     endpoints are ranks of more than one job, or two of them the same rank."""
     jobs: Dict[Tuple[Optional[str], Optional[int]], str] = {}
@@ -262,7 +262,7 @@ def job_from_endpoints(urls: List[str], timeout: float, log: Callable[[str], Non
             failed.append((url, answer if isinstance(answer, ProbingError) else late))
     if not found:
         raise failed[0][1]
-    run_id, world_size = _one_job(found)
+    run_id, world_size = one_job(found)
     why = "no endpoint given answered for it"
     if failed:
         why += " (no answer from " + "; ".join(f"{url}: {error.message}" for url, error in failed[:4]) + ")"
