@@ -138,7 +138,7 @@ def ask_registry(
 
     for rank, path in sockets:
         threading.Thread(target=ask, args=(rank, path), name="probing-ask-registry", daemon=True).start()
-    why = f"{UNREADABLE_REGISTRY} (no agent of this node gave it within {timeout:g} s)"
+    why: Optional[str] = None
     for _ in sockets:
         try:
             rank, answer = answers.get(timeout=_left(deadline, JOIN_SLACK_S))
@@ -148,8 +148,8 @@ def ask_registry(
             log(f"rank {rank.rank}: no registry of endpoints: {answer.message}")
             why = f"{UNREADABLE_REGISTRY} ({answer.message})"
             continue
-        return answer, why
-    return None, why
+        return answer, NOT_LISTENING
+    return None, why or f"{UNREADABLE_REGISTRY} (no agent of this node gave it within {timeout:g} s)"
 
 
 def _left(deadline: float, slack: float = 0.0) -> float:

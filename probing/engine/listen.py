@@ -62,7 +62,9 @@ def token_for(target: Target) -> Optional[str]:
             "uses the job's own (PROBING_TOKEN in its environment, or its user's token file)"
         )
         return None
-    return cli_token()
+    token = cli_token()
+    target.log("our token goes with the request (the target runs as our user)")
+    return token
 
 
 def _owner(target: Target) -> Optional[int]:

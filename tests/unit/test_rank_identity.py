@@ -147,8 +147,9 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_the_registry_is_asked_of_the_local_agents_at_once(registry: None) -> None:
     started = time.monotonic()
-    result, _ = ask_registry(LOCAL, 5.0, lambda message: None)
+    result, why = ask_registry(LOCAL, 5.0, lambda message: None)
     assert result == {"ranks": [], "world_size": 6}
+    assert why == job_remote.NOT_LISTENING  # for the ranks the registry does not name
     assert time.monotonic() - started < 2.0  # not after rank 0's 5 s
 
 
@@ -171,7 +172,8 @@ def test_listen_hands_the_cli_token_only_to_the_cli_user_processes(monkeypatch: 
     assert listen.token_for(Target("1234", logged.append)) == "the-cli-token-0123456789"
     monkeypatch.setattr(listen, "effective_uid", lambda pid: 1000)
     assert listen.token_for(Target("1234", logged.append)) is None
-    assert logged == [
+    assert logged[0] == "our token goes with the request (the target runs as our user)"
+    assert logged[1:] == [
         "the target runs as uid 1000, not as ours (0): our token is not sent; its agent uses the job's own "
         "(PROBING_TOKEN in its environment, or its user's token file)"
     ]
