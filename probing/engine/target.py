@@ -220,7 +220,8 @@ class Target:
     def agent_pid(self, timeout: float) -> int:
         """The PID of the process as its agent names it (for a remote target, on its node)."""
         with self.connect(timeout) as client:
-            client.call("ping")
+            if not client.info:  # a remote rank's connection has its hello already
+                client.call("ping")
             pid = client.info.get("pid")
         return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
 

@@ -9,7 +9,7 @@ import pytest
 
 from probing.agent.listener.acceptor import peer_text
 from probing.client.tcp import endpoint_url, split_endpoint
-from probing.errors import UsageError
+from probing.errors import ExitCode, UsageError
 from probing.protocol.endpoints import AddressError, format_endpoint, parse_endpoint, parse_listen_address
 
 
@@ -75,3 +75,21 @@ def test_one_way_of_writing_host_and_port_on_both_sides() -> None:
 def test_a_malformed_tcp_target_is_a_usage_error_that_names_the_form() -> None:
     with pytest.raises(UsageError, match=r"write an IPv6 host in brackets.*\(tcp://HOST:PORT as a target\)"):
         split_endpoint("tcp://::1:80")
+
+
+def test_run_listen_refuses_a_bad_address_before_starting_the_job(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--listen python train.py` takes `python` for ADDR: exit 2 naming the forms, nothing run."""
+    from probing.cli import main
+    from probing.launch.launcher import Launcher
+
+    def started(*args: object) -> None:
+        raise AssertionError("the job was started")
+
+    monkeypatch.setattr(Launcher, "start", started)
+    monkeypatch.setenv("PROBING_TOKEN", "the-cli-token-0123456789")
+    assert main(["run", "--listen", "python", "train.py"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "--listen: listen address 'python' is not [HOST:]PORT or auto" in err
+    assert "put `--` before the command: probing run --listen -- python train.py" in err
