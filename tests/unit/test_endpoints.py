@@ -93,3 +93,40 @@ def test_run_listen_refuses_a_bad_address_before_starting_the_job(
     err = capsys.readouterr().err
     assert "--listen: listen address 'python' is not [HOST:]PORT or auto" in err
     assert "put `--` before the command: probing run --listen -- python train.py" in err
+
+
+def test_a_name_that_does_not_resolve_in_time_costs_the_timeout_and_no_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The resolver has no timeout of its own: a name is looked up in a thread waited on until the
+    command's deadline; an address is never looked up at all."""
+    import socket
+    import threading
+    import time
+
+    from probing.client import tcp
+    from probing.errors import AgentTimeout, AgentUnreachable
+
+    real = socket.getaddrinfo
+    release = threading.Event()
+    looked_up = []
+
+    def resolver(host: str, port: object, *args: object) -> object:
+        numeric = len(args) >= 4 and int(args[3]) & socket.AI_NUMERICHOST  # type: ignore[call-overload]
+        if not numeric:
+            looked_up.append(host)
+            release.wait(10)  # a DNS server that never answers
+        return real(host, port, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    started = time.monotonic()
+    with pytest.raises(AgentTimeout, match=r"cannot resolve the host of tcp://slow\.invalid:1 within 0\.3 s"):
+        tcp._connect("slow.invalid", 1, "tcp://slow.invalid:1", started + 0.3, 0.3)
+    assert time.monotonic() - started < 1.0
+    release.set()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(AgentUnreachable, match="nothing listens on"):
+        tcp._connect("127.0.0.1", port, f"tcp://127.0.0.1:{port}", time.monotonic() + 5, 5)
+    assert looked_up == ["slow.invalid"]
