@@ -83,7 +83,8 @@ class Invocation:
             log_to_stderr(f"rank {rank.rank}: {message}")
 
         text = f"tcp://{rank.endpoint}" if rank.remote else str(rank.pid)
-        return Target(text, log if self.verbose else None, self.no_attach, self.attach_timeout)
+        expected = rank if rank.remote else None  # what answers over TCP must say it is this rank
+        return Target(text, log if self.verbose else None, self.no_attach, self.attach_timeout, expected)
 
 
 def read_argument(value: str, what: str) -> str:

@@ -11,10 +11,16 @@ from ..engine.listen import cli_token
 from ..errors import UsageError
 from ..launch.launcher import Launcher
 from ..launch.watchdog import HungJob, Watchdog
+from ..protocol.endpoints import LISTEN_FORMS, AddressError, parse_listen_address
 from .invocation import Invocation
 from .options import pass_invocation
 from .render import log_to_stderr
 from .render.reports import write_hung_job, write_started
+
+LISTEN_HINT = (
+    f"--listen takes {LISTEN_FORMS}; its ADDR is optional, so put `--` before the command: "
+    "probing run --listen -- python train.py"
+)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -49,6 +55,10 @@ def run(
     if not command:
         raise UsageError("nothing to run: probing run -- python train.py")
     if listen is not None:
+        try:
+            parse_listen_address(listen)
+        except AddressError as error:
+            raise UsageError(f"--listen: {error}", hint=LISTEN_HINT) from None
         cli_token()  # the job's agents would refuse to listen without one: say so before it starts
     launcher = Launcher(list(command), listen=listen)
     child = launcher.start()

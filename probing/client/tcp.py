@@ -9,14 +9,15 @@ for the socket module.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 from ..errors import AgentTimeout, AgentUnreachable, BadReply, PermissionDenied, UsageError
-from ..protocol import auth
+from ..protocol import auth, endpoints
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Tuple
+    from typing import Any, Callable, List, Optional, Tuple
 
 SCHEME = "tcp://"
 TOKEN_REFUSED_HINT = (
@@ -28,24 +29,69 @@ NOT_AN_AGENT_HINT = "check HOST:PORT: `probing PID ranks` on the rank's node sho
 def split_endpoint(text: str) -> Tuple[str, int]:
     """(host, port) of `tcp://HOST:PORT` or `HOST:PORT` (`[v6]:PORT` too); UsageError if malformed."""
     address = text[len(SCHEME) :] if text.startswith(SCHEME) else text
-    host, colon, port_text = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if (
-        not colon
-        or not host
-        or len(host) > 255
-        or not port_text.isdigit()
-        or len(port_text) > 5
-        or not 0 < int(port_text) < 65536
-        or any(char.isspace() or char in "/[]" for char in host)
-    ):
-        raise UsageError(f"an endpoint is HOST:PORT (tcp://HOST:PORT as a target), not {text!r}")
-    return host, int(port_text)
+    try:
+        return endpoints.parse_endpoint(address)
+    except endpoints.AddressError as error:
+        raise UsageError(f"{error} (tcp://HOST:PORT as a target)") from None
 
 
 def endpoint_url(host: str, port: int) -> str:
-    return f"{SCHEME}[{host}]:{port}" if ":" in host else f"{SCHEME}{host}:{port}"
+    return SCHEME + endpoints.format_endpoint(host, port)
+
+
+def _resolve(host: str, port: int, url: str, deadline: float, timeout: float) -> List[Any]:
+    """getaddrinfo's answers for (host, port) before `deadline`. An address is read as it is
+    written; only a name is looked up, in a thread of its own: the resolver has no timeout of
+    its own, and a dead DNS server must not hold the command past its time."""
+    try:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError):
+        pass  # a name, not an address
+    answer: List[Any] = []
+
+    def look_up() -> None:
+        try:
+            answer.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as error:
+            answer.append(error)
+
+    lookup = threading.Thread(target=look_up, name="probing-resolve", daemon=True)
+    lookup.start()
+    lookup.join(max(0.0, deadline - time.monotonic()))
+    if not answer:
+        raise AgentTimeout(f"cannot resolve the host of {url} within {timeout:g} s")
+    if isinstance(answer[0], BaseException):
+        error = answer[0]
+        raise AgentUnreachable(
+            f"cannot resolve the host of {url}: {getattr(error, 'strerror', None) or error}"
+        )
+    found: List[Any] = answer[0]
+    return found
+
+
+def _connect(host: str, port: int, url: str, deadline: float, timeout: float) -> socket.socket:
+    """A connection to the first address of (host, port) that accepts one, all within `deadline`."""
+    last: Optional[OSError] = None
+    for family, kind, proto, _, address in _resolve(host, port, url, deadline, timeout):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind | socket.SOCK_CLOEXEC, proto)
+        sock.settimeout(left)
+        try:
+            sock.connect(address)
+            return sock
+        except OSError as error:
+            sock.close()
+            last = error
+    if last is None or isinstance(last, socket.timeout):
+        raise AgentTimeout(f"no connection to {url} within {timeout:g} s")
+    if isinstance(last, ConnectionRefusedError):
+        raise AgentUnreachable(
+            f"nothing listens on {url}",
+            hint="is the job's agent listening? (PROBING_LISTEN, or `probing PID listen` on its node)",
+        )
+    raise AgentUnreachable(f"cannot connect to {url}: {last.strerror or last}")
 
 
 def _receive_exactly(sock: socket.socket, size: int, deadline: float, url: str, what: str) -> bytes:
@@ -87,19 +133,7 @@ def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> 
     except auth.TokenError as error:
         raise UsageError(f"{url} needs the job's token: {error}", hint=auth.TOKEN_HINT) from None
     deadline = time.monotonic() + timeout
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except socket.timeout:
-        raise AgentTimeout(f"no connection to {url} within {timeout:g} s") from None
-    except ConnectionRefusedError:
-        raise AgentUnreachable(
-            f"nothing listens on {url}",
-            hint="is the job's agent listening? (PROBING_LISTEN, or `probing PID listen` on its node)",
-        ) from None
-    except socket.gaierror as error:
-        raise AgentUnreachable(f"cannot resolve the host of {url}: {error.strerror or error}") from None
-    except OSError as error:
-        raise AgentUnreachable(f"cannot connect to {url}: {error.strerror or error}") from None
+    sock = _connect(host, port, url, deadline, timeout)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         challenge = _receive_exactly(sock, auth.CHALLENGE_BYTES, deadline, url, "challenge")

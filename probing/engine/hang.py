@@ -4,13 +4,34 @@ DataLoader, the worker holding the batch is found among the descendants."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+import os
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..analysis.progress import HangReport, Sample, stuck_dataloader_worker, take_sample, watch
 from ..errors import ProbingError
 from .backtrace import Stacks, read_stacks
 from .processes import descendants
 from .target import Target
+
+
+def remote_counters(target: Target, timeout: float) -> Dict[Any, Tuple[Optional[int], Optional[int]]]:
+    """native_id -> (CPU ticks, None) of a remote process's threads, as its agent reads them on
+    its own node (python.threads); wake-ups are not reported. Empty when the agent gives none:
+    the verdict then rests on the stacks alone."""
+    clock = os.sysconf("SC_CLK_TCK")
+    try:
+        with target.connect(timeout) as client:
+            rows = client.fetch_table("python.threads", timeout=timeout).to_rows()
+    except ProbingError as error:
+        target.log(f"no CPU times of its threads from the agent: {error.message}")
+        return {}
+    counters: Dict[Any, Tuple[Optional[int], Optional[int]]] = {}
+    for row in rows:
+        user, system = row.get("cpu_user_s"), row.get("cpu_system_s")
+        if isinstance(user, float) and isinstance(system, float) and row.get("native_id") is not None:
+            counters[row["native_id"]] = (round((user + system) * clock), None)
+    return counters
 
 
 class HangAnswer(NamedTuple):
@@ -36,6 +57,10 @@ def sample_hang(
     def sample() -> Sample:
         stacks = read_stacks(target, False, None, timeout)
         notes.extend(note for note in stacks.notes if note not in notes)
+        if target.remote:
+            # Its threads' counters are in its own node's /proc: here the same PID is another
+            # process, or none. Its agent reads their CPU time there (python.threads).
+            return Sample(time.monotonic(), stacks.rows, remote_counters(target, timeout), None)
         return take_sample(pid, stacks.rows, stacks.info)
 
     report = watch(pid, sample, duration, samples, code_line)

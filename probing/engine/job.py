@@ -20,7 +20,7 @@ from ..procfs import environ_values, parent_pid, parents, process_alive, start_t
 # No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Set, Tuple
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
     # (parent PID, run id, rendezvous): what one job's ranks share.
     JobKey = Tuple[Optional[int], Optional[str], Optional[str]]
@@ -46,9 +46,13 @@ class Rank:
 
     A rank on another node (`remote`) is reached only through its agent's TCP `endpoint`
     ("HOST:PORT"); its PID is the one on its own node (`host`), for people to read. A rank
-    reachable neither here nor over TCP has pid 0 and `unreachable` saying why."""
+    reachable neither here nor over TCP has pid 0 and `unreachable` saying why.
 
-    __slots__ = ("rank", "local_rank", "node", "pid", "endpoint", "host", "remote", "unreachable")
+    `run_id` and `world_size`: the job's, as this side knows them, for a remote rank: what
+    answers on its endpoint must say it is this rank of this job (`identity_mismatch`)."""
+
+    __slots__ = ("rank", "local_rank", "node", "pid", "endpoint", "host", "remote", "unreachable",
+                 "run_id", "world_size")  # fmt: skip
 
     def __init__(
         self,
@@ -60,6 +64,8 @@ class Rank:
         host: Optional[str] = None,
         remote: bool = False,
         unreachable: Optional[str] = None,
+        run_id: Optional[str] = None,
+        world_size: Optional[int] = None,
     ) -> None:
         self.rank = rank
         self.local_rank = local_rank
@@ -69,10 +75,12 @@ class Rank:
         self.host = host  # the hostname of its node, when known
         self.remote = remote
         self.unreachable = unreachable
+        self.run_id = run_id
+        self.world_size = world_size
 
-    def _key(self) -> Tuple[int, int, int, int, str, str, bool, str]:
+    def _key(self) -> Tuple[int, int, int, int, str, str, bool, str, str, int]:
         return (self.rank, self.local_rank, self.node, self.pid, self.endpoint or "", self.host or "",
-                self.remote, self.unreachable or "")  # fmt: skip
+                self.remote, self.unreachable or "", self.run_id or "", self.world_size or 0)  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Rank) and self._key() == other._key()
@@ -88,6 +96,47 @@ class Rank:
         return (
             f"Rank(rank={self.rank}, local_rank={self.local_rank}, node={self.node}, pid={self.pid}{where})"
         )
+
+
+class NotTheRank(ProbingError):
+    """What answers on a rank's endpoint is not that rank of that job."""
+
+
+STALE_ENDPOINT_HINT = (
+    "its agent is gone and the port is another's now (a rank restarted, or another job): "
+    "`probing PID ranks` on the rank's node shows where it listens"
+)
+
+
+def _number(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _who(rank: Optional[int], run: Optional[str], world: Optional[int], pid: Optional[int]) -> str:
+    text = "no rank of a distributed job" if rank is None else f"rank {rank}"
+    text += f" of run {run:.80}" if run is not None else ""
+    details = [f"world size {world}"] if world is not None else []
+    details += [f"PID {pid}"] if pid is not None else []
+    return text + (f" ({', '.join(details)})" if details else "")
+
+
+def identity_mismatch(rank: Rank, url: str, info: Dict[str, Any]) -> Optional[str]:
+    """Why the agent whose hello is `info`, reached at `url`, is not `rank` (None when it is).
+    Its rank must match; its run id, world size and PID too wherever both sides know them."""
+    described = info.get("rank")
+    fields: Dict[str, Any] = described if isinstance(described, dict) else {}
+    number, world = _number(fields.get("rank")), _number(fields.get("world_size"))
+    pid = _number(info.get("pid"))
+    run = fields.get("run_id") if isinstance(fields.get("run_id"), str) else None
+    runs = run is not None and rank.run_id is not None and run != rank.run_id
+    worlds = world is not None and rank.world_size is not None and world != rank.world_size
+    pids = pid is not None and rank.pid != 0 and pid != rank.pid
+    if number == rank.rank and not (runs or worlds or pids):
+        return None
+    answered = _who(number, run if runs else None, world if worlds else None, pid if pids else None)
+    expected = _who(rank.rank, rank.run_id if runs else None, rank.world_size if worlds else None,
+                    rank.pid if pids else None)  # fmt: skip
+    return f"{url} answered as {answered}, not {expected}: a stale registry entry?"
 
 
 class Job:

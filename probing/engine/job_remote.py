@@ -9,13 +9,16 @@ input, checked field by field here.
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..client.connection import Client
 from ..client.discovery import locate_socket
 from ..client.tcp import SCHEME, endpoint_url, split_endpoint
-from ..errors import ProbingError, UsageError
+from ..errors import AgentTimeout, ProbingError, UsageError
+from ..protocol.endpoints import AddressError, parse_endpoint
 from .job import Job, Rank
 
 # How many local agents may be asked for the registry before giving up on it.
@@ -26,6 +29,10 @@ MAX_ENDPOINTS_FILE_BYTES = 1 << 20
 # The most ranks reported unreachable one by one (WORLD_SIZE is the job's text).
 MAX_WORLD = 1 << 16
 
+NO_LOCAL_AGENT = "not reachable from this node: no agent runs on this node's ranks to read the job's registry"
+UNREADABLE_REGISTRY = "not reachable from this node: the registry of endpoints could not be read"
+# What waiting on threads that keep their own deadline adds to it (their last steps, a join).
+JOIN_SLACK_S = 0.5
 NOT_LISTENING = (
     "not reachable from this node: its agent does not listen (on its node: PROBING_LISTEN=auto "
     "with PROBING_TOKEN when starting the job, or `probing PID listen`)"
@@ -42,8 +49,11 @@ def _text(value: Any, limit: int = 256) -> Optional[str]:
     return value if isinstance(value, str) and 0 < len(value) <= limit and value.isprintable() else None
 
 
-def registered_rank(entry: Any) -> Optional[Rank]:
-    """A remote Rank from one entry of the registry; None for an entry that is not one."""
+def registered_rank(
+    entry: Any, run_id: Optional[str] = None, world_size: Optional[int] = None
+) -> Optional[Rank]:
+    """A remote Rank of the job (`run_id`, `world_size`) from one entry of the registry; None for
+    an entry that is not one."""
     if not isinstance(entry, dict):
         return None
     rank, pid = _integer(entry.get("rank")), _integer(entry.get("pid"), 1, 1 << 31)
@@ -51,13 +61,14 @@ def registered_rank(entry: Any) -> Optional[Rank]:
     if rank is None or pid is None or endpoint is None:
         return None
     try:
-        split_endpoint(endpoint)
-    except UsageError:
+        parse_endpoint(endpoint)
+    except AddressError:
         return None
     local_rank = _integer(entry.get("local_rank"))
     node = _integer(entry.get("group_rank"))
     return Rank(rank, rank if local_rank is None else local_rank, 0 if node is None else node, pid,
-                endpoint, _text(entry.get("node")), remote=True)  # fmt: skip
+                endpoint, _text(entry.get("node")), remote=True, run_id=run_id,
+                world_size=world_size)  # fmt: skip
 
 
 def _unreachable(job: Job, rank: int, why: str) -> Rank:
@@ -75,7 +86,7 @@ def merge_registry(job: Job, registry: Optional[Dict[str, Any]], why_none: str =
     entries = registry.get("ranks") if isinstance(registry, dict) else None
     registered: Dict[int, Rank] = {}
     for entry in entries if isinstance(entries, list) else []:
-        each = registered_rank(entry)
+        each = registered_rank(entry, job.run_id, job.world_size)
         if each is not None and each.rank < job.world_size:
             registered.setdefault(each.rank, each)
     local = []
@@ -99,31 +110,51 @@ def merge_registry(job: Job, registry: Optional[Dict[str, Any]], why_none: str =
 def ask_registry(
     job: Job, timeout: float, log: Callable[[str], None]
 ) -> Tuple[Optional[Dict[str, Any]], str]:
-    """The `endpoints` result of the first local agent that gives one (never attaches), or None
-    and why the other nodes' ranks cannot be reached."""
-    why = NOT_LISTENING
-    asked = 0
+    """The `endpoints` result of the first local agent that gives one, or None and why the other
+    nodes' ranks cannot be reached. Up to ASK_AT_MOST agents (never attached) are asked at once,
+    all within `timeout`: a store that does not answer holds each of them alike."""
+    sockets: List[Tuple[Rank, str]] = []
     for rank in job.ranks:
-        if asked >= ASK_AT_MOST:
+        if len(sockets) >= ASK_AT_MOST:
             break
         try:
-            path = locate_socket(rank.pid, log)
+            sockets.append((rank, locate_socket(rank.pid, log)))
         except ProbingError:
             continue
-        asked += 1
+    if not sockets:
+        return None, NO_LOCAL_AGENT
+    deadline = time.monotonic() + timeout
+    answers: queue.Queue[Tuple[Rank, Any]] = queue.Queue()
+
+    def ask(rank: Rank, path: str) -> None:
+        answer: Any = ProbingError("its agent gave no registry")
         try:
-            with Client(path, timeout, log, pid=rank.pid) as client:
-                result, _ = client.call("endpoints", {}, timeout=timeout)
+            with Client(path, _left(deadline), log, pid=rank.pid) as client:
+                answer, _ = client.call("endpoints", {}, timeout=_left(deadline))
         except ProbingError as error:
-            log(f"rank {rank.rank}: no registry of endpoints: {error.message}")
-            why = (
-                f"not reachable from this node: the registry of endpoints could not be read ({error.message})"
-            )
+            answer = error
+        finally:
+            answers.put((rank, answer))
+
+    for rank, path in sockets:
+        threading.Thread(target=ask, args=(rank, path), name="probing-ask-registry", daemon=True).start()
+    why: Optional[str] = None
+    for _ in sockets:
+        try:
+            rank, answer = answers.get(timeout=_left(deadline, JOIN_SLACK_S))
+        except queue.Empty:
+            break  # the others are still waiting on the store: what failed first says why
+        if isinstance(answer, ProbingError):
+            log(f"rank {rank.rank}: no registry of endpoints: {answer.message}")
+            why = f"{UNREADABLE_REGISTRY} ({answer.message})"
             continue
-        return result, why
-    if asked == 0:
-        why = "not reachable from this node: no agent runs on this node's ranks to read the job's registry"
-    return None, why
+        return answer, NOT_LISTENING
+    return None, why or f"{UNREADABLE_REGISTRY} (no agent of this node gave it within {timeout:g} s)"
+
+
+def _left(deadline: float, slack: float = 0.0) -> float:
+    """Seconds left before `deadline` (+ `slack`), never quite 0: a timeout of 0 would block."""
+    return max(0.001, deadline + slack - time.monotonic())
 
 
 def with_remote_ranks(job: Job, timeout: float, log: Callable[[str], None]) -> Job:
@@ -159,31 +190,58 @@ def parse_endpoints(text: str) -> List[str]:
     return urls
 
 
-def rank_from_hello(url: str, info: Dict[str, Any]) -> Tuple[Rank, int]:
-    """The Rank an agent's hello describes, and its world size; UsageError for an agent that
-    is no rank of a distributed job."""
+def rank_from_hello(url: str, info: Dict[str, Any]) -> Rank:
+    """The Rank an agent's hello describes (its run id and world size with it); UsageError for an
+    agent that is no rank of a distributed job."""
     described = info.get("rank")
     fields = described if isinstance(described, dict) else {}
     rank, world_size = _integer(fields.get("rank")), _integer(fields.get("world_size"), 1)
     if rank is None or world_size is None or rank >= world_size:
-        raise UsageError(f"{url} is no rank of a distributed job (its agent knows no RANK and WORLD_SIZE)")
+        raise UsageError(
+            f"{url} is no rank of a distributed job (its agent knows no RANK and WORLD_SIZE: "
+            "--endpoints needs them in each process's environment)"
+        )
     local_rank, node = _integer(fields.get("local_rank")), _integer(fields.get("group_rank"))
     pid = _integer(info.get("pid"), 1, 1 << 31) or 0
     endpoint = url[len(SCHEME) :]
     return Rank(rank, rank if local_rank is None else local_rank, 0 if node is None else node, pid,
-                endpoint, _text(info.get("node")), remote=True), world_size  # fmt: skip
+                endpoint, _text(info.get("node")), remote=True, run_id=_text(fields.get("run_id")),
+                world_size=world_size)  # fmt: skip
+
+
+def one_job(found: Dict[str, Rank]) -> Tuple[Optional[str], int]:
+    """The run id and world size every endpoint answered with; UsageError naming them when the
+    endpoints are ranks of more than one job, or two of them the same rank."""
+    jobs: Dict[Tuple[Optional[str], Optional[int]], str] = {}
+    for url, rank in found.items():
+        jobs.setdefault((rank.run_id, rank.world_size), url)
+    if len(jobs) > 1:
+        named = "; ".join(
+            f"{url}: {'run ' + run if run is not None else 'no run id'}, world size {size}"
+            for (run, size), url in list(jobs.items())[:4]
+        )
+        raise UsageError(f"--endpoints name ranks of more than one job ({named}): give one job's endpoints")
+    by_rank: Dict[int, str] = {}
+    for url, rank in found.items():
+        other = by_rank.setdefault(rank.rank, url)
+        if other != url:
+            raise UsageError(f"--endpoints: {other} and {url} both answered as rank {rank.rank}")
+    (run_id, world_size), _ = jobs.popitem()
+    return run_id, world_size or 0
 
 
 def job_from_endpoints(urls: List[str], timeout: float, log: Callable[[str], None]) -> Job:
-    """The job the agents at `urls` are ranks of, each asked its hello in parallel. Every rank is
-    reached over TCP, even one on this node. Ranks of the world that no endpoint answered for
-    are unreachable, with the endpoints that did not answer named."""
+    """The job the agents at `urls` are ranks of, each asked its hello in parallel, all within
+    `timeout` (connection, handshake and hello). Every rank is reached over TCP, even one on this
+    node. The endpoints must be ranks of one job (one run id, one world size). Ranks of the world
+    that no endpoint answered for are unreachable, with the endpoints that did not answer named."""
     answers: Dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
 
     def hello(url: str) -> None:
         try:
-            with Client(url, timeout, log) as client:
-                client.call("ping", timeout=timeout)
+            with Client(url, _left(deadline), log) as client:
+                client.call("ping", timeout=_left(deadline))
                 answers[url] = rank_from_hello(url, client.info)
         except ProbingError as error:
             answers[url] = error
@@ -192,28 +250,28 @@ def job_from_endpoints(urls: List[str], timeout: float, log: Callable[[str], Non
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout + 1.0)
-    found: Dict[int, Rank] = {}
+        thread.join(_left(deadline, JOIN_SLACK_S))
+    found: Dict[str, Rank] = {}
     failed: List[Tuple[str, ProbingError]] = []
-    world_size = 0
     for url in urls:
         answer = answers.get(url)
-        if isinstance(answer, tuple):
-            found.setdefault(answer[0].rank, answer[0])
-            world_size = max(world_size, answer[1])
+        if isinstance(answer, Rank):
+            found[url] = answer
         else:
-            error = answer if isinstance(answer, ProbingError) else ProbingError(f"{url} did not answer")
-            failed.append((url, error))
+            late = AgentTimeout(f"{url} did not answer within {timeout:g} s")
+            failed.append((url, answer if isinstance(answer, ProbingError) else late))
     if not found:
         raise failed[0][1]
+    run_id, world_size = one_job(found)
     why = "no endpoint given answered for it"
     if failed:
         why += " (no answer from " + "; ".join(f"{url}: {error.message}" for url, error in failed[:4]) + ")"
     ranks = sorted(found.values())
+    numbers = {rank.rank for rank in ranks}
     remote = ranks + [
         Rank(rank, rank, 0, 0, unreachable=why)
         for rank in range(min(world_size, MAX_WORLD))
-        if rank not in found
+        if rank not in numbers
     ]
     notes = [f"{url}: {error.message}" for url, error in failed]
-    return Job(None, None, None, world_size, [], [], sorted(remote), notes)
+    return Job(run_id, None, None, world_size, [], [], sorted(remote), notes)

@@ -4,9 +4,11 @@ reached (engine/job_remote.py)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, NamedTuple, Optional
 
 from ..errors import BadReply, UsageError
+from ..procfs import effective_uid
 from ..protocol import auth
 from .target import Target
 
@@ -44,13 +46,45 @@ def _listening(pid: Any, result: Dict[str, Any]) -> Listening:
     )
 
 
+def token_for(target: Target) -> Optional[str]:
+    """The CLI's token when the target runs as the CLI's own user; None otherwise.
+
+    Root listening in another user's job must not hand root's token to that job (a job may be
+    hostile, and the token opens every agent that trusts it): the job's agent then loads its
+    own, from its environment (PROBING_TOKEN) or its user's token file."""
+    if target.remote:
+        return None  # over TCP the agent only says where it listens: the token never crosses a network
+    owner = _owner(target)
+    mine = os.geteuid()
+    if owner is not None and owner != mine:
+        target.log(
+            f"the target runs as uid {owner}, not as ours ({mine}): our token is not sent; its agent "
+            "uses the job's own (PROBING_TOKEN in its environment, or its user's token file)"
+        )
+        return None
+    token = cli_token()
+    target.log("our token goes with the request (the target runs as our user)")
+    return token
+
+
+def _owner(target: Target) -> Optional[int]:
+    """The uid the target process runs as (its PID's, else its socket's owner); None if unknown."""
+    if target.pid is not None:
+        return effective_uid(target.pid)
+    try:
+        return os.stat(target.socket or "").st_uid
+    except OSError:
+        return None
+
+
 def start_listening(target: Target, address: str, timeout: float) -> Listening:
-    """Ask the target's agent to listen on `address` ([HOST:]PORT or auto). Over its Unix socket
-    the CLI's token goes with the request; over TCP (already authenticated) the agent only says
-    where it listens: the token never crosses a network."""
+    """Ask the target's agent to listen on `address` ([HOST:]PORT or auto). Over its Unix socket,
+    when the process is the CLI's user's, the CLI's token goes with the request (`token_for`);
+    otherwise the agent loads the job's own."""
     params: Dict[str, Any] = {"address": address}
-    if not target.remote:
-        params["token"] = cli_token()
+    token = token_for(target)
+    if token is not None:
+        params["token"] = token
     with target.connect(timeout) as client:
         result, _ = client.call("listen", params)
         return _listening(target.pid or client.info.get("pid"), result)

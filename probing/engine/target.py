@@ -18,6 +18,7 @@ import time
 from ..client.connection import TCP_SCHEME, Client
 from ..client.discovery import locate_socket
 from ..errors import NoAgent, ProbingError, UsageError
+from .job import STALE_ENDPOINT_HINT, NotTheRank, Rank, identity_mismatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class Target:
 
     `log` narrates each step (socket, attach, timings); `no_attach` refuses to put an agent
     into a process that has none; `attach_timeout` bounds the wait for one that was put in.
+    `rank`: the rank of a job a remote target must be; its agent's hello is checked before any
+    request goes to it (a stale registry entry's port may be another agent's now).
     """
 
     def __init__(
@@ -120,8 +123,10 @@ class Target:
         log: Optional[Log] = None,
         no_attach: bool = False,
         attach_timeout: float = 5.0,
+        rank: Optional[Rank] = None,
     ) -> None:
         self.text = text
+        self.rank = rank
         self.pid, self.socket = parse_address(text)
         self.remote = self.socket is not None and self.socket.startswith(TCP_SCHEME)
         self.log: Log = log or quiet
@@ -162,10 +167,12 @@ class Target:
         command that can answer from outside instead (backtrace).
         """
         if self.socket is not None:
+            started = time.monotonic()
             try:
-                return Client(self.socket, timeout, self.log)
+                client = Client(self.socket, timeout, self.log)
             except NoAgent as error:
                 raise NoAgent(error.message, hint=SOCKET_TARGET_HINT) from None
+            return self._checked(client, max(0.001, started + timeout - time.monotonic()))
         pid = self.pid or 0
         try:
             stuck = Stillness(pid).check if give_up_early else None
@@ -192,12 +199,29 @@ class Target:
     def connect_existing(self, timeout: float) -> Client:
         """A client of the agent already there; never attaches (detach, a repl reconnecting)."""
         path = self.socket or locate_socket(self.pid or 0, self.log)
-        return Client(path, timeout, self.log, pid=self.pid)
+        return self._checked(Client(path, timeout, self.log, pid=self.pid), timeout)
+
+    def _checked(self, client: Client, timeout: float) -> Client:
+        """`client`, once its agent said it is `self.rank` (a remote rank's): its hello, asked
+        alone within `timeout`, before any request that could do something in the wrong process."""
+        if self.rank is None or not self.remote:
+            return client
+        try:
+            client.call("ping", timeout=timeout)
+            mismatch = identity_mismatch(self.rank, self.socket or "", client.info)
+        except BaseException:
+            client.close()
+            raise
+        if mismatch is not None:
+            client.close()
+            raise NotTheRank(mismatch, hint=STALE_ENDPOINT_HINT)
+        return client
 
     def agent_pid(self, timeout: float) -> int:
         """The PID of the process as its agent names it (for a remote target, on its node)."""
         with self.connect(timeout) as client:
-            client.call("ping")
+            if not client.info:  # a remote rank's connection has its hello already
+                client.call("ping")
             pid = client.info.get("pid")
         return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from support import TARGETS, TwoNodeJob, wait_until
+from support import TARGETS, TwoNodeJob, node_address, wait_until
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the simulated nodes need root (unshare, nsenter, mount)"),
@@ -96,6 +96,10 @@ def test_hang_on_node0_names_the_stalled_rank_on_node1_and_its_line(stalled: Two
     assert behind["where"] == f"load_shard (ranks_job.py:{_line_of('time.sleep(3600)')})"
     assert [waiting["ranks"] for waiting in verdict["waiting"]] == [[0, 1, 2]]
     assert verdict["missing"] == []
+    # Rank 3 judged by itself too: its stacks and the CPU time its agent reads on node1 (node0's
+    # /proc holds other processes under its PIDs), the sleeping main thread still.
+    [rank_3] = [rank for rank in verdict["ranks"] if rank["rank"] == 3]
+    assert rank_3["hung"] is True and "'MainThread'" in rank_3["reason"], rank_3
     text = stalled.probing(0, "1", "hang", "--ranks", "all", "--duration", "1", "--samples", "3")
     assert text.returncode == 11, text.stdout + text.stderr
     first = text.stdout.splitlines()[0]
@@ -232,3 +236,30 @@ def test_a_node_that_hangs_or_dies_mid_query_gives_a_partial_answer_naming_its_r
         assert running.returncode == 14, stdout + stderr
         assert [row["rank"] for row in json.loads(stdout)] == [0, 1]
         assert "rank 2 " in stderr and "rank 3 " in stderr, stderr
+
+
+def test_a_stale_registry_entry_leaves_its_rank_missing_naming_what_answered(stalled: TwoNodeJob) -> None:
+    """Rank 3's entry in the job's store rewritten to name rank 2's endpoint (a rank gone, its
+    port another agent's): what answers there is rank 2, so rank 3 is missing with that reason,
+    and nothing is asked of rank 2 as if it were rank 3."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    endpoints = _endpoints(stalled)
+    store = dist.TCPStore(node_address(0), stalled.master_port, is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))  # fmt: skip
+    key = f"probing/endpoint/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/3"
+    original = store.get(key)
+    store.set(key, json.dumps(dict(json.loads(original), endpoint=endpoints[2])))
+    try:
+        result = stalled.probing(0, "1", "query", "--ranks", "all", "--format", "json", FIRST_FRAMES)
+    finally:
+        store.set(key, original)
+    rows: List[Dict[str, Any]] = _json(result, 14)
+    assert {row["rank"] for row in rows} == {0, 1, 2}  # rank 2's rows never pass for rank 3's
+    pids = stalled.nodes[1].pids
+    assert (
+        f"tcp://{endpoints[2]} answered as rank 2 (PID {pids[2]}), not rank 3 (PID {pids[3]}): "
+        "a stale registry entry?" in result.stderr
+    ), result.stderr

@@ -136,12 +136,13 @@ def test_a_single_node_job_is_left_as_it_is() -> None:
 
 
 def test_a_hello_names_the_rank_it_is() -> None:
-    info = {"pid": 7, "node": "node1", "rank": {"rank": 3, "local_rank": 1, "group_rank": 1, "world_size": 4}}
-    rank, world_size = rank_from_hello("tcp://h:1", info)
+    described = {"rank": 3, "local_rank": 1, "group_rank": 1, "world_size": 4, "run_id": "r1"}
+    info = {"pid": 7, "node": "node1", "rank": described}
+    rank = rank_from_hello("tcp://h:1", info)
     assert (rank.rank, rank.local_rank, rank.node, rank.pid, rank.host, rank.endpoint, rank.remote) == (
         3, 1, 1, 7, "node1", "h:1", True,
     )  # fmt: skip
-    assert world_size == 4
+    assert (rank.world_size, rank.run_id) == (4, "r1")
     for bad in (
         {},
         {"rank": None},

@@ -28,6 +28,7 @@ import weakref
 from typing import Any, Deque, Dict, Optional, Protocol, Set
 
 from ...protocol import auth
+from ...protocol.endpoints import format_endpoint
 from ..lifecycle import WORK, on_fork_in_child, on_stop
 from ..sockets import descriptor_identity, release
 from .address import published_endpoint
@@ -77,8 +78,7 @@ class _Handshake:
 
 def peer_text(address: Any) -> str:
     if isinstance(address, tuple) and len(address) >= 2:
-        host = str(address[0])
-        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+        return format_endpoint(str(address[0]), address[1])
     return str(address)
 
 

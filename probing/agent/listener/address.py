@@ -7,7 +7,10 @@ import os
 import socket
 from typing import Mapping, Optional, Tuple
 
-WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # noqa: S104 - listening on every interface is what `auto` asks
+from ...protocol import endpoints
+from ...protocol.endpoints import AddressError as AddressError
+
+WILDCARD_HOSTS = ("", endpoints.EVERY_INTERFACE, "::")
 LISTEN_ENV = "PROBING_LISTEN"
 _OFF = ("", "0", "off", "false", "no")
 
@@ -18,10 +21,6 @@ def listen_setting() -> Optional[str]:
     return None if value.lower() in _OFF else value
 
 
-class AddressError(ValueError):
-    """A listen address that cannot be used; the message says what form it takes."""
-
-
 def parse_listen_address(text: str, environ: Optional[Mapping[str, str]] = None) -> Tuple[str, int]:
     """(host, port) of `[HOST:]PORT | auto`.
 
@@ -29,25 +28,8 @@ def parse_listen_address(text: str, environ: Optional[Mapping[str, str]] = None)
     and each needs a port of its own. Port 0 (any free port) stays 0.
     """
     env = os.environ if environ is None else environ
-    spec = text.strip()
-    if spec.lower() == "auto":
-        return "0.0.0.0", 0  # noqa: S104
-    host, separator, port_text = spec.rpartition(":")
-    if not separator:
-        host = "0.0.0.0"  # noqa: S104
-    elif host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise AddressError(f"listen address {text!r:.80}: write an IPv6 host in brackets, [::1]:PORT")
-    if not port_text.isdigit():
-        raise AddressError(f"listen address {text!r:.80} is not [HOST:]PORT or auto")
-    port = int(port_text)
-    if port:
-        local_rank = env.get("LOCAL_RANK", "0")
-        port += int(local_rank) if local_rank.isdigit() else 0
-    if not 0 <= port <= 65535:
-        raise AddressError(f"listen address {text!r:.80}: port {port} is out of range (0 to 65535)")
-    return host or "0.0.0.0", port  # noqa: S104
+    local_rank = env.get("LOCAL_RANK", "0")
+    return endpoints.parse_listen_address(text, int(local_rank) if local_rank.isdigit() else 0)
 
 
 def bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
@@ -79,7 +61,7 @@ def published_endpoint(listener: socket.socket, environ: Optional[Mapping[str, s
     host, port = str(bound[0]), int(bound[1])
     if host in WILDCARD_HOSTS:
         host = _route_address(env.get("MASTER_ADDR"), env.get("MASTER_PORT")) or socket.gethostname()
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return endpoints.format_endpoint(host, port)
 
 
 def _route_address(master_host: Optional[str], master_port: Optional[str]) -> Optional[str]:
