@@ -50,7 +50,7 @@ from _operator import _compare_digest as compare_digest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Iterable, Mapping, Optional, Tuple
+    from typing import Any, Callable, Iterable, Mapping, Optional, Tuple
 
 MAGIC = b"PROBING\x01"
 NONCE_BYTES = 32
@@ -136,12 +136,14 @@ class HmacSha256:
 
     __slots__ = ("_inner", "_outer")
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, sha256: Optional[Callable[[bytes], Any]] = None) -> None:
+        """`sha256`: another implementation of it (OpenSSL's, where it is loaded anyway)."""
+        new = sha256 or _sha256
         if len(key) > _BLOCK:
-            key = _sha256(key).digest()
+            key = new(key).digest()
         key = key.ljust(_BLOCK, b"\x00")
-        self._inner = _sha256(key.translate(_INNER))
-        self._outer = _sha256(key.translate(_OUTER))
+        self._inner = new(key.translate(_INNER))
+        self._outer = new(key.translate(_OUTER))
 
     def digest(self, parts: Iterable[Any]) -> bytes:
         """The MAC of the concatenation of `parts` (bytes-like objects), without joining them."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import sys
 from _operator import _compare_digest as compare_digest
 from time import monotonic
 
@@ -53,6 +54,16 @@ _IOV_MAX = 512
 _JOIN_LIMIT = 1 << 16
 
 
+def loaded_openssl_sha256() -> Optional[Callable[[bytes], Any]]:
+    """OpenSSL's SHA-256 if this process has loaded it already (a job that imported torch has),
+    else None: the built-in one of auth.py. OpenSSL's runs ~6x faster here (1.2 GB/s against
+    0.19 GB/s) and releases the GIL while it hashes, but loading it would cost a rank that has
+    not ~3.6 MB, so the agent never loads it itself."""
+    module = sys.modules.get("_hashlib")
+    sha256: Optional[Callable[[bytes], Any]] = getattr(module, "openssl_sha256", None)
+    return sha256
+
+
 class RecordError(ConnectionError):
     """A record failed its check, announced too many bytes, or the stream ended inside one:
     the connection cannot be trusted any more. `truncated` for the end of stream."""
@@ -66,7 +77,8 @@ class SealedSocket(socket.socket):
     """An authenticated connection whose bytes travel in sealed records (module docstring).
 
     `failure`, when given, turns a RecordError into the exception to raise instead (the CLI's
-    own error with the endpoint in it); without it the RecordError itself is raised.
+    own error with the endpoint in it); without it the RecordError itself is raised. `sha256`:
+    the implementation to MAC with (default: loaded_openssl_sha256()).
     """
 
     __slots__ = (
@@ -88,6 +100,7 @@ class SealedSocket(socket.socket):
         session_key: bytes,
         side: str,
         failure: Optional[Callable[[RecordError], BaseException]] = None,
+        sha256: Optional[Callable[[bytes], Any]] = None,
     ) -> None:
         if side not in (AGENT, CLIENT):
             raise ValueError(f"side is {AGENT!r} or {CLIENT!r}, not {side!r}")
@@ -95,7 +108,7 @@ class SealedSocket(socket.socket):
         super().__init__(raw.family, raw.type, raw.proto, raw.detach())
         # A socket made from a descriptor takes the default timeout, not the old object's.
         self.settimeout(timeout)
-        self._mac = HmacSha256(session_key)
+        self._mac = HmacSha256(session_key, sha256 or loaded_openssl_sha256())
         agent = side == AGENT
         self._send_label = _TO_CLIENT if agent else _TO_AGENT
         self._recv_label = _TO_AGENT if agent else _TO_CLIENT
