@@ -304,3 +304,16 @@ def test_the_handshake_socket_is_taken_over_with_its_timeout_and_descriptor() ->
     with agent, b:
         assert agent.fileno() == number and a.fileno() == -1
         assert agent.gettimeout() == 2.5
+
+
+def test_openssls_sha256_on_one_end_and_the_built_in_one_on_the_other_agree() -> None:
+    """The CLI seals with OpenSSL's SHA-256, an agent in a job without torch with the built-in."""
+    a, b = socket.socketpair()
+    agent = sealed.SealedSocket(a, SESSION_KEY, sealed.AGENT, sha256=auth._sha256)
+    client = sealed.SealedSocket(b, SESSION_KEY, sealed.CLIENT, sha256=hashlib.sha256)
+    with agent, client:
+        client.sendall(b"request")
+        assert agent.recv(100) == b"request"
+        agent.sendall(b"reply" * 1000)
+        client.settimeout(5)
+        assert client.recv(10000) == b"reply" * 1000
