@@ -28,6 +28,8 @@ def client_gone() -> bool:
         if not poller.poll(0):
             return False
         return bool(conn.recv(1, socket.MSG_PEEK) == b"")
+    except BlockingIOError:  # over TCP: part of a sealed record has arrived, the rest is coming
+        return False
     except OSError:
         return True
 

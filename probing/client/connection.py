@@ -187,6 +187,10 @@ class Client:
         """Whether the agent's reply starts arriving within `timeout` seconds."""
         import select
 
+        # Over TCP, bytes already taken off the socket (a sealed record read whole) count too.
+        pending = getattr(self._sock, "pending", None)
+        if pending is not None and pending():
+            return True
         return bool(select.select([self._sock], [], [], max(0.0, timeout))[0])
 
     def receive(self, method: str, timeout: Optional[float] = None) -> Tuple[Any, bytearray]:

@@ -8,12 +8,13 @@ for the socket module.
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
 
 from ..errors import AgentTimeout, AgentUnreachable, BadReply, PermissionDenied, UsageError
-from ..protocol import auth, endpoints
+from ..protocol import auth, endpoints, sealed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,6 +25,10 @@ TOKEN_REFUSED_HINT = (
     "give the CLI the job's token: the same PROBING_TOKEN (or token file) as the job was started with"
 )
 NOT_AN_AGENT_HINT = "check HOST:PORT: `probing PID ranks` on the rank's node shows its endpoint"
+TAMPERED_HINT = (
+    "something between this node and the agent changed the traffic (a proxy, a NAT device, an "
+    "attacker); nothing it sent was run. Reach the agent directly"
+)
 
 
 def split_endpoint(text: str) -> Tuple[str, int]:
@@ -155,9 +160,30 @@ def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> 
                     hint=TOKEN_REFUSED_HINT,
                 ) from None
             raise BadReply(f"{url}: {error}", hint=NOT_AN_AGENT_HINT) from None
+        # From here on every byte travels in records sealed under this connection's own key:
+        # a relay that passed the handshake along can neither read ours as its nor add its own.
+        sock = sealed.SealedSocket(
+            sock,
+            auth.session_key(key, agent_nonce, response),
+            sealed.CLIENT,
+            _record_failure(url),
+            sha256=hashlib.sha256,  # OpenSSL's: ~6x the built-in one; the CLI's memory is no job's
+        )
     except BaseException:
         sock.close()
         raise
     sock.settimeout(max(0.001, deadline - time.monotonic()))
     log(f"{url}: authenticated")
     return sock
+
+
+def _record_failure(url: str) -> Callable[[sealed.RecordError], BaseException]:
+    """What a record that fails its check becomes: a BadReply naming the endpoint. A stream that
+    ends inside a record stays a broken connection (the agent's process may have died)."""
+
+    def failure(error: sealed.RecordError) -> BaseException:
+        if error.truncated:
+            return error
+        return BadReply(f"the connection to {url} was tampered with ({error})", hint=TAMPERED_HINT)
+
+    return failure

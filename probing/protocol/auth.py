@@ -9,10 +9,22 @@ The agent speaks first; fixed sizes, so that the agent can read a handshake with
     agent  -> VERDICT    ACCEPTED + HMAC(key, "agent" + client nonce + agent nonce) (32)
                          or REFUSED + 32 zero bytes, and the agent hangs up
 
-After an accepted verdict the connection carries the usual frames (hello first). Each side
-proves it knows the token: the agent's nonce is fresh per connection, so a replayed response
-fails; the client checks the agent's proof, so a process that registered a false endpoint
-cannot pose as a rank. Nothing here encrypts: docs/decisions.md says what that leaves open.
+Each side proves it knows the token: the agent's nonce is fresh per connection, so a replayed
+response fails; the client checks the agent's proof, so a process that registered a false
+endpoint cannot pose as a rank.
+
+After an accepted verdict every byte in both directions travels in sealed records
+(protocol/sealed.py), under a key of this connection alone that both ends derive and never send:
+
+    session key = HMAC(key, "session" + agent nonce + client nonce)
+    record      = length (u32, 1 byte to 1 MiB) + data
+                  + HMAC(session key, direction + sequence number (u64) + length + data)
+
+with a sequence number per direction, counted from 0. The records carry the usual frames
+(hello first), exactly as the Unix socket does. A relay that passed the handshake along thus
+owns nothing: a byte it adds, changes, replays, reorders, reflects or drops fails a record's
+check, which ends the connection (the agent runs nothing from it). Nothing here encrypts:
+traffic is readable on the way; docs/decisions.md says what that leaves open.
 
 The token: PROBING_TOKEN, else the file PROBING_TOKEN_FILE, else ~/.probing/token; a file must be
 a regular file of the user's own that nobody else can read or write (0600).
@@ -38,7 +50,7 @@ from _operator import _compare_digest as compare_digest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Tuple
+    from typing import Any, Callable, Iterable, Mapping, Optional, Tuple
 
 MAGIC = b"PROBING\x01"
 NONCE_BYTES = 32
@@ -118,17 +130,45 @@ _INNER = bytes(byte ^ 0x36 for byte in range(256))
 _OUTER = bytes(byte ^ 0x5C for byte in range(256))
 
 
+class HmacSha256:
+    """HMAC-SHA256 (RFC 2104) under one key, its padded key blocks hashed once: a sealed record
+    costs the hashing of its own bytes only (protocol/sealed.py MACs every record)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes, sha256: Optional[Callable[[bytes], Any]] = None) -> None:
+        """`sha256`: another implementation of it (OpenSSL's, where it is loaded anyway)."""
+        new = sha256 or _sha256
+        if len(key) > _BLOCK:
+            key = new(key).digest()
+        key = key.ljust(_BLOCK, b"\x00")
+        self._inner = new(key.translate(_INNER))
+        self._outer = new(key.translate(_OUTER))
+
+    def digest(self, parts: Iterable[Any]) -> bytes:
+        """The MAC of the concatenation of `parts` (bytes-like objects), without joining them."""
+        inner = self._inner.copy()
+        for part in parts:
+            inner.update(part)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return bytes(outer.digest())
+
+
 def hmac_sha256(key: bytes, message: bytes) -> bytes:
     """HMAC-SHA256 (RFC 2104), as hmac.new(key, message, "sha256").digest() computes it."""
-    if len(key) > _BLOCK:
-        key = _sha256(key).digest()
-    key = key.ljust(_BLOCK, b"\x00")
-    inner = _sha256(key.translate(_INNER) + message).digest()
-    return bytes(_sha256(key.translate(_OUTER) + inner).digest())
+    return HmacSha256(key).digest((message,))
 
 
 def _mac(key: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
     return hmac_sha256(key, label + b"\x00" + first + second)
+
+
+def session_key(key: bytes, agent_nonce: bytes, response: bytes) -> bytes:
+    """The key of one authenticated connection's records (protocol/sealed.py): both ends derive
+    it from the handshake they shared (the agent's nonce, the client's RESPONSE); it never
+    crosses the wire, and no other connection, earlier or later, has the same."""
+    return _mac(key, b"session", agent_nonce, response[:NONCE_BYTES])
 
 
 # --- the agent's side --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from probing import protocol
-from probing.protocol import auth
+from probing.protocol import auth, sealed
 
 from support import Target, TorchrunJob, interpreter_params, probing, wait_until
 
@@ -66,6 +66,7 @@ def tcp_handshake(endpoint: str, token: str = TOKEN) -> Tuple[socket.socket, byt
     verdict = recv_exactly(sock, auth.VERDICT_BYTES)
     if verdict[:1] == auth.ACCEPTED:
         auth.check_verdict(key, nonce, response, verdict)
+        sock = sealed.SealedSocket(sock, auth.session_key(key, nonce, response), sealed.CLIENT)
     return sock, response, verdict
 
 

@@ -27,7 +27,7 @@ import time
 import weakref
 from typing import Any, Deque, Dict, Optional, Protocol, Set
 
-from ...protocol import auth
+from ...protocol import auth, sealed
 from ...protocol.endpoints import format_endpoint
 from ..lifecycle import WORK, on_fork_in_child, on_stop
 from ..sockets import descriptor_identity, release
@@ -264,7 +264,12 @@ class TcpListener:
             entry.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        self.server.admit_authenticated(entry.sock, entry.peer)
+        # Every byte from here on travels in records sealed under this connection's own key
+        # (protocol/sealed.py): a relay that passed the handshake along can inject nothing.
+        session_key = auth.session_key(self._key, entry.nonce, entry.received)
+        self.server.admit_authenticated(
+            sealed.SealedSocket(entry.sock, session_key, sealed.AGENT), entry.peer
+        )
 
     def _expire(self, now: float) -> None:
         for entry in [entry for entry in self._pending if entry.deadline <= now]:
