@@ -254,6 +254,10 @@ class AgentServer:
             while not self._stopping:
                 first = record.requests == 0
                 deadline = record.connected_at + HELLO_TIMEOUT_S if first else None
+                # A job that closed every descriptor (os.closerange) may have this number for a
+                # socket of its own by now: settimeout() would make it non-blocking under it.
+                if descriptor_identity(conn) != record.identity:
+                    return
                 try:
                     if not outgoing:
                         conn.settimeout(IDLE_TIMEOUT_S)  # read each time: a test shortens it

@@ -32,11 +32,11 @@ from ...protocol.endpoints import format_endpoint
 from ..lifecycle import WORK, on_fork_in_child, on_stop
 from ..sockets import descriptor_identity, release
 from .address import published_endpoint
+from .publisher import Publisher
 from .rank import rank_identity
-from .registry import Registry, RegistryUnavailable, loaded_torch_distributed
+from .registry import Registry
 
 LISTENER_THREAD_NAME = "probing-listener"
-REGISTRY_THREAD_NAME = "probing-registry"
 HANDSHAKE_TIMEOUT_S = 3.0
 MAX_PENDING_HANDSHAKES = 64
 # A refused peer's connection stays open this long after the verdict, its bytes discarded:
@@ -47,8 +47,6 @@ BACKLOG = 1024  # the kernel caps it at somaxconn; a burst of connects must not 
 ACCEPTS_PER_WAKE = 64
 # Out of descriptors, the listening socket stays readable: wait instead of spinning.
 ACCEPT_PAUSE_S = 0.1
-REGISTER_FIRST_DELAY_S = 0.5
-REGISTER_MAX_DELAY_S = 5.0
 # The longest the thread sleeps without looking at its descriptors: a job that closed them and
 # reused the numbers for files that never wake the poll must not keep the thread for good.
 IDENTITY_CHECK_S = 30.0
@@ -96,12 +94,8 @@ class TcpListener:
         self.registry: Optional[Registry] = (
             Registry(server.own_threads) if rank_identity() is not None else None
         )
-        self.registered = False
-        self.registry_error: Optional[str] = None
+        self.publisher = Publisher(self.registry, self.endpoint, server.own_threads, self._wake)
         self.failure: Optional[str] = None  # why the listener thread ended, if it did by itself
-        self._register_delay = REGISTER_FIRST_DELAY_S
-        self._register_at = time.monotonic()
-        self._registering = False
         self._pending: Deque[_Handshake] = collections.deque()
         self._selector = selectors.PollSelector()  # no descriptor of its own: see the docstring
         self._waker, self._wake_end = socket.socketpair()
@@ -139,11 +133,19 @@ class TcpListener:
             and descriptor_identity(self._waker) == self._waker_identity
         )
 
+    @property
+    def registered(self) -> bool:
+        return self.publisher.registered
+
+    @property
+    def registry_error(self) -> Optional[str]:
+        return self.publisher.error
+
     def describe(self) -> Dict[str, Any]:
         return {
             "endpoint": self.endpoint,
-            "registered": self.registered,
-            "registry_error": self.registry_error,
+            "registered": self.publisher.registered,
+            "registry_error": self.publisher.error,
         }
 
     # --- the loop --------------------------------------------------------------------------------
@@ -169,7 +171,7 @@ class TcpListener:
                 now = time.monotonic()
                 self._expire(now)
                 self._maybe_resume_accepting(now)
-                self._maybe_register(now)
+                self.publisher.maybe_start(now)
         except Exception as error:  # noqa: BLE001 - the listener failing must never reach the job
             self.failure = f"the TCP listener stopped: {type(error).__name__}: {error}"
         finally:
@@ -182,8 +184,9 @@ class TcpListener:
         deadlines.append(now + IDENTITY_CHECK_S)
         if self._accept_paused_until is not None:
             deadlines.append(self._accept_paused_until)
-        if self.registry is not None and not self.registered and not self._registering:
-            deadlines.append(self._register_at)
+        due = self.publisher.due_at()
+        if due is not None:
+            deadlines.append(due)
         return max(0.0, min(deadlines) - now)
 
     def _accept_some(self) -> None:
@@ -286,52 +289,6 @@ class TcpListener:
             pass
         release(entry.sock, entry.identity)
 
-    # --- registration ------------------------------------------------------------------------
-
-    def _maybe_register(self, now: float) -> None:
-        if self.registry is None or self.registered or self._registering or now < self._register_at:
-            return
-        if loaded_torch_distributed() is None:
-            self.registry_error = "waiting for the job to import torch.distributed"
-            self._retry_later()
-            return
-        # The store may take seconds to answer (or time out): never in this thread, which must
-        # keep serving handshakes meanwhile.
-        self._registering = True
-        worker = threading.Thread(target=self._register, name=REGISTRY_THREAD_NAME, daemon=True)
-        try:
-            worker.start()  # it adds itself to the agent's threads: it may be gone before we could
-        except RuntimeError:  # can't start new thread: try again later
-            self._registering = False
-            self._retry_later()
-
-    def _register(self) -> None:
-        own = self.server.own_threads
-        own.add(threading.get_ident())
-        registry = self.registry
-        try:
-            if registry is not None and not self._stopping:
-                registry.register(self.endpoint)
-                self.registered = True
-                self.registry_error = None
-                if self._stopping:  # detached while the store answered: take it back out
-                    registry.unregister()
-                    self.registered = False
-        except RegistryUnavailable as error:
-            self.registry_error = str(error)
-            self._retry_later()
-        except Exception as error:  # noqa: BLE001 - a failure here must never reach the job
-            self.registry_error = f"{type(error).__name__}: {error}"
-            self._retry_later()
-        finally:
-            self._registering = False
-            own.discard(threading.get_ident())
-            self._wake()
-
-    def _retry_later(self) -> None:
-        self._register_at = time.monotonic() + self._register_delay
-        self._register_delay = min(self._register_delay * 2, REGISTER_MAX_DELAY_S)
-
     # --- stopping ------------------------------------------------------------------------------
 
     def _wake(self) -> None:
@@ -354,9 +311,7 @@ class TcpListener:
         """The job closed our descriptors: stop, touching neither them nor the store."""
         self._stopping = True
         self.failure = LOST_DESCRIPTORS
-        if self.registry is not None:
-            self.registry.abandon()  # its socket went with ours; its number may be the job's too
-        self.registered = False
+        self.publisher.abandon()
 
     def stop(self) -> None:
         """Close the port and every handshake in progress (detach); unpublish the endpoint."""
@@ -366,11 +321,7 @@ class TcpListener:
         if not ours:
             self._lose_descriptors()
         self._stopping = True
-        # Out of the registry first: whoever finds the port closed must not find it listed.
-        # Bounded (registry.py): a hung store must not hold the detach.
-        if self.registry is not None and self.registered:
-            self.registry.unregister()
-            self.registered = False
+        self.publisher.stop()
         thread = self._thread
         if not ours:  # no waker: it ends at its next wake-up; the numbers are forgotten now
             self._close_everything()
@@ -405,8 +356,7 @@ class TcpListener:
         release(self.sock, self.identity)
         release(self._waker, self._waker_identity)
         release(self._wake_end, self._wake_end_identity)
-        if self.registry is not None:
-            self.registry.forget()
+        self.publisher.forget()
 
 
 # Listeners of this process, for the one fork hook that abandons them all in a child: a hook per
