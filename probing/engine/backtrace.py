@@ -192,15 +192,15 @@ def read_stacks_of_ranks(
     asked: List[Tuple[Rank, Client]] = []
     full: List[Rank] = []
     for rank in ranks:
-        if native or not rank.pid:  # native frames come from outside; a gone rank is reported
+        # Native frames come from outside; a gone rank is reported; a rank on another node is
+        # read in a thread of its own: its connect and handshake may take the whole timeout (a
+        # frozen node), which must not add up rank after rank here.
+        if native or not rank.pid or rank.remote:
             full.append(rank)
             continue
         target = target_of(rank)
         try:
-            if rank.remote:
-                client = target.connect(timeout)
-            else:
-                client = Client(locate_socket(rank.pid, target.log), timeout, target.log, pid=rank.pid)
+            client = Client(locate_socket(rank.pid, target.log), timeout, target.log, pid=rank.pid)
         except ProbingError:
             full.append(rank)
             continue
@@ -217,8 +217,7 @@ def read_stacks_of_ranks(
     end = time.monotonic() + EARLY_LOOK_S
     for rank, client in asked:
         with client:
-            # A remote rank's PID is its own node's: no /proc here to look at.
-            stillness = Stillness(None if rank.remote else rank.pid)
+            stillness = Stillness(rank.pid)
             try:
                 while not client.answered(min(STILL_CHECK_S, max(0.0, end - time.monotonic()))):
                     if time.monotonic() >= end or stillness.check() is not None:
