@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -508,3 +509,14 @@ class TwoNodeJob:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    """`size` bytes from `sock`, or fewer if the peer closes first."""
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data

@@ -121,9 +121,14 @@ def send_buffers(sock: Any, buffers: Sequence[ByteChunk]) -> None:
     if total <= _JOIN_LIMIT or not hasattr(sock, "sendmsg"):
         sock.sendall(b"".join(buffers))
         return
-    views = [memoryview(buffer).cast("B") for buffer in buffers if len(buffer)]
+    send_views(sock.sendmsg, [memoryview(buffer).cast("B") for buffer in buffers if len(buffer)])
+
+
+def send_views(sendmsg: Callable[[List[memoryview]], int], views: List[memoryview]) -> None:
+    """Every byte of `views` through `sendmsg`, IOV_MAX views at a time, however much each call
+    takes (a blocking sendmsg may send part when a timeout or a signal cuts it short)."""
     while views:
-        sent = sock.sendmsg(views[:_IOV_MAX])
+        sent = sendmsg(views[:_IOV_MAX])
         while sent and views:
             if sent >= len(views[0]):
                 sent -= len(views.pop(0))

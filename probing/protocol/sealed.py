@@ -29,6 +29,7 @@ from _operator import _compare_digest as compare_digest
 from time import monotonic
 
 from .auth import MAC_BYTES, HmacSha256
+from .frames import send_views
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ _TO_AGENT = b"probing record, client to agent\x00"
 _READ_AHEAD = 1 << 16
 # Records go out in batches of about this size: the peer checks one batch while we seal the next.
 _SEND_BATCH = 4 << 20
-_IOV_MAX = 512
 # Below this, a batch is joined and sent in one sendall() rather than through sendmsg().
 _JOIN_LIMIT = 1 << 16
 
@@ -300,15 +300,7 @@ class SealedSocket(socket.socket):
         if sum(len(vector) for vector in vectors) <= _JOIN_LIMIT:
             super().sendall(b"".join(vectors))
             return
-        views = [memoryview(vector) for vector in vectors]
-        while views:
-            sent = super().sendmsg(views[:_IOV_MAX])
-            while sent and views:
-                if sent >= len(views[0]):
-                    sent -= len(views.pop(0))
-                else:
-                    views[0] = views[0][sent:]
-                    sent = 0
+        send_views(super().sendmsg, [memoryview(vector) for vector in vectors])
 
     # --- failure -----------------------------------------------------------------------------
 

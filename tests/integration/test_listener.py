@@ -20,7 +20,7 @@ import pytest
 from probing import protocol
 from probing.protocol import auth, sealed
 
-from support import Target, TorchrunJob, interpreter_params, probing, wait_until
+from support import Target, TorchrunJob, interpreter_params, probing, recv_exactly, wait_until
 
 TOKEN = "the job's shared secret, 32 chars"
 LISTEN = {"PROBING_LISTEN": "127.0.0.1:0", "PROBING_TOKEN": TOKEN}
@@ -45,16 +45,6 @@ def call(
 def address_of(endpoint: str) -> Tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
     return host, int(port)
-
-
-def recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def tcp_handshake(endpoint: str, token: str = TOKEN) -> Tuple[socket.socket, bytes, bytes]:

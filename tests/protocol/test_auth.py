@@ -18,6 +18,8 @@ from probing.agent.listener.acceptor import TcpListener
 from probing.agent.listener.address import AddressError, bind_tcp, parse_listen_address
 from probing.protocol import auth
 
+from support import recv_exactly
+
 TOKEN = "correct horse battery staple"
 KEY = auth.key_of(TOKEN)
 
@@ -185,16 +187,6 @@ def listening() -> Iterator[Tuple[TcpListener, FakeServer, Tuple[str, int]]]:
 def connect(address: Tuple[str, int]) -> socket.socket:
     sock = socket.create_connection(address, timeout=5)
     return sock
-
-
-def recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def handshake(sock: socket.socket, key: bytes = KEY) -> Tuple[bytes, bytes, bytes]:
