@@ -135,6 +135,21 @@ def test_eval_over_all_ranks_runs_on_each_node(stalled: TwoNodeJob) -> None:
     assert f"── ranks 2,3 (PIDs {node1[2]} on node1, {node1[3]} on node1) ──\nnode1\n" in result.stdout
 
 
+def test_the_torch_and_memory_commands_reach_the_ranks_of_node1(stalled: TwoNodeJob) -> None:
+    """trace, nan, memory and tables take --ranks like backtrace and query: node 1's ranks answer
+    over TCP, each under its own rank, host and endpoint."""
+    traced = _json(stalled.probing(0, "1", "trace", "status", "--ranks", "all", "--format", "json"), 0)
+    assert sorted(entry["rank"] for entry in traced["ranks"]) == [0, 1, 2, 3]
+    assert {entry["host"] for entry in traced["ranks"] if entry["rank"] >= 2} == {"node1"}
+    checked = stalled.probing(0, "1", "nan", "status", "--ranks", "2-3")
+    assert checked.returncode == 0 and "on node1" in checked.stdout, checked.stdout + checked.stderr
+    memory = _json(stalled.probing(0, "1", "memory", "--ranks", "2-3", "--format", "json"), 0)
+    assert [(entry["rank"], entry["host"]) for entry in memory["ranks"]] == [(2, "node1"), (3, "node1")]
+    assert all(entry["rss_mb"] > 0 for entry in memory["ranks"])
+    tables = stalled.probing(0, "1", "tables", "--ranks", "all")
+    assert tables.returncode == 0 and "python.backtrace" in tables.stdout, tables.stdout + tables.stderr
+
+
 def test_one_remote_agent_answers_directly_over_tcp_by_host_name(stalled: TwoNodeJob) -> None:
     port = _endpoints(stalled)[3].rsplit(":", 1)[1]
     result = stalled.probing(0, f"tcp://node1:{port}", "backtrace")
