@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -302,11 +303,14 @@ def free_port(address: str) -> int:
 
 class Node:
     """One simulated machine of a TwoNodeJob: `unshare` starts a shell that names the host, mounts
-    a tmpfs on /tmp, makes node0/node1 resolve (a bind-mounted /etc/hosts), and becomes torchrun,
-    the namespace's init: killing it kills the node. `pids` maps rank to its PID inside the node."""
+    a tmpfs of its own on `private` (the agents' socket directory and the node's files: the same
+    path holds something else on each node), makes node0/node1 resolve (a bind-mounted
+    /etc/hosts), and becomes torchrun, the namespace's init: killing it kills the node. `pids`
+    maps rank to its PID inside the node. Not a tmpfs on /tmp: the checkout and its venv may live
+    there (CI clones into /tmp), and the node must still run them."""
 
     def __init__(self, index: int, torchrun: List[str], environment: Dict[str, str],
-                 on_ready: Callable[[], None]) -> None:  # fmt: skip
+                 on_ready: Callable[[], None], private: str) -> None:  # fmt: skip
         self.index = index
         self.name = f"node{index}"
         self.address = node_address(index)
@@ -314,9 +318,11 @@ class Node:
         self.stdout_lines: List[str] = []
         self.stderr_lines: List[str] = []
         self._on_ready = on_ready
+        hosts = shlex.quote(os.path.join(private, "hosts"))
         setup = (
-            f"hostname {self.name} && mount -t tmpfs tmpfs /tmp && cp /etc/hosts /tmp/hosts && "
-            f"printf '{NODE_HOSTS}' >> /tmp/hosts && mount --bind /tmp/hosts /etc/hosts && exec "
+            f"hostname {self.name} && mount -t tmpfs -o mode=0700 tmpfs {shlex.quote(private)} && "
+            f"cp /etc/hosts {hosts} && printf '{NODE_HOSTS}' >> {hosts} && "
+            f"mount --bind {hosts} /etc/hosts && exec "
         )
         command = ["unshare", "--pid", "--mount", "--uts", "--fork", "--mount-proc", "--kill-child=SIGKILL",
                    "sh", "-c", setup + " ".join(shlex.quote(word) for word in torchrun)]  # fmt: skip
@@ -412,6 +418,9 @@ class TwoNodeJob:
                  ready_timeout: float = 150.0) -> None:  # fmt: skip
         self.world_size = 2 * ranks_per_node
         self.master_port = free_port(node_address(0))
+        # Each node mounts its own tmpfs here: its agents' sockets and its files (node_path).
+        self.private = tempfile.mkdtemp(prefix="probing-nodes-")
+        self.socket_dir = os.path.join(self.private, "sockets")
         self.nodes: List[Node] = []
         self._ready = threading.Event()
         try:
@@ -423,7 +432,7 @@ class TwoNodeJob:
                 environment.update(
                     PROBING="1", PROBING_LISTEN=f"{node_address(index)}:0", PROBING_TOKEN=self.TOKEN
                 )
-                environment.pop("PROBING_SOCKET_DIR", None)  # the node's own /tmp/probing-UID
+                environment["PROBING_SOCKET_DIR"] = self.socket_dir  # in the node's own tmpfs
                 if not listening[index]:
                     del environment["PROBING_LISTEN"]
                 environment.update(env or {})
@@ -431,7 +440,7 @@ class TwoNodeJob:
                             f"--nproc-per-node={ranks_per_node}", f"--master-addr={node_address(0)}",
                             f"--master-port={self.master_port}", f"--local-addr={node_address(index)}",
                             str(TARGETS / "ranks_job.py"), "--scenario", scenario, *(args or [])]  # fmt: skip
-                self.nodes.append(Node(index, torchrun, environment, self._count_ready))
+                self.nodes.append(Node(index, torchrun, environment, self._count_ready, self.private))
             if not self._ready.wait(ready_timeout):
                 raise RuntimeError(f"the two-node job never got ready:\n{self.output()}")
             self.listening = [rank for node in self.nodes if listening[node.index] for rank in node.pids]
@@ -481,8 +490,8 @@ class TwoNodeJob:
                                 stderr=subprocess.PIPE, text=True, env=self.cli_environment(env))  # fmt: skip
 
     def cli_environment(self, env: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
-        environment = dict(os.environ, PROBING_TOKEN=self.TOKEN)
-        for name in ("PROBING", "PROBING_SOCKET_DIR", "PROBING_LISTEN"):
+        environment = dict(os.environ, PROBING_TOKEN=self.TOKEN, PROBING_SOCKET_DIR=self.socket_dir)
+        for name in ("PROBING", "PROBING_LISTEN"):
             environment.pop(name, None)
         for name, value in (env or {}).items():
             if value is None:
@@ -500,9 +509,17 @@ class TwoNodeJob:
     def output(self) -> str:
         return "\n".join(node.output() for node in self.nodes)
 
+    def node_path(self, name: str) -> str:
+        """A path that is each node's own: the same name holds a different file on each."""
+        return os.path.join(self.private, name)
+
     def kill(self) -> None:
         for node in self.nodes:
             node.kill()
+        try:
+            os.rmdir(self.private)  # empty here: what the nodes wrote went with their tmpfs
+        except OSError:
+            pass
 
     def __enter__(self) -> TwoNodeJob:
         return self

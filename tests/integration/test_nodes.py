@@ -159,7 +159,7 @@ def test_one_remote_agent_answers_directly_over_tcp_by_host_name(stalled: TwoNod
 
 def test_a_wrong_token_is_refused_and_nothing_runs_on_node1(stalled: TwoNodeJob) -> None:
     endpoints = _endpoints(stalled)
-    mark = "open('/tmp/evaluated-by-a-stranger', 'w').close()"
+    mark = f"open({stalled.node_path('evaluated-by-a-stranger')!r}, 'w').close()"
     for rank in (2, 3):
         refused = stalled.probing(
             0, f"tcp://{endpoints[rank]}", "eval", mark, env={"PROBING_TOKEN": WRONG_TOKEN}
@@ -173,15 +173,15 @@ def test_a_wrong_token_is_refused_and_nothing_runs_on_node1(stalled: TwoNodeJob)
             f"rank {rank} (PID {stalled.nodes[1].pids[rank]} on node1): the agent at tcp://{endpoints[rank]} "
             "refused our token" in fanned.stderr
         ), fanned.stderr
-    assert stalled.in_node(1, "ls", "/tmp").stdout.split().count("evaluated-by-a-stranger") == 0
+    assert stalled.in_node(1, "ls", stalled.private).stdout.split().count("evaluated-by-a-stranger") == 0
     # The job is unharmed: with the right token, both of node 1's ranks answer as before, and the
-    # same code, allowed, does write in node 1's /tmp (the check above could not miss it).
+    # same code, allowed, does write in node 1's own files (the check above could not miss it).
     rows = _json(stalled.probing(0, "1", "query", "--ranks", "2-3", "--format", "json", FIRST_FRAMES), 0)
     assert {row["rank"] for row in rows} == {2, 3}
     allowed = stalled.probing(0, f"tcp://{endpoints[2]}", "eval", mark.replace("stranger", "friend"))
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
-    assert "evaluated-by-a-friend" in stalled.in_node(1, "ls", "/tmp").stdout.split()
-    assert "evaluated-by-a-friend" not in stalled.in_node(0, "ls", "/tmp").stdout.split()
+    assert "evaluated-by-a-friend" in stalled.in_node(1, "ls", stalled.private).stdout.split()
+    assert "evaluated-by-a-friend" not in stalled.in_node(0, "ls", stalled.private).stdout.split()
 
 
 def test_no_token_on_the_cli_is_a_usage_error(stalled: TwoNodeJob) -> None:
