@@ -170,6 +170,20 @@ class Target:
         self.kill()
 
 
+def read_ready_lines(
+    stream: object, lines: List[str], pids: Dict[int, int], on_ready: Callable[[], None]
+) -> None:
+    """The lines of a rank's output stream until it closes; each `ready RANK PID` line (ranks_job.py)
+    records the rank's PID and calls `on_ready`."""
+    for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        lines.append(line)
+        match = re.match(r"ready (\d+) (\d+)$", line)
+        if match:
+            pids[int(match.group(1))] = int(match.group(2))
+            on_ready()
+
+
 class TorchrunJob:
     """A real torchrun job of tests/targets/ranks_job.py (gloo, CPU), `ranks` processes on this
     machine, standalone (its own rendezvous port, so two jobs never share one). Ready once every
@@ -204,14 +218,11 @@ class TorchrunJob:
             raise RuntimeError(f"torchrun job never got ready: {self.output()}")
 
     def _read(self, stream: object, lines: List[str]) -> None:
-        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            lines.append(line)
-            match = re.match(r"ready (\d+) (\d+)$", line)
-            if match:
-                self.pids[int(match.group(1))] = int(match.group(2))
-                if len(self.pids) == self._expected:
-                    self._ready.set()
+        read_ready_lines(stream, lines, self.pids, self._count_ready)
+
+    def _count_ready(self) -> None:
+        if len(self.pids) == self._expected:
+            self._ready.set()
 
     def output(self) -> str:
         return "\n".join(self.stdout_lines) + "\n--- stderr ---\n" + "\n".join(self.stderr_lines[-40:])
@@ -338,13 +349,7 @@ class Node:
             reader.start()
 
     def _read(self, stream: object, lines: List[str]) -> None:
-        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            lines.append(line)
-            match = re.match(r"ready (\d+) (\d+)$", line)
-            if match:
-                self.pids[int(match.group(1))] = int(match.group(2))
-                self._on_ready()
+        read_ready_lines(stream, lines, self.pids, self._on_ready)
 
     @property
     def init_pid(self) -> Optional[int]:

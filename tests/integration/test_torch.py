@@ -186,20 +186,27 @@ def test_nan_events_name_the_layer_at_its_step_and_nothing_earlier() -> None:
         assert job.alive()
 
 
-def test_nan_in_backward_is_blamed_on_the_module_that_made_it() -> None:
-    with Target("torch_job.py", via="plain", args=["--poison", "backward", "--gate", "--steps", "35"]) as job:
+def first_nan_event(args: List[str]) -> Dict[str, Any]:
+    """A gated torch_job.py run with `nan on` until it is done: the first python.nan_events row."""
+    with Target("torch_job.py", via="plain", args=[*args, "--gate"]) as job:
         assert probing(str(job.pid), "nan", "on").returncode == 0
         job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
         job.process.stdin.flush()  # type: ignore[union-attr]
         assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1), job.output()
         first = rows(job.pid, "SELECT * FROM python.nan_events ORDER BY step, seq LIMIT 1")[0]
-        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (
-            29,
-            "model.2",
-            "backward",
-            True,
-        )
-        assert first["tensor"].startswith("grad_input[0] float32[32, 16]")
+        assert job.alive()
+        return first
+
+
+def test_nan_in_backward_is_blamed_on_the_module_that_made_it() -> None:
+    first = first_nan_event(["--poison", "backward", "--steps", "35"])
+    assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (
+        29,
+        "model.2",
+        "backward",
+        True,
+    )
+    assert first["tensor"].startswith("grad_input[0] float32[32, 16]")
 
 
 def test_nan_stop_raises_in_the_training_thread_so_the_job_handles_it() -> None:
@@ -315,22 +322,15 @@ def test_cuda_durations_and_memory_columns() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_nan_on_a_cuda_device_names_the_layer_at_its_step() -> None:
-    args = ["--device", "cuda", "--poison", "forward", "--gate", "--steps", "40"]
-    with Target("torch_job.py", via="plain", args=args) as job:
-        assert probing(str(job.pid), "nan", "on").returncode == 0
-        job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
-        job.process.stdin.flush()  # type: ignore[union-attr]
-        assert wait_until(lambda: "done" in job.stdout_lines, 60, 0.1), job.output()
-        first = rows(job.pid, "SELECT * FROM python.nan_events ORDER BY step, seq LIMIT 1")[0]
-        assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (
-            29,
-            "model.2",
-            "forward",
-            True,
-        )
-        assert first["nan_count"] == 32 * 16
-        assert first["tensor"] == "output[0] float32[32, 16] on cuda:0"
-        assert job.alive()
+    first = first_nan_event(["--device", "cuda", "--poison", "forward", "--steps", "40"])
+    assert (first["step"], first["module"], first["stage"], first["input_finite"]) == (
+        29,
+        "model.2",
+        "forward",
+        True,
+    )
+    assert first["nan_count"] == 32 * 16
+    assert first["tensor"] == "output[0] float32[32, 16] on cuda:0"
 
 
 STOP_HOOKS = """
