@@ -1,0 +1,136 @@
+"""The record file: what a job left behind, in the protocol's own frames.
+
+    RECORD_MAGIC (8 bytes)
+    frame  {"record": RECORD_VERSION, ...about the process and why it was written}
+    frame  {"table": descriptor}  + the table's columns as payload     (one per table)
+    frame  {"end": number of table frames}
+
+The agent writes a record (`write_record`) into a temporary file beside its final name and
+renames it into place, so a reader never sees half of one; the last frame says how many
+tables came before it, so a record cut short by a full disk or a kill is told apart from a
+whole one. The CLI reads one (`read_record`) as untrusted input: the job that wrote it may be
+hostile, so every length is bounded and every table is decoded by `decode_table`'s checks.
+
+Runs inside the target: standard library only, Python 3.8 syntax.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .frames import MAGIC, MAX_HEADER_BYTES, PREFIX, frame_buffers, json_loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO, Dict, List, Sequence, Tuple
+
+    from .frames import ByteChunk
+
+RECORD_MAGIC = b"PRBREC\x00\x01"
+RECORD_VERSION = 1
+SUFFIX = ".probing"
+# A record bigger than this is not read (the rings are bounded far below it).
+MAX_RECORD_BYTES = 4 << 30
+
+
+class RecordFormatError(Exception):
+    """A file that is not a whole record this probing can read; the message says which."""
+
+
+def write_record(
+    directory: str,
+    name: str,
+    header: Dict[str, Any],
+    tables: Sequence[Tuple[Dict[str, Any], Sequence[ByteChunk]]],
+) -> str:
+    """Write `header` and `tables` ((descriptor, payload chunks) as `encode_table` returns
+    them) as `directory/name`, atomically; returns the path. Raises OSError."""
+    path = os.path.join(directory, name)
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(RECORD_MAGIC)
+            _write_frame(out, dict(header, record=RECORD_VERSION), ())
+            for descriptor, chunks in tables:
+                _write_frame(out, {"table": descriptor}, chunks)
+            _write_frame(out, {"end": len(tables)}, ())
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _write_frame(out: BinaryIO, header: Dict[str, Any], chunks: Sequence[ByteChunk]) -> None:
+    for buffer in frame_buffers(header, chunks):
+        out.write(buffer)
+
+
+class RecordFile:
+    """A record as read: its header, and each table's descriptor with its payload."""
+
+    __slots__ = ("path", "header", "tables")
+
+    def __init__(self, path: str, header: Dict[str, Any], tables: List[Tuple[Dict[str, Any], bytes]]) -> None:
+        self.path = path
+        self.header = header
+        self.tables = tables
+
+
+def read_record(path: str, max_bytes: int = MAX_RECORD_BYTES) -> RecordFile:
+    """The record at `path`; RecordFormatError for anything that is not a whole record of
+    this format's version, OSError when the file cannot be read."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > max_bytes:
+            raise RecordFormatError(f"{size} bytes, more than the {max_bytes} a record may hold")
+        magic = handle.read(len(RECORD_MAGIC))
+        if magic != RECORD_MAGIC:
+            if magic[:6] == RECORD_MAGIC[:6]:
+                raise RecordFormatError("a record of another format version than this probing reads")
+            raise RecordFormatError("not a probing record")
+        header, _ = _read_frame(handle, size)
+        version = header.get("record")
+        if version != RECORD_VERSION:
+            raise RecordFormatError(
+                f"a record of format version {version!r}; this probing reads version {RECORD_VERSION}"
+            )
+        tables: List[Tuple[Dict[str, Any], bytes]] = []
+        while True:
+            frame, payload = _read_frame(handle, size)
+            if "end" in frame:
+                if frame["end"] != len(tables):
+                    raise RecordFormatError(f"it says {frame['end']!r} tables but holds {len(tables)}")
+                break
+            descriptor = frame.get("table")
+            if not isinstance(descriptor, dict):
+                raise RecordFormatError("a frame that is neither a table nor the end")
+            tables.append((descriptor, payload))
+        if handle.read(1):
+            raise RecordFormatError("bytes after the end of the record")
+    return RecordFile(path, header, tables)
+
+
+def _read_frame(handle: BinaryIO, size: int) -> Tuple[Dict[str, Any], bytes]:
+    prefix = handle.read(PREFIX.size)
+    if len(prefix) < PREFIX.size:
+        raise RecordFormatError("cut short: the file ends before the record does (the job died writing it?)")
+    magic, header_length, payload_length = PREFIX.unpack(prefix)
+    if magic != MAGIC or header_length > MAX_HEADER_BYTES or header_length + payload_length > size:
+        raise RecordFormatError("a damaged frame")
+    header_bytes, payload = handle.read(header_length), handle.read(payload_length)
+    if len(header_bytes) < header_length or len(payload) < payload_length:
+        raise RecordFormatError("cut short: the file ends before the record does (the job died writing it?)")
+    try:
+        header = json_loads(header_bytes.decode("utf-8"))
+    except ValueError:
+        raise RecordFormatError("a frame whose header is not JSON") from None
+    if not isinstance(header, dict):
+        raise RecordFormatError("a frame whose header is not an object")
+    return header, payload
