@@ -34,6 +34,8 @@ class ExitCode:
     NO_TORCH = 12
     BAD_REPLY = 13
     PARTIAL = 14
+    BAD_RECORD = 15
+    NOT_LIVE = 16
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -54,6 +56,9 @@ class ExitCode:
         NO_TORCH: "trace / nan / memory --cuda-snapshot: the process has not imported torch (or CUDA)",
         BAD_REPLY: "what answered on the agent's socket sent a reply probing cannot use",
         PARTIAL: "--ranks: some ranks answered and others did not (the output names those missing and why)",
+        BAD_RECORD: "the file is not a record or core file probing can read (cut short, foreign, "
+        "or from another version)",
+        NOT_LIVE: "the command needs a live process, and the target is a record or a core file",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }
@@ -197,6 +202,19 @@ class NoCuda(NoTorch):
     """The job has imported torch but keeps everything on the CPU."""
 
     default_hint = "the job keeps its tensors on the CPU: see `probing PID memory`"
+
+
+class BadRecord(ProbingError):
+    """A record or core file that cannot be read: cut short, not probing's, another version."""
+
+    exit_code = ExitCode.BAD_RECORD
+
+
+class NotLive(ProbingError):
+    """A command that needs a running process (eval, repl, trace on...) given a record."""
+
+    exit_code = ExitCode.NOT_LIVE
+    default_hint = "a record holds what the job left; run this on a live process's PID instead"
 
 
 class RemoteError(ProbingError):
