@@ -12,6 +12,7 @@ from .. import __version__
 from ..engine.target import parse_address
 from ..errors import ExitCode, ProbingError
 from .backtrace import backtrace as show_backtrace
+from .core import core_command
 from .detach import detach_command
 from .eval import eval_command
 from .hang import hang
@@ -33,7 +34,7 @@ from .tables import tables
 # Global options followed by their value: that word is no TARGET.
 VALUED_OPTIONS = tuple(option.name for option in (*GLOBAL_OPTIONS, ENDPOINTS) if not option.flag)
 # Commands that do not act on a target process.
-TARGETLESS = ("list", "run")
+TARGETLESS = ("list", "run", "core")
 
 
 def _exit_code_table() -> str:
@@ -121,6 +122,7 @@ def cli(
       probing tcp://HOST:PORT ...  an agent on another node, over TCP (PROBING_LISTEN, PROBING_TOKEN)
       probing list                 Python processes by job, and which have an agent
       probing run -- CMD ...       start CMD with the agent in it
+      probing core CORE            the Python stacks in a core file (query "SQL" over them)
 
     A process without an agent is attached to first (unless --no-attach): one of its
     threads is borrowed for about a millisecond to load the agent; see `probing PID inject`.
@@ -166,6 +168,7 @@ for _command in (hang, eval_command, repl, query, trace, nan, memory_command, ta
                  detach_command, listen_command, list_command, run):  # fmt: skip
     cli.add_command(_command)
 cli.add_command(ranks)
+cli.add_command(core_command)
 
 
 def run_click(args: List[str]) -> int:

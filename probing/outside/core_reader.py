@@ -1,0 +1,199 @@
+"""Read the Python stacks of a core file with pystack and print them as one JSON document.
+
+Run as a program, by file path, in a process of its own (probing/outside/core.py starts it with
+a deadline): the core is untrusted input (root may read any user's core) and pystack parses it
+in native code, so a core made to crash or hang the parser ends this process, not the CLI.
+Standard library and pystack only: with `python -I` nothing beside this file is imported.
+
+Prints {"reading": {...}} on success (exit 0), or {"failure": KIND, "message": TEXT} (exit 3)
+where KIND is one of FAILURES. Everything printed is bounded (MAX_* below).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+# Exit status of a failure this program understood (the CLI reads the JSON on stdout).
+FAILED = 3
+FAILURES = ("no_pystack", "not_core", "no_executable", "wrong_executable", "not_python", "unreadable")
+
+# Bounds on what is printed: a core may hold any number of threads and frames, of any length.
+MAX_THREADS = 4096
+MAX_FRAMES = 100_000  # in all threads together
+MAX_TEXT = 1000  # characters of a file or function name
+MAX_LOCALS = 64  # per frame
+MAX_REPR = 300  # characters of a local's repr
+MAX_OUTPUT = 32_000_000  # characters of names and reprs in all, about the size of what is printed
+
+
+def cut(value: Any, limit: int = MAX_TEXT) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fail(kind: str, message: str) -> int:
+    json.dump({"failure": kind, "message": cut(message, 4000)}, sys.stdout)
+    return FAILED
+
+
+def executable_of(analyzer: Any) -> Tuple[str, Optional[str]]:
+    """The executable to read the core with, and the one the core names when that is not on
+    this machine. If the named one is no ELF file (a path cut short, a file since removed), the
+    first ELF file mapped into the process, as `pystack core` does: for an interpreter linked to
+    libpython, that library serves as well."""
+    named = str(analyzer.extract_executable())
+    if is_elf(named):
+        return named, None
+    missing = None if os.path.exists(named) else named
+    for mapped in analyzer.extract_maps():
+        path = getattr(mapped, "path", None)
+        if path is not None and is_elf(str(path)):
+            return str(path), missing
+    return named, missing
+
+
+def is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def gone(named: str, process: Dict[str, Any]) -> str:
+    command = str(process.get("psargs") or "").strip()
+    run_as = f" (the process ran `{cut(command, 200)}`)" if command else ""
+    return f"the core names the executable {named}{run_as}, which is not on this machine"
+
+
+def wrong_executable(found: str, said: str) -> str:
+    """pystack names every mapping of the core's own executable, once per segment."""
+    _, _, maps = said.partition("Available executable maps:")
+    named = list(dict.fromkeys(part.strip() for part in maps.split(",") if part.strip()))
+    if not named:
+        return f"the core has no mapping of {found}"
+    return f"the core has no mapping of {found}; its executable is {', '.join(named[:3])}"
+
+
+def frame_locals(frame: Any) -> Dict[str, str]:
+    merged = dict(list(frame.arguments.items())[:MAX_LOCALS])
+    for name, value in frame.locals.items():
+        if len(merged) >= MAX_LOCALS:
+            break
+        merged.setdefault(name, value)
+    return {cut(name, 200): cut(value, MAX_REPR) for name, value in merged.items()}
+
+
+class Budget:
+    """What may still be printed: frames, and characters of names and reprs."""
+
+    def __init__(self) -> None:
+        self.frames = MAX_FRAMES
+        self.characters = MAX_OUTPUT
+
+    def spent(self) -> bool:
+        return self.frames <= 0 or self.characters <= 0
+
+
+def thread_document(thread: Any, with_locals: bool, budget: Budget) -> Dict[str, Any]:
+    """One thread, its frames innermost first (pystack walks them outermost first); when the
+    budget runs out, the outermost frames are the ones left out."""
+    frames: List[Dict[str, Any]] = []
+    for frame in reversed(list(thread.frames)):
+        if budget.spent():
+            break
+        code = frame.code
+        values = frame_locals(frame) if with_locals else None
+        file, func = cut(code.filename), cut(code.scope)
+        frames.append({"file": file, "func": func, "lineno": int(code.location.lineno), "locals": values})
+        budget.frames -= 1
+        budget.characters -= len(file) + len(func) + 50
+        budget.characters -= sum(len(name) + len(value) + 8 for name, value in (values or {}).items())
+    return {
+        "tid": int(thread.tid),
+        "name": cut(thread.name) if thread.name else None,
+        "holds_gil": bool(thread.holds_the_gil > 0),
+        "python_version": list(thread.python_version) if thread.python_version else None,
+        "frames": frames,
+    }
+
+
+def read(core: str, executable: Optional[str], with_locals: bool) -> int:
+    try:
+        from pystack.engine import (
+            CoreFileAnalyzer,
+            NativeReportingMode,
+            StackMethod,
+            get_process_threads_for_core,
+        )
+        from pystack.errors import EngineError, NotEnoughInformation
+    except ImportError as error:
+        return fail("no_pystack", f"pystack cannot be imported here ({error})")
+    try:
+        analyzer = CoreFileAnalyzer(core)
+        process = analyzer.extract_ps_info()
+        failure = analyzer.extract_failure_info()
+        found, missing = executable_of(analyzer) if executable is None else (executable, None)
+    except RuntimeError as error:
+        return fail("not_core", str(error))
+    if not os.path.exists(found):
+        return fail("no_executable", gone(found, process))
+    if not is_elf(found):
+        return fail("no_executable", f"{found} is not an executable (no ELF header)")
+    try:
+        threads = get_process_threads_for_core(
+            core, found, native_mode=NativeReportingMode.OFF, locals=with_locals, method=StackMethod.AUTO
+        )
+        documents: List[Dict[str, Any]] = []
+        budget = Budget()
+        for thread in threads:
+            if len(documents) >= MAX_THREADS or budget.spent():
+                break
+            documents.append(thread_document(thread, with_locals, budget))
+    except NotEnoughInformation as error:
+        return fail("unreadable", str(error))
+    except EngineError as error:
+        said = str(error).replace("Engine error: ", "", 1)
+        if "Unable to find maps for the executable" in said:
+            return fail("wrong_executable", wrong_executable(found, said))
+        if missing is not None:
+            # A mapped library stood in for the executable and held no interpreter: an
+            # interpreter not linked to libpython, whose own file is needed.
+            return fail("no_executable", gone(missing, process))
+        return fail("not_python", f"its executable is {found}, and {said[:1].lower()}{said[1:]}")
+    except RuntimeError as error:
+        return fail("unreadable", str(error))
+    reading = {
+        "executable": cut(found),
+        "pid": process.get("pid"),
+        "ppid": process.get("ppid"),
+        "uid": process.get("uid"),
+        "command": cut(process.get("fname") or ""),
+        "arguments": cut(process.get("psargs") or "", 4000),
+        "signal": failure.get("si_signo"),
+        "fault_address": failure.get("failed_addr"),
+        "threads": documents,
+        "cut_short": budget.spent() or len(documents) >= MAX_THREADS,
+    }
+    json.dump({"reading": reading}, sys.stdout)
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    # A parser that crashes on a hostile core must not write a core of its own (over the one
+    # being read, if the working directory is where that one lies).
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with_locals = "--locals" in argv
+    positional = [arg for arg in argv if arg != "--locals"]
+    if len(positional) not in (1, 2):
+        sys.stderr.write("usage: core_reader.py CORE [EXECUTABLE] [--locals]\n")
+        return 2
+    return read(positional[0], positional[1] if len(positional) == 2 else None, with_locals)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
