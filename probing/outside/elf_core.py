@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import struct
 
 from ..errors import BadRecord, PermissionDenied, UsageError
@@ -33,7 +34,8 @@ def check_core_file(path: str) -> int:
     """The size of the core at `path`, once its headers show a whole 64-bit little-endian ELF
     core; raises UsageError (no such file), PermissionDenied, or BadRecord saying what is wrong."""
     try:
-        handle = open(path, "rb")
+        # O_NONBLOCK: a FIFO put where a core was expected must not hang the open.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}") from None
     except PermissionError:
@@ -41,14 +43,17 @@ def check_core_file(path: str) -> int:
             f"not allowed to read {path}",
             hint="a core file is readable by its owner only (mode 0600): read it as that user, or as root",
         ) from None
-    except IsADirectoryError:
-        raise UsageError(f"{path} is a directory, not a core file") from None
     except OSError as error:
         raise BadRecord(f"cannot read {path}: {os.strerror(error.errno or errno.EIO)}") from None
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
-        _check_headers(path, handle, size)
-    return size
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(descriptor)
+        if stat.S_ISDIR(status.st_mode):
+            raise UsageError(f"{path} is a directory, not a core file")
+        raise BadRecord(f"{path} is not a regular file, so not a core file")
+    with os.fdopen(descriptor, "rb") as handle:
+        _check_headers(path, handle, status.st_size)
+    return status.st_size
 
 
 def _check_headers(path: str, handle: BinaryIO, size: int) -> None:

@@ -3,6 +3,7 @@ headers built here: what is no core, and a core cut short, are named as such."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import List, Tuple
@@ -67,3 +68,10 @@ def test_a_missing_file_or_a_directory_is_a_usage_error(tmp_path: Path) -> None:
         check_core_file(str(tmp_path / "nothing"))
     with pytest.raises(UsageError, match="is a directory"):
         check_core_file(str(tmp_path))
+
+
+def test_a_fifo_in_the_place_of_a_core_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "core"
+    os.mkfifo(fifo)
+    with pytest.raises(BadRecord, match="is not a regular file"):
+        check_core_file(str(fifo))
