@@ -79,7 +79,9 @@ class BuildPy(build_py):
 
 
 FRONT_SOURCES = sorted(
-    os.path.join("native", "front", name) for name in os.listdir(os.path.join("native", "front")) if name.endswith(".c")
+    os.path.join("native", "front", name)
+    for name in os.listdir(os.path.join("native", "front"))
+    if name.endswith(".c") and name != "check.c"  # check.c: a test driver (tests/integration/test_front_rules.py)
 )
 
 

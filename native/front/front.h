@@ -55,7 +55,7 @@ typedef struct {
 } row_t;
 
 /* agent.c: the stacks from the target's agent. */
-enum { ASK_OK = 0, ASK_FALLBACK = -1, ASK_STILL = 1 };
+enum { ASK_OK = 0, ASK_FALLBACK = -1, ASK_STILL = 2 };
 typedef struct {
     jval hello;
     row_t *rows;
