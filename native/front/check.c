@@ -3,7 +3,8 @@
  * Python functions return, case by case. One JSON object a line on stdin, one answer a line
  * on stdout (the answer's bytes, then a newline):
  *   {"inert": TEXT}                          -> inert(TEXT)
- *   {"frames": [{"frame_type", "func", "file", "lineno"}, ...]}  -> thread_state (innermost first)
+ *   {"frames": [{"frame_type", "func", "file", "lineno"}, ...], "owns_gil": B}
+ *                                            -> thread_state (frames innermost first)
  *   {"file": PATH, "lineno": N}              -> the source line as SourceLines gives it
  * An answer this code cannot give (the command would go to the Python CLI) is "\x01FALLBACK". */
 #include <stdio.h>
@@ -45,6 +46,9 @@ static int answer(const jval *request, buf_t *out)
         rows[i].lineno = rows[i].has_lineno ? lineno->num : 0;
         order[i] = &rows[i];
     }
+    const jval *gil = json_get(request, "owns_gil");
+    if (frames->count && gil && gil->type == J_BOOL)
+        rows[0].holds_gil = (int)gil->num;
     return thread_state(order, frames->count, 0, out);
 }
 

@@ -51,6 +51,7 @@ int is_line_break(unsigned code);
 typedef struct {
     long long pid, thread_id, native_id, depth, lineno;
     int has_native_id, has_lineno, is_main;
+    int holds_gil; /* read from outside: py-spy saw this thread hold the GIL */
     str_t thread_name, func, file, frame_type;
 } row_t;
 
@@ -73,6 +74,10 @@ int source_line(int pid, str_t file, long long lineno, str_t *line);
 
 /* states.c: analysis/states.py thread_state for rows from the agent. */
 int thread_state(const row_t *const *frames, size_t count, int pid, buf_t *state);
+
+/* outside.c: the stacks from a py-spy dump (outside/pyspy.py rows_from_dump, gil_holder),
+ * for a job stuck on its GIL; `note` gets what the Python CLI says on stderr. */
+int outside_answer(int pid, const char *dump, size_t size, answer_t *answer, buf_t *note);
 
 /* render.c: cli/render/backtrace.py write_backtrace_text. */
 int render_backtrace(int pid, const answer_t *answer, buf_t *out);

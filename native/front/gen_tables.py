@@ -37,6 +37,7 @@ def main() -> None:
     lines.append(f"#define EARLY_LOOK_US {round(backtrace.EARLY_LOOK_S * 1e6)}\n")
     lines.append(f"#define STILL_CHECK_US {round(target.STILL_CHECK_S * 1e6)}\n")
     lines.append(f"#define STILL_CHECKS {target.STILL_CHECKS}\n")
+    lines.append(f"#define GIL_LOOK_TIMEOUT_MS {round(target.GIL_LOOK_S * 1000)}\n")
     timeout = next(option.default for option in BACKTRACE_OPTIONS if option.name == "--timeout")
     lines.append(f"#define BACKTRACE_TIMEOUT_US {round(timeout * 1e6)}\n")
     # Native function names: one list per meaning, in the order thread_state tries them.

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <langinfo.h>
 #include <limits.h>
 #include <locale.h>
@@ -23,9 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "front.h"
+#include "front_tables.h"
 
 extern char **environ;
 
@@ -128,16 +132,70 @@ static int find_py_spy(const place_t *place, char *path, size_t size)
     return -1;
 }
 
-/* The target is stuck on its GIL: py-spy started here, with the same arguments as
- * outside/pyspy.py `dump` uses, its stdout and stderr pipes handed to the Python CLI. */
-static void hand_py_spy_over(const place_t *place, int pid)
+/* A pipe holding `size` bytes whose writing end is closed: what a py-spy printed, for the
+ * Python CLI to read as if from py-spy itself. -1 when it does not fit in a pipe. */
+static int pipe_of(const buf_t *bytes)
+{
+    int ends[2];
+    if (pipe(ends) < 0)
+        return -1;
+    if (bytes->len > 65536)
+        fcntl(ends[1], F_SETPIPE_SZ, (int)bytes->len);
+    if (write_all(ends[1], bytes->data ? bytes->data : "", bytes->len) < 0) {
+        close(ends[0]), close(ends[1]);
+        return -1;
+    }
+    close(ends[1]);
+    return ends[0];
+}
+
+static long long now_ms(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+/* py-spy's stdout and stderr to their ends, within `timeout_ms`: 0, or -1 when it took longer. */
+static int read_both(int out, int err, buf_t *out_bytes, buf_t *err_bytes, long long timeout_ms)
+{
+    struct pollfd ends[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+    buf_t *into[2] = {out_bytes, err_bytes};
+    long long deadline = now_ms() + timeout_ms;
+    char chunk[65536];
+    while (ends[0].fd >= 0 || ends[1].fd >= 0) {
+        long long left = deadline - now_ms();
+        if (left <= 0 || poll(ends, 2, (int)left) < 0)
+            return -1;
+        for (int i = 0; i < 2; i++) {
+            if (ends[i].fd < 0 || !ends[i].revents)
+                continue;
+            ssize_t got = read(ends[i].fd, chunk, sizeof(chunk));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                ends[i].fd = -1;
+            else if (buf_add(into[i], chunk, (size_t)got) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* The target is stuck on its GIL: what the Python CLI does then (engine/backtrace.py), done
+ * here. py-spy is started with the same arguments and time limit as outside/pyspy.py `dump`
+ * from Target.gil_holder; when its answer is one this program renders, it is the answer.
+ * Otherwise (no thread holds the GIL, a failure, an unusual dump) its output goes to the
+ * Python CLI, which reads it as py-spy's own (PROBING_PYSPY, outside/spawn.py): its work is
+ * not done twice. */
+static void from_outside(const place_t *place, int pid)
 {
     char py_spy[PATH_MAX + 16], pid_text[16], handed[96];
     int out[2], err[2];
     pid_t child;
-    if (find_py_spy(place, py_spy, sizeof(py_spy)) < 0 || pipe(out) < 0)
+    if (find_py_spy(place, py_spy, sizeof(py_spy)) < 0 || pipe2(out, O_CLOEXEC) < 0)
         return;
-    if (pipe(err) < 0) {
+    if (pipe2(err, O_CLOEXEC) < 0) {
         close(out[0]), close(out[1]);
         return;
     }
@@ -148,17 +206,33 @@ static void hand_py_spy_over(const place_t *place, int pid)
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
     posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    posix_spawn_file_actions_addclose(&actions, err[0]);
     int failed = posix_spawn(&child, py_spy, &actions, NULL, command, environ);
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]), close(err[1]);
-    if (failed) {
-        close(out[0]), close(err[0]);
+    buf_t out_bytes = {0}, err_bytes = {0}, note = {0}, text = {0};
+    failed = failed || read_both(out[0], err[0], &out_bytes, &err_bytes, GIL_LOOK_TIMEOUT_MS) < 0;
+    close(out[0]), close(err[0]);
+    if (failed) { /* as the Python CLI's own look would, it is given up: the Python CLI looks again */
+        if (child > 0 && kill(child, SIGKILL) == 0)
+            waitpid(child, NULL, 0);
         return;
     }
+    answer_t answer = {0};
+    if (outside_answer(pid, out_bytes.data ? out_bytes.data : "", out_bytes.len, &answer, &note) == 0 &&
+        render_backtrace(pid, &answer, &text) == 0) {
+        waitpid(child, NULL, 0);
+        signal(SIGPIPE, SIG_IGN);
+        write_all(2, note.data, note.len);
+        if (write_all(1, text.data, text.len) < 0 && errno != EPIPE)
+            exit(1);
+        exit(0);
+    }
+    /* py-spy is left unreaped: the Python CLI takes its exit status with its output. */
+    int out_pipe = pipe_of(&out_bytes), err_pipe = pipe_of(&err_bytes);
+    if (out_pipe < 0 || err_pipe < 0)
+        return;
     /* target pid : py-spy's pid : its stdout : its stderr (outside/spawn.py `handed_over`) */
-    snprintf(handed, sizeof(handed), "%d:%d:%d:%d", pid, (int)child, out[0], err[0]);
+    snprintf(handed, sizeof(handed), "%d:%d:%d:%d", pid, (int)child, out_pipe, err_pipe);
     setenv("PROBING_PYSPY", handed, 1);
 }
 
@@ -177,7 +251,7 @@ int main(int argc, char **argv)
     answer_t answer = {0};
     int asked = ask_agent(pid, &answer);
     if (asked == ASK_STILL)
-        hand_py_spy_over(&place, pid);
+        from_outside(&place, pid);
     if (asked != ASK_OK)
         run_python(&place, argv);
     buf_t out = {0};

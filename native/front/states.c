@@ -164,7 +164,8 @@ static int line_state(str_t line, buf_t *state)
     return meaning ? buf_str(state, meaning) : 0;
 }
 
-int thread_state(const row_t *const *frames, size_t count, int pid, buf_t *state)
+/* The state, or nothing (state->len 0) when none of the rules names one. */
+static int named_state(const row_t *const *frames, size_t count, int pid, buf_t *state)
 {
     state->len = 0;
     if (count && is_native(frames[0]))
@@ -190,7 +191,23 @@ int thread_state(const row_t *const *frames, size_t count, int pid, buf_t *state
         }
     }
     free(python);
-    if (found < 0)
+    return found < 0 ? -1 : 0;
+}
+
+/* thread_state(frames, code_line, outside): `holds_gil` of the innermost frame is py-spy's
+ * view of the thread, when the stacks came from it. */
+int thread_state(const row_t *const *frames, size_t count, int pid, buf_t *state)
+{
+    buf_t named = {0};
+    if (named_state(frames, count, pid, &named) < 0)
         return -1;
-    return state->len ? 0 : buf_str(state, "running Python");
+    state->len = 0;
+    int failed;
+    if (count && frames[0]->holds_gil)
+        failed = buf_str(state, "holds the GIL, ") < 0 ||
+                 (named.len ? buf_add(state, named.data, named.len) : buf_str(state, "in native code")) < 0;
+    else
+        failed = (named.len ? buf_add(state, named.data, named.len) : buf_str(state, "running Python")) < 0;
+    free(named.data);
+    return failed ? -1 : 0;
 }

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import stat
 import subprocess
 from pathlib import Path
@@ -163,6 +165,36 @@ def test_gil_held_job_gets_py_spy_once_handed_over(logged_py_spy: Dict[str, Path
         assert result.stdout == python.stdout
         assert result.stderr == python.stderr
         assert b"holds the GIL" in result.stderr
+        assert logged_py_spy["log"].read_text() == f"dump --pid {target.pid} --json\n"
+
+
+def test_gil_held_job_answered_natively(front_alone: str) -> None:
+    """py-spy on PATH (none beside this copy): the front end reads its dump and answers alone."""
+    with Target("gil_holder.py") as target:
+        socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
+        assert wait_until(socket.exists)
+        path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+        native = run([front_alone, str(target.pid), "backtrace"], env={"PATH": path})
+        python = python_cli(target.pid)
+        assert native.returncode == 0, native.stderr
+        assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
+
+
+def test_stopped_job_hands_the_dump_over(logged_py_spy: Dict[str, Path]) -> None:
+    """Stopped, no thread runs and none holds the GIL: the Python CLI waits on for the agent,
+    with the front end's py-spy output handed over rather than run again."""
+    with Target("sleeper.py") as target:
+        os.kill(target.pid, signal.SIGSTOP)
+        try:
+            result = run([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
+            python = python_cli(target.pid)
+        finally:
+            os.kill(target.pid, signal.SIGCONT)
+        # py-spy cannot read a stopped process either: the same failure, but for the seconds waited.
+        assert result.returncode == python.returncode
+        waited = re.compile(rb"within [0-9.]+ s")
+        assert result.stdout == python.stdout
+        assert waited.sub(b"", result.stderr) == waited.sub(b"", python.stderr)
         assert logged_py_spy["log"].read_text() == f"dump --pid {target.pid} --json\n"
 
 
