@@ -24,11 +24,11 @@ import subprocess
 import sys
 import sysconfig
 
-from setuptools import Distribution, setup
-from setuptools.command.build_py import build_py
-
 # After setuptools: its own copy of distutils (Python 3.12 has none) answers this import.
 from distutils.command.build_scripts import build_scripts  # noqa: E402, I001
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
 
 try:  # setuptools >= 70.1 carries bdist_wheel; before that it came with the wheel package
     from setuptools.command.bdist_wheel import bdist_wheel
@@ -81,7 +81,8 @@ class BuildPy(build_py):
 FRONT_SOURCES = sorted(
     os.path.join("native", "front", name)
     for name in os.listdir(os.path.join("native", "front"))
-    if name.endswith(".c") and name != "check.c"  # check.c: a test driver (tests/integration/test_front_rules.py)
+    if name.endswith(".c")
+    and name != "check.c"  # check.c: a test driver (tests/integration/test_front_rules.py)
 )
 
 

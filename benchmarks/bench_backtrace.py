@@ -125,18 +125,17 @@ def where_the_time_goes(pid: int, runs: int) -> None:
 
 
 def where_the_stuck_time_goes(pid: int, runs: int) -> None:
-    """The GIL-held path: py-spy (started by the front end) overlaps the interpreter's start."""
+    """The GIL-held path of the native front end: two looks at the threads, then py-spy."""
     python = str(BIN / "python")
     parts = part_times({
         "start": [python, "-c", "pass"],
-        "imports": [python, "-c", "import probing.cli.backtrace, probing.cli.fast, probing.outside.pyspy"],
         "py-spy": [PY_SPY, "dump", "--pid", str(pid), "--json"],
     }, runs)  # fmt: skip
-    print(f"   where the time goes: py-spy dump --json alone {parts['py-spy']:.1f} ms, started by the front "
-          f"end after its look at the threads (~2 ms) and running while the Python CLI starts "
-          f"({parts['start']:.1f} ms) and imports ({parts['imports'] - parts['start']:.1f} ms); the Python CLI "
-          "then asks the agent again, finds it stuck as well (2 looks, 1 ms apart), and reads py-spy's "
-          "answer from the pipe it was handed")  # fmt: skip
+    print(f"   where the time goes, native front end: the agent silent and no thread running in two looks "
+          f"1 ms apart (~2 ms), then py-spy dump --json ({parts['py-spy']:.1f} ms alone), whose JSON it "
+          f"renders; no interpreter starts (python -c pass alone: {parts['start']:.1f} ms). The Python CLI "
+          "starts only when the dump is not one the front end renders, and then reads it from the pipe "
+          "it is handed rather than running py-spy again")  # fmt: skip
 
 
 def report(title: str, figures: Dict[str, float]) -> None:

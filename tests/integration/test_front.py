@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from probing.outside import pyspy, spawn
+
 from support import BIN, PROBING, Target, wait_until
 
 PYTHON_CLI = BIN / "probing-python"

@@ -70,7 +70,11 @@ def state_cases(sources: Path) -> List[List[Dict[str, Any]]]:
     cases: List[List[Dict[str, Any]]] = []
     mine = frame(str(sources), "main", 1)
     for part, funcs, _ in states._LIBRARY_CALLS:
-        path = f"{LIB}{part}x.py" if part.endswith("/") else (f"{LIB}{part}" if part.startswith("/") else f"/site/{part}")
+        path = (
+            f"{LIB}{part}x.py"
+            if part.endswith("/")
+            else (f"{LIB}{part}" if part.startswith("/") else f"/site/{part}")
+        )
         if part.startswith("torch"):
             path = f"/site-packages/{part}"
         for func in funcs or ("anything",):
@@ -84,9 +88,13 @@ def state_cases(sources: Path) -> List[List[Dict[str, Any]]]:
     for names, _ in states._NATIVE:
         for name in names:
             cases.append([frame("libc.so.6", name, None, "Native"), mine])
-            cases.append([frame("libc.so.6", "0x7f00", None, "Native"), frame("libc.so.6", name, None, "Native")])
+            cases.append(
+                [frame("libc.so.6", "0x7f00", None, "Native"), frame("libc.so.6", name, None, "Native")]
+            )
     for name in ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "unknown", ""):
-        cases.append([frame("libpython.so", "x", None, "Native"), frame("libpython.so", name, None, "Native")])
+        cases.append(
+            [frame("libpython.so", "x", None, "Native"), frame("libpython.so", name, None, "Native")]
+        )
     cases.append([frame(str(sources), "acquire", 1)])
     cases.append([frame("<frozen importlib._bootstrap>", "f", 3)])
     cases.append([frame(str(sources), "f", None)])
@@ -121,7 +129,8 @@ def test_thread_states(driver: Path, tmp_path: Path) -> None:
 
 SOURCE_FILES = {
     "crlf": b"a = 1\r\nb = 2\r\n\r\nc = 3",
-    "cr-and-breaks": b"one\rtwo\x0bthree\x0cfour\x1cfive\x1dsix\x1eseven\xc2\x85eight\xe2\x80\xa8nine\xe2\x80\xa9ten",
+    "cr-and-breaks": b"one\rtwo\x0bthree\x0cfour\x1cfive\x1dsix\x1eseven"
+    b"\xc2\x85eight\xe2\x80\xa8nine\xe2\x80\xa9ten",
     "spaces": "\u3000  x = 1\u00a0\t\n\u2003y = 2 \u205f\n".encode(),
     "bad-bytes-elsewhere": b"good = 1\n\xff\xfe bad\nalso = 'fine'\n\xe2\x80\n",
     "empty": b"",
@@ -143,7 +152,9 @@ def test_source_lines(driver: Path, tmp_path: Path, name: str) -> None:
             assert "\ufffd" in expected
         else:
             assert line == expected, lineno
-    missing = answers(driver, [{"file": str(tmp_path / "gone.py"), "lineno": 1}, {"file": str(tmp_path), "lineno": 1}])
+    missing = answers(
+        driver, [{"file": str(tmp_path / "gone.py"), "lineno": 1}, {"file": str(tmp_path), "lineno": 1}]
+    )
     assert missing == ["", ""]
 
 
