@@ -20,6 +20,7 @@ import pytest
 from probing import protocol
 from probing.agent.columns import TableBuilder
 from probing.schema.tables import BACKTRACE
+
 from support import BIN, PROBING
 
 Reply = Callable[[], bytes]
@@ -36,8 +37,8 @@ def hello(argv: Optional[List[str]] = None) -> bytes:
 
 
 ROW = {
-    "pid": os.getpid(), "thread_id": 7, "native_id": os.getpid(), "thread_name": "MainThread", "is_main": True,
-    "depth": 0, "func": "test_it", "file": HERE, "lineno": 1, "frame_type": "Python", "locals": None,
+    "pid": os.getpid(), "thread_id": 7, "native_id": os.getpid(), "thread_name": "MainThread",
+    "is_main": True, "depth": 0, "func": "test_it", "file": HERE, "lineno": 1, "frame_type": "Python", "locals": None,
     "source": "agent",
 }  # fmt: skip
 
