@@ -38,8 +38,8 @@ def hello(argv: Optional[List[str]] = None) -> bytes:
 
 ROW = {
     "pid": os.getpid(), "thread_id": 7, "native_id": os.getpid(), "thread_name": "MainThread",
-    "is_main": True, "depth": 0, "func": "test_it", "file": HERE, "lineno": 1, "frame_type": "Python", "locals": None,
-    "source": "agent",
+    "is_main": True, "depth": 0, "func": "test_it", "file": HERE, "lineno": 1, "frame_type": "Python",
+    "locals": None, "source": "agent",
 }  # fmt: skip
 
 
