@@ -11,8 +11,13 @@ import sys
 
 
 def c_string(text: str) -> str:
-    data = text.encode("utf-8")
-    return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in (0x22, 0x5C, 0x3F) else f"\\{b:03o}" for b in data) + '"'
+    """A C string literal of `text`'s UTF-8 bytes: printable ASCII as is, the rest in octal
+    (and ? too: no trigraphs)."""
+    plain = [
+        chr(byte) if 0x20 <= byte < 0x7F and chr(byte) not in '"\\?' else f"\\{byte:03o}"
+        for byte in text.encode()
+    ]
+    return '"' + "".join(plain) + '"'
 
 
 def strings(name: str, values) -> str:
@@ -50,13 +55,21 @@ def main() -> None:
     lines.append(strings("TORCH_LIBRARY", states._TORCH))
     lines.append(strings("WRAPPERS", states._WRAPPERS))
     for index, (_, funcs, _) in enumerate(states._LIBRARY_CALLS):
-        lines.append(strings(f"CALL_FUNCS_{index}", funcs) if funcs else f"static const char *const CALL_FUNCS_{index}[] = {{NULL}};\n")
-    lines.append("struct library_call { const char *part; const char *const *funcs; const char *meaning; };\n")
+        lines.append(
+            strings(f"CALL_FUNCS_{index}", funcs)
+            if funcs
+            else f"static const char *const CALL_FUNCS_{index}[] = {{NULL}};\n"
+        )
+    lines.append(
+        "struct library_call { const char *part; const char *const *funcs; const char *meaning; };\n"
+    )
     calls = ",\n    ".join(
         f"{{{c_string(part)}, CALL_FUNCS_{index}, {c_string(meaning)}}}"
         for index, (part, _, meaning) in enumerate(states._LIBRARY_CALLS)
     )
-    lines.append(f"static const struct library_call LIBRARY_CALLS[] = {{\n    {calls},\n    {{NULL, NULL, NULL}}}};\n")
+    lines.append(
+        f"static const struct library_call LIBRARY_CALLS[] = {{\n    {calls},\n    {{NULL, NULL, NULL}}}};\n"
+    )
     escapes = sorted(render._ESCAPED.items())
     lines.append("struct escape { unsigned code; const char *text; };\n")
     body = ",\n    ".join(f"{{0x{code:x}, {c_string(text)}}}" for code, text in escapes)
@@ -65,7 +78,12 @@ def main() -> None:
     spaces = [code for code in range(0x110000) if chr(code).isspace()]
     lines.append(f"static const unsigned SPACES[] = {{{', '.join(hex(code) for code in spaces)}}};\n")
     lines.append(f"#define SPACE_COUNT {len(spaces)}\n")
-    breaks = [code for code in range(0x110000) if 0xD800 > code or code > 0xDFFF if len(f"a{chr(code)}b".splitlines()) == 2]
+    # str.splitlines' line breaks (surrogates left out: they are never in decoded source text).
+    breaks = [
+        code
+        for code in range(0x110000)
+        if not 0xD800 <= code <= 0xDFFF and len(f"a{chr(code)}b".splitlines()) == 2
+    ]
     lines.append(f"static const unsigned LINE_BREAKS[] = {{{', '.join(hex(code) for code in breaks)}}};\n")
     lines.append(f"#define LINE_BREAK_COUNT {len(breaks)}\n")
     with open(output, "w") as handle:
