@@ -100,7 +100,7 @@ class BuildScripts(build_scripts):
         if result.returncode != 0:
             raise SystemExit(f"probing: generating {header} failed:\n{result.stderr}")
         output = os.path.join(self.build_dir, "probing")
-        command = [compiler(), "-O2", "-Wall", "-I", generated, "-o", output, *FRONT_SOURCES]
+        command = [compiler(), "-O2", "-Wall", "-Wextra", "-I", generated, "-o", output, *FRONT_SOURCES]
         self.announce(" ".join(command), level=2)
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
