@@ -71,8 +71,9 @@ def test_installed_command_is_the_front_end() -> None:
         ("many_threads.py", []),
         # An argv that is not UTF-8 and carries a terminal sequence and a bidi override.
         ("sleeper.py", [os.fsdecode(b"\xff\xfe-\x1b[31m-\xe2\x80\xae-\xc2\x9b")]),
+        ("front_hostile.py", []),
     ],
-    ids=["sleeper", "many-states", "escapes", "200-threads", "hostile-argv"],
+    ids=["sleeper", "many-states", "escapes", "200-threads", "hostile-argv", "not-text-names"],
 )
 def test_same_bytes_as_the_python_cli(front_alone: str, script: str, args: List[str]) -> None:
     with Target(script, args=args) as target:
@@ -91,6 +92,12 @@ def test_torch_job(front_alone: str) -> None:
         # Settled: training stopped after two steps and the job idles.
         assert any(line == "done" for line in target.stdout_lines) or target.ready_line()
         run([PROBING, str(target.pid), "query", "SELECT 1"])  # the state after `done` only
+        assert_same(target.pid, front_alone)
+
+
+def test_dataloader_job(front_alone: str) -> None:
+    pytest.importorskip("torch")
+    with Target("dataloader_stuck.py") as target:
         assert_same(target.pid, front_alone)
 
 
