@@ -137,15 +137,19 @@ static int find_py_spy(const place_t *place, char *path, size_t size)
 static int pipe_of(const buf_t *bytes)
 {
     int ends[2];
-    if (pipe(ends) < 0)
+    if (pipe2(ends, O_NONBLOCK) < 0)
         return -1;
     if (bytes->len > 65536)
         fcntl(ends[1], F_SETPIPE_SZ, (int)bytes->len);
-    if (write_all(ends[1], bytes->data ? bytes->data : "", bytes->len) < 0) {
+    int capacity = fcntl(ends[1], F_GETPIPE_SZ);
+    /* Non-blocking, and only what fits: nobody reads this pipe until the Python CLI runs. */
+    if (capacity < 0 || (size_t)capacity < bytes->len ||
+        write_all(ends[1], bytes->data ? bytes->data : "", bytes->len) < 0) {
         close(ends[0]), close(ends[1]);
         return -1;
     }
     close(ends[1]);
+    fcntl(ends[0], F_SETFL, 0); /* the reading end as a pipe of py-spy's would be: blocking */
     return ends[0];
 }
 
@@ -229,8 +233,14 @@ static void from_outside(const place_t *place, int pid)
     }
     /* py-spy is left unreaped: the Python CLI takes its exit status with its output. */
     int out_pipe = pipe_of(&out_bytes), err_pipe = pipe_of(&err_bytes);
-    if (out_pipe < 0 || err_pipe < 0)
+    if (out_pipe < 0 || err_pipe < 0) { /* the Python CLI runs py-spy again */
+        if (out_pipe >= 0)
+            close(out_pipe);
+        if (err_pipe >= 0)
+            close(err_pipe);
+        waitpid(child, NULL, 0);
         return;
+    }
     /* target pid : py-spy's pid : its stdout : its stderr (outside/spawn.py `handed_over`) */
     snprintf(handed, sizeof(handed), "%d:%d:%d:%d", pid, (int)child, out_pipe, err_pipe);
     setenv("PROBING_PYSPY", handed, 1);
