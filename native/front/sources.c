@@ -19,12 +19,18 @@
 int read_whole(const char *path, char **data, size_t *size, size_t cap)
 {
     struct stat info;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a path the job names may be a FIFO, which must not hold this program. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return -1;
-    if (fstat(fd, &info) < 0 || S_ISDIR(info.st_mode)) { /* Python's open() refuses a directory */
+    if (fstat(fd, &info) < 0) {
         close(fd);
         return -1;
+    }
+    if (!S_ISREG(info.st_mode)) {
+        close(fd);
+        /* Python's open() refuses a directory; anything else not a file is the Python CLI's. */
+        return S_ISDIR(info.st_mode) ? -1 : -2;
     }
     buf_t buf = {0};
     char chunk[65536];

@@ -132,7 +132,8 @@ static int decode_column(const jval *entry, const unsigned char *payload, size_t
     if (column->kind != 'i')
         return 0;
     long long count, words_offset, words_length, total = 0;
-    if (int_field(entry, "dict_count", &count) < 0 || int_field(entry, "dict_offset", &offset) < 0 ||
+    if (int_field(entry, "dict_count", &count) < 0 || count > (long long)(size / 4) ||
+        int_field(entry, "dict_offset", &offset) < 0 ||
         (unsigned long long)offset + 4ull * (unsigned long long)count > size ||
         region(entry, "dict_bytes_offset", "dict_bytes_length", size, &words_offset, &words_length) < 0)
         return -1;
