@@ -114,7 +114,7 @@ def same(agent: ScriptedAgent, front: str, reply: bytes) -> None:
 
 def handed_to_python(agent: ScriptedAgent, front: str, reply: bytes) -> None:
     agent.reply = reply
-    native, _ = both(front)
+    native = subprocess.run([front, str(os.getpid()), "backtrace"], capture_output=True, timeout=60)
     assert native.returncode == 1 and b"cannot run the Python CLI" in native.stderr
     assert native.stdout == b""
 
@@ -172,3 +172,10 @@ def test_rendered_alone(agent: ScriptedAgent, front_alone: str) -> None:
 )
 def test_handed_to_python(agent: ScriptedAgent, front_alone: str, reply: Reply) -> None:
     handed_to_python(agent, front_alone, reply())
+
+
+def test_a_source_that_is_not_a_file(agent: ScriptedAgent, front_alone: str, tmp_path: Path) -> None:
+    """A FIFO named as the source file must not hold the front end (open() would block)."""
+    fifo = tmp_path / "job.py"
+    os.mkfifo(fifo)
+    handed_to_python(agent, front_alone, hello() + backtrace([dict(ROW, file=str(fifo))]))
