@@ -7,7 +7,12 @@
 2. native/ is compiled with the system C compiler into probing/_native/: the helper library
    a running process is made to load, and the ptrace injector that makes it. A missing
    compiler stops the install with a message saying so.
-3. The wheel is tagged py3-none-<platform>: its native parts are a standalone program and a
+3. native/front/ is compiled into the `probing` command itself (the native front end,
+   docs/decisions.md): build_scripts puts it beside the Python CLI's script, `probing-python`,
+   which it hands every command line it does not answer itself. The rules it shares with the
+   Python CLI (thread states, escapes, the protocol's constants) are generated from the Python
+   modules first (native/front/gen_tables.py), into the build folder.
+4. The wheel is tagged py3-none-<platform>: its native parts are a standalone program and a
    library that finds the interpreter's symbols with dlsym at run time, not extension modules
    built against one Python's headers. One wheel per platform serves every supported CPython,
    and installing it compiles nothing.
@@ -16,7 +21,11 @@
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
+
+# After setuptools: its own copy of distutils (Python 3.12 has none) answers this import.
+from distutils.command.build_scripts import build_scripts  # noqa: E402, I001
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
@@ -69,6 +78,38 @@ class BuildPy(build_py):
         return [*super().get_outputs(include_bytecode), pth, *native]
 
 
+FRONT_SOURCES = sorted(
+    os.path.join("native", "front", name)
+    for name in os.listdir(os.path.join("native", "front"))
+    if name.endswith(".c")
+    and name != "check.c"  # check.c: a test driver (tests/integration/test_front_rules.py)
+)
+
+
+class BuildScripts(build_scripts):
+    """The Python CLI's script as setuptools copies it (its `#!python` line becomes the
+    interpreter's path at install), and the native front end beside it as `probing`."""
+
+    def run(self) -> None:
+        super().run()
+        generated = os.path.join(self.build_dir, "..", "front-tables")
+        os.makedirs(generated, exist_ok=True)
+        header = os.path.join(generated, "front_tables.h")
+        tables = [sys.executable, os.path.join("native", "front", "gen_tables.py"), os.getcwd(), header]
+        result = subprocess.run(tables, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"probing: generating {header} failed:\n{result.stderr}")
+        output = os.path.join(self.build_dir, "probing")
+        command = [compiler(), "-O2", "-Wall", "-Wextra", "-I", generated, "-o", output, *FRONT_SOURCES]
+        self.announce(" ".join(command), level=2)
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"probing: compiling native/front failed:\n{result.stderr}")
+
+    def get_outputs(self) -> list:  # type: ignore[override]
+        return [*super().get_outputs(), os.path.join(self.build_dir, "probing")]
+
+
 class BinaryDistribution(Distribution):
     """The wheel holds compiled code: it installs into platlib and names its platform."""
 
@@ -85,4 +126,7 @@ class PlatformWheel(bdist_wheel):  # type: ignore[misc]
         return "py3", "none", platform
 
 
-setup(cmdclass={"build_py": BuildPy, "bdist_wheel": PlatformWheel}, distclass=BinaryDistribution)
+setup(
+    cmdclass={"build_py": BuildPy, "build_scripts": BuildScripts, "bdist_wheel": PlatformWheel},
+    distclass=BinaryDistribution,
+)

@@ -4,8 +4,9 @@ py-spy reading the same process in the same run (medians, interleaved).
     .venv/bin/python benchmarks/bench_backtrace.py [--runs 15]
 
 1. a healthy process and a torch training job (the agent answers), and one whose GIL is held
-   forever (the answer comes from outside), each vs `py-spy dump`; for the torch job, where
-   the time goes: the interpreter's start, probing's imports, the round trip to the agent
+   forever (the answer comes from outside), each vs `py-spy dump`: the `probing` command (the
+   native front end, native/front/) and the Python CLI alone (PROBING_NATIVE_FRONT=0); for the
+   torch job and the GIL-held one, where the time goes
 2. `--children` on a job with a 4-worker DataLoader, vs `py-spy dump --subprocesses`
 3. `--native` on a process with torch imported, vs `py-spy dump --native`
 """
@@ -54,14 +55,21 @@ def stop(process: subprocess.Popen[bytes], pid: int) -> None:
     process.wait()
 
 
+# The Python CLI alone, without the native front end (docs/decisions.md, issue 12).
+PYTHON_CLI_ENV = dict(os.environ, PROBING_NATIVE_FRONT="0")
+
+
 def medians(commands: Dict[str, List[str]], runs: int) -> Dict[str, float]:
-    for command in commands.values():
-        subprocess.run(command, capture_output=True)  # warm
+    """Median milliseconds of each command, the commands run in turn (interleaved) `runs`
+    times. A name that says "Python CLI" runs with PROBING_NATIVE_FRONT=0."""
+    environments = {name: PYTHON_CLI_ENV if "Python CLI" in name else None for name in commands}
+    for name, command in commands.items():
+        subprocess.run(command, capture_output=True, env=environments[name])  # warm
     times: Dict[str, List[float]] = {name: [] for name in commands}
     for _ in range(runs):
         for name, command in commands.items():
             started = time.perf_counter()
-            result = subprocess.run(command, capture_output=True)
+            result = subprocess.run(command, capture_output=True, env=environments[name])
             times[name].append((time.perf_counter() - started) * 1000)
             if result.returncode != 0:
                 raise RuntimeError(f"{command}: {result.stderr.decode()}")
@@ -87,52 +95,85 @@ print(statistics.median(times))
 """
 
 
-def where_the_time_goes(pid: int, runs: int) -> None:
-    """The command's parts, each measured on its own in the same run."""
-    python = str(BIN / "python")
-    parts = {
-        "interpreter start (python -c pass)": [python, "-c", "pass"],
-        "+ imports of the backtrace path": [python, "-c", "import probing.cli.backtrace, probing.cli.fast"],
-    }
+def part_times(parts: Dict[str, List[str]], runs: int) -> Dict[str, float]:
     times: Dict[str, List[float]] = {name: [] for name in parts}
     for _ in range(runs):
         for name, command in parts.items():
             started = time.perf_counter()
-            subprocess.run(command, capture_output=True, cwd=NEUTRAL_CWD, check=True)
+            subprocess.run(command, capture_output=True, cwd=NEUTRAL_CWD, check=False)
             times[name].append((time.perf_counter() - started) * 1000)
-    start, imports = (statistics.median(times[name]) for name in parts)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def where_the_time_goes(pid: int, runs: int) -> None:
+    """The command's parts, each measured on its own in the same run."""
+    python = str(BIN / "python")
+    parts = part_times({
+        "start": [python, "-c", "pass"],
+        "imports": [python, "-c", "import probing.cli.backtrace, probing.cli.fast"],
+        "bare": ["/bin/true"],
+    }, runs)  # fmt: skip
+    start, imports, bare = parts["start"], parts["imports"], parts["bare"]
     trip = subprocess.run([python, "-c", ROUND_TRIP, str(pid), str(runs * 2)], capture_output=True,
                           text=True, cwd=NEUTRAL_CWD, check=True)  # fmt: skip
-    print(f"   where the time goes: interpreter start {start:.1f} ms, probing's imports "
+    print(f"   where the time goes, Python CLI: interpreter start {start:.1f} ms, probing's imports "
           f"{imports - start:.1f} ms, connect + hello + backtrace round trip "
           f"{float(trip.stdout):.1f} ms (median of {runs * 2}, one process); the rest renders")  # fmt: skip
+    print(f"   where the time goes, native front end: starting a C program (/bin/true) {bare:.1f} ms, the "
+          f"same round trip (the agent's side of it) {float(trip.stdout):.1f} ms; the rest reads /proc, "
+          "the job's source files, and renders")  # fmt: skip
+
+
+def where_the_stuck_time_goes(pid: int, runs: int) -> None:
+    """The GIL-held path of the native front end: two looks at the threads, then py-spy."""
+    python = str(BIN / "python")
+    parts = part_times({
+        "start": [python, "-c", "pass"],
+        "py-spy": [PY_SPY, "dump", "--pid", str(pid), "--json"],
+    }, runs)  # fmt: skip
+    print(f"   where the time goes, native front end: the agent silent and no thread running in two looks "
+          f"1 ms apart (~2 ms), then py-spy dump --json ({parts['py-spy']:.1f} ms alone), whose JSON it "
+          f"renders; no interpreter starts (python -c pass alone: {parts['start']:.1f} ms). The Python CLI "
+          "starts only when the dump is not one the front end renders, and then reads it from the pipe "
+          "it is handed rather than running py-spy again")  # fmt: skip
 
 
 def report(title: str, figures: Dict[str, float]) -> None:
+    """Each figure, and each command's ratio to the last one (the baseline)."""
     names = list(figures)
+    baseline = names[-1]
     print(f"\n{title}")
     for name in names:
-        print(f"   {name:<36} {figures[name]:8.1f} ms")
-    print(f"   ratio: {figures[names[0]] / figures[names[1]]:.2f}x")
+        print(f"   {name:<58} {figures[name]:8.1f} ms")
+    for name in names[:-1]:
+        print(f"   ratio, {name} / {baseline}: {figures[name] / figures[baseline]:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
-    runs = parser.parse_args().runs
+    parser.add_argument("--first-only", action="store_true", help="only part 1 (the single process)")
+    arguments = parser.parse_args()
+    runs = arguments.runs
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
     for label, script in (("healthy process (agent answers)", TARGETS / "sleeper.py"),
                           ("torch training job (agent answers)", TARGETS / "torch_job.py"),
                           ("GIL held forever (answer from outside)", TARGETS / "gil_holder.py")):  # fmt: skip
         process, pid = start(script, agent=True)
         try:
-            figures = medians({"probing backtrace": [PROBING, str(pid), "backtrace"],
+            figures = medians({"probing backtrace (native front end)": [PROBING, str(pid), "backtrace"],
+                               "probing backtrace, Python CLI (PROBING_NATIVE_FRONT=0)":
+                                   [PROBING, str(pid), "backtrace"],
                                "py-spy dump": [PY_SPY, "dump", "--pid", str(pid)]}, runs)  # fmt: skip
-            report(f"1. {label}, median of {runs}", figures)
+            report(f"1. {label}, median of {runs} interleaved runs", figures)
             if script.name == "torch_job.py":
                 where_the_time_goes(pid, runs)
+            if script.name == "gil_holder.py":
+                where_the_stuck_time_goes(pid, runs)
         finally:
             stop(process, pid)
+    if arguments.first_only:
+        return
     process, pid = start(HERE / "dataloader_target.py", agent=False)
     children = {
         "probing backtrace --children": [PROBING, str(pid), "backtrace", "--children"],

@@ -42,6 +42,8 @@ LOOK_FRESH_S = 0.5
 # are looked at, and how many looks in a row finding none running say it is stuck (Stillness).
 STILL_CHECK_S = 0.001
 STILL_CHECKS = 2
+# How long the look from outside (py-spy) that decides whether to wait on may take.
+GIL_LOOK_S = 1.0
 
 
 def quiet(message: str) -> None:
@@ -235,7 +237,7 @@ class Target:
         if self.pid is None:
             return None
         try:
-            threads = dump(self.pid, timeout=1.0)
+            threads = dump(self.pid, timeout=GIL_LOOK_S)
         except ProbingError:
             return None
         self._look = (time.monotonic(), threads)

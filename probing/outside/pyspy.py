@@ -55,9 +55,15 @@ def dump(pid: int, native: bool = False, timeout: float = 2.0, locals: bool = Fa
     command = [binary, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
     command += ["--locals"] if locals else []
     error: Optional[ProbingError] = None
+    # Started by the native front end for a job stuck on its GIL, with these very arguments.
+    handed = spawn.handed_over(pid, usable=not native and not locals)
     for _ in range(_ATTEMPTS):
         try:
-            _, stdout, stderr = spawn.run(command, timeout)
+            if handed is not None:
+                child, handed = handed, None
+                _, stdout, stderr = spawn.collect(child, timeout, binary)
+            else:
+                _, stdout, stderr = spawn.run(command, timeout)
         except spawn.TimedOut:
             error = ProbingError(
                 f"py-spy did not read the stacks of PID {pid} within {timeout:g} s",

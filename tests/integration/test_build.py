@@ -73,7 +73,8 @@ def test_the_wheel_carries_the_native_helper_the_pth_and_the_script(tmp_path: Pa
         "probing/bootstrap/sitecustomize.py",
     ):
         assert needed in names, needed
-    assert any(name.endswith(".data/scripts/probing") for name in names)
+    assert any(name.endswith(".data/scripts/probing") for name in names)  # the native front end
+    assert any(name.endswith(".data/scripts/probing-python") for name in names)
     assert not any(name.endswith(".so") and "cpython" in name for name in names)
 
 
@@ -88,7 +89,8 @@ def test_the_sdist_carries_what_the_build_needs(tmp_path: Path) -> None:
     names = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
     for needed in ("native/helper.c", "native/inject.c", "native/inject.h", "native/borrow.c", "setup.py",
                    "probing/agent/probing-autostart.pth", "probing/bootstrap/attach.py",
-                   "probing/cli/bin/probing"):  # fmt: skip
+                   "probing/cli/bin/probing-python", "native/front/main.c", "native/front/front.h",
+                   "native/front/gen_tables.py"):  # fmt: skip
         assert needed in names, needed
 
 
@@ -264,3 +266,10 @@ def test_pip_install_takes_wheels_only(
         )  # fmt: skip
         assert answer.returncode == 0, answer.stderr
         assert [row["func"] for row in json.loads(answer.stdout)] == ["main_loop", "wait"]
+        # The native front end, answering on its own, and the Python CLI agree.
+        front = subprocess.run([str(bin_dir / "probing"), str(job.pid), "backtrace"], capture_output=True,
+                               env=environment, timeout=60)  # fmt: skip
+        python = subprocess.run([str(bin_dir / "probing"), str(job.pid), "backtrace"], capture_output=True,
+                                env=dict(environment, PROBING_NATIVE_FRONT="0"), timeout=60)  # fmt: skip
+        assert front.returncode == python.returncode == 0, front.stderr
+        assert front.stdout == python.stdout

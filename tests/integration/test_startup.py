@@ -42,7 +42,7 @@ def test_without_probing_set_nothing_of_probing_is_imported() -> None:
 
 def test_backtrace_imports_nothing_heavy() -> None:
     with Target("sleeper.py") as target:
-        modules = imported_modules([VENV_PYTHON, PROBING, str(target.pid), "backtrace"])
+        modules = imported_modules([VENV_PYTHON, PROBING + "-python", str(target.pid), "backtrace"])
     assert "probing.client.connection" in modules
     heavy = {"duckdb", "click", "psutil", "numpy", "typing", "re", "json", "socket", "enum"}
     assert not heavy & set(modules), sorted(heavy & set(modules))

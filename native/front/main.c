@@ -1,0 +1,277 @@
+/* `probing`: the native front end of the command (docs/decisions.md, "The native front end").
+ *
+ * `probing PID backtrace` is timed against py-spy, and starting CPython alone takes about as
+ * long as a whole py-spy dump. So this program answers that one command line itself when the
+ * target's agent answers, and hands everything else to the Python CLI (`probing-python`
+ * beside it) by exec with the same arguments, having written nothing: other command lines,
+ * and any surprise on its own path. What it prints is byte for byte what the Python CLI
+ * prints for the same process state (tests/integration/test_front.py).
+ *
+ * When the agent is silent and no thread of the target runs (its GIL held by a blocked
+ * thread: target.Stillness), the Python CLI reads the stacks with py-spy; this program starts
+ * py-spy at once and hands its pipes over (PROBING_PYSPY), so py-spy works while the
+ * interpreter starts. PROBING_NATIVE_FRONT=0 sends every command to the Python CLI. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <langinfo.h>
+#include <limits.h>
+#include <locale.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "front.h"
+#include "front_tables.h"
+
+extern char **environ;
+
+typedef struct {
+    char self_dir[PATH_MAX];
+    char python_cli[PATH_MAX + 32];
+} place_t;
+
+static int find_place(place_t *place)
+{
+    ssize_t size = readlink("/proc/self/exe", place->self_dir, sizeof(place->self_dir) - 1);
+    if (size <= 0)
+        return -1;
+    place->self_dir[size] = '\0';
+    char *slash = strrchr(place->self_dir, '/');
+    if (slash == NULL)
+        return -1;
+    *slash = '\0';
+    snprintf(place->python_cli, sizeof(place->python_cli), "%s/probing-python", place->self_dir);
+    return 0;
+}
+
+static void run_python(const place_t *place, char **argv)
+{
+    signal(SIGPIPE, SIG_DFL);
+    argv[0] = (char *)place->python_cli;
+    execv(place->python_cli, argv);
+    fprintf(stderr, "probing: error: cannot run the Python CLI %s: %s\n", place->python_cli, strerror(errno));
+    exit(1);
+}
+
+/* The PID of `probing PID backtrace`, `probing -t PID backtrace`, `probing --target PID
+ * backtrace` or `probing --target=PID backtrace`; 0 for any other command line. */
+static int plain_backtrace(int argc, char **argv)
+{
+    const char *text = NULL;
+    if (argc == 3 && strcmp(argv[2], "backtrace") == 0)
+        text = argv[1];
+    else if (argc == 4 && strcmp(argv[3], "backtrace") == 0 &&
+             (strcmp(argv[1], "-t") == 0 || strcmp(argv[1], "--target") == 0))
+        text = argv[2];
+    if (argc == 3 && strncmp(argv[1], "--target=", 9) == 0 && strcmp(argv[2], "backtrace") == 0)
+        text = argv[1] + 9;
+    if (text == NULL || text[0] < '1' || text[0] > '9' || strlen(text) > 9)
+        return 0;
+    for (const char *c = text; *c; c++)
+        if (*c < '0' || *c > '9')
+            return 0;
+    return atoi(text);
+}
+
+/* Whether Python's stdout would write UTF-8 as this program does: a UTF-8 locale, or the C
+ * locale (which Python coerces to UTF-8), and no PYTHONIOENCODING. */
+static int python_writes_utf8(void)
+{
+    const char *utf8_mode = getenv("PYTHONUTF8");
+    if (getenv("PYTHONIOENCODING") != NULL || (utf8_mode && strcmp(utf8_mode, "1") != 0))
+        return 0;
+    if (utf8_mode != NULL)
+        return 1;
+    const char *locale = setlocale(LC_CTYPE, "");
+    if (locale == NULL)
+        return 0;
+    if (strcmp(locale, "C") == 0 || strcmp(locale, "POSIX") == 0)
+        return 1;
+    const char *codeset = nl_langinfo(CODESET);
+    return strcmp(codeset, "UTF-8") == 0 || strcmp(codeset, "utf8") == 0;
+}
+
+static int write_all(int fd, const char *data, size_t size)
+{
+    while (size) {
+        ssize_t written = write(fd, data, size);
+        if (written < 0 && errno == EINTR)
+            continue;
+        if (written < 0)
+            return -1;
+        data += written, size -= (size_t)written;
+    }
+    return 0;
+}
+
+/* py-spy where the Python CLI would look (outside/pyspy.py: beside its interpreter, which is
+ * beside this program in an installed environment), then on PATH. */
+static int find_py_spy(const place_t *place, char *path, size_t size)
+{
+    snprintf(path, size, "%s/py-spy", place->self_dir);
+    struct stat info;
+    if (access(path, X_OK) == 0 && stat(path, &info) == 0 && !S_ISDIR(info.st_mode))
+        return 0;
+    const char *search = getenv("PATH");
+    while (search && *search) {
+        const char *end = strchr(search, ':');
+        size_t length = end ? (size_t)(end - search) : strlen(search);
+        if (length && (size_t)snprintf(path, size, "%.*s/py-spy", (int)length, search) < size &&
+            access(path, X_OK) == 0 && stat(path, &info) == 0 && !S_ISDIR(info.st_mode))
+            return 0;
+        search += length + (end != NULL);
+    }
+    return -1;
+}
+
+/* A pipe holding `size` bytes whose writing end is closed: what a py-spy printed, for the
+ * Python CLI to read as if from py-spy itself. -1 when it does not fit in a pipe. */
+static int pipe_of(const buf_t *bytes)
+{
+    int ends[2];
+    if (pipe2(ends, O_NONBLOCK) < 0)
+        return -1;
+    if (bytes->len > 65536)
+        fcntl(ends[1], F_SETPIPE_SZ, (int)bytes->len);
+    int capacity = fcntl(ends[1], F_GETPIPE_SZ);
+    /* Non-blocking, and only what fits: nobody reads this pipe until the Python CLI runs. */
+    if (capacity < 0 || (size_t)capacity < bytes->len ||
+        write_all(ends[1], bytes->data ? bytes->data : "", bytes->len) < 0) {
+        close(ends[0]), close(ends[1]);
+        return -1;
+    }
+    close(ends[1]);
+    fcntl(ends[0], F_SETFL, 0); /* the reading end as a pipe of py-spy's would be: blocking */
+    return ends[0];
+}
+
+static long long now_ms(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+/* py-spy's stdout and stderr to their ends, within `timeout_ms`: 0, or -1 when it took longer. */
+static int read_both(int out, int err, buf_t *out_bytes, buf_t *err_bytes, long long timeout_ms)
+{
+    struct pollfd ends[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+    buf_t *into[2] = {out_bytes, err_bytes};
+    long long deadline = now_ms() + timeout_ms;
+    char chunk[65536];
+    while (ends[0].fd >= 0 || ends[1].fd >= 0) {
+        long long left = deadline - now_ms();
+        if (left <= 0 || poll(ends, 2, (int)left) < 0)
+            return -1;
+        for (int i = 0; i < 2; i++) {
+            if (ends[i].fd < 0 || !ends[i].revents)
+                continue;
+            ssize_t got = read(ends[i].fd, chunk, sizeof(chunk));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                ends[i].fd = -1;
+            else if (buf_add(into[i], chunk, (size_t)got) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* The target is stuck on its GIL: what the Python CLI does then (engine/backtrace.py), done
+ * here. py-spy is started with the same arguments and time limit as outside/pyspy.py `dump`
+ * from Target.gil_holder; when its answer is one this program renders, it is the answer.
+ * Otherwise (no thread holds the GIL, a failure, an unusual dump) its output goes to the
+ * Python CLI, which reads it as py-spy's own (PROBING_PYSPY, outside/spawn.py): its work is
+ * not done twice. */
+static void from_outside(const place_t *place, int pid)
+{
+    char py_spy[PATH_MAX + 16], pid_text[16], handed[96];
+    int out[2], err[2];
+    pid_t child;
+    if (find_py_spy(place, py_spy, sizeof(py_spy)) < 0 || pipe2(out, O_CLOEXEC) < 0)
+        return;
+    if (pipe2(err, O_CLOEXEC) < 0) {
+        close(out[0]), close(out[1]);
+        return;
+    }
+    snprintf(pid_text, sizeof(pid_text), "%d", pid);
+    char *command[] = {py_spy, "dump", "--pid", pid_text, "--json", NULL};
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+    int failed = posix_spawn(&child, py_spy, &actions, NULL, command, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]), close(err[1]);
+    buf_t out_bytes = {0}, err_bytes = {0}, note = {0}, text = {0};
+    failed = failed || read_both(out[0], err[0], &out_bytes, &err_bytes, GIL_LOOK_TIMEOUT_MS) < 0;
+    close(out[0]), close(err[0]);
+    if (failed) { /* as the Python CLI's own look would, it is given up: the Python CLI looks again */
+        if (child > 0 && kill(child, SIGKILL) == 0)
+            waitpid(child, NULL, 0);
+        return;
+    }
+    answer_t answer = {0};
+    if (outside_answer(pid, out_bytes.data ? out_bytes.data : "", out_bytes.len, &answer, &note) == 0 &&
+        render_backtrace(pid, &answer, &text) == 0) {
+        waitpid(child, NULL, 0);
+        signal(SIGPIPE, SIG_IGN);
+        write_all(2, note.data, note.len);
+        if (write_all(1, text.data, text.len) < 0 && errno != EPIPE)
+            exit(1);
+        exit(0);
+    }
+    /* py-spy is left unreaped: the Python CLI takes its exit status with its output. */
+    int out_pipe = pipe_of(&out_bytes), err_pipe = pipe_of(&err_bytes);
+    if (out_pipe < 0 || err_pipe < 0) { /* the Python CLI runs py-spy again */
+        if (out_pipe >= 0)
+            close(out_pipe);
+        if (err_pipe >= 0)
+            close(err_pipe);
+        waitpid(child, NULL, 0);
+        return;
+    }
+    /* target pid : py-spy's pid : its stdout : its stderr (outside/spawn.py `handed_over`) */
+    snprintf(handed, sizeof(handed), "%d:%d:%d:%d", pid, (int)child, out_pipe, err_pipe);
+    setenv("PROBING_PYSPY", handed, 1);
+}
+
+int main(int argc, char **argv)
+{
+    place_t place;
+    if (find_place(&place) < 0) {
+        fprintf(stderr, "probing: error: cannot tell where this program lies (/proc/self/exe)\n");
+        return 1;
+    }
+    const char *enabled = getenv("PROBING_NATIVE_FRONT");
+    unsetenv("PROBING_PYSPY"); /* only ever this program's own hand-over */
+    int pid = plain_backtrace(argc, argv);
+    if (pid == 0 || (enabled && strcmp(enabled, "0") == 0) || !python_writes_utf8())
+        run_python(&place, argv);
+    answer_t answer = {0};
+    int asked = ask_agent(pid, &answer);
+    if (asked == ASK_STILL)
+        from_outside(&place, pid);
+    if (asked != ASK_OK)
+        run_python(&place, argv);
+    buf_t out = {0};
+    if (render_backtrace(pid, &answer, &out) < 0)
+        run_python(&place, argv);
+    /* As the Python CLI: a closed stdout (`probing PID backtrace | head`) ends quietly. */
+    signal(SIGPIPE, SIG_IGN);
+    if (write_all(1, out.data, out.len) < 0 && errno != EPIPE) {
+        fprintf(stderr, "probing: error: cannot write the stacks: %s\n", strerror(errno));
+        return 1;
+    }
+    return 0;
+}

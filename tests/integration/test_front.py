@@ -1,0 +1,238 @@
+"""The native front end (native/front/): on its own path, byte for byte what the Python CLI
+prints for the same process; on any other, the Python CLI itself; py-spy started early only
+for a job stuck on its GIL, and never for a healthy or busy one.
+
+"Its own path" is proven by a copy of the front end with no Python CLI beside it: a fallback
+there fails (exit 1), so a success is the native answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from probing.outside import pyspy, spawn
+
+from support import BIN, PROBING, Target, wait_until
+
+PYTHON_CLI = BIN / "probing-python"
+
+
+def run(command: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    environment = dict(os.environ)
+    environment.pop("PROBING", None)
+    environment.update(env or {})
+    return subprocess.run(command, capture_output=True, timeout=60, env=environment)
+
+
+def python_cli(pid: int) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    return run([PROBING, str(pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
+
+
+@pytest.fixture
+def front_alone(tmp_path: Path) -> str:
+    """The front end without the Python CLI beside it: it can only answer natively."""
+    copy = tmp_path / "alone" / "probing"
+    copy.parent.mkdir()
+    shutil.copy(BIN / "probing", copy)
+    return str(copy)
+
+
+def assert_same(pid: int, front: str, *form: str) -> None:
+    native = run([front, *(form or (str(pid),)), "backtrace"])
+    python = python_cli(pid)
+    assert native.returncode == 0, native.stderr.decode(errors="replace")
+    assert python.returncode == 0
+    assert native.stdout == python.stdout
+    assert native.stderr == python.stderr == b""
+
+
+def test_installed_command_is_the_front_end() -> None:
+    with open(PROBING, "rb") as command:
+        assert command.read(4) == b"\x7fELF"
+    assert PYTHON_CLI.read_text().startswith("#!")
+
+
+@pytest.mark.parametrize(
+    "script,args",
+    [
+        ("sleeper.py", []),
+        ("front_states.py", []),
+        ("escapes.py", []),
+        ("many_threads.py", []),
+        # An argv that is not UTF-8 and carries a terminal sequence and a bidi override.
+        ("sleeper.py", [os.fsdecode(b"\xff\xfe-\x1b[31m-\xe2\x80\xae-\xc2\x9b")]),
+        ("front_hostile.py", []),
+    ],
+    ids=["sleeper", "many-states", "escapes", "200-threads", "hostile-argv", "not-text-names"],
+)
+def test_same_bytes_as_the_python_cli(front_alone: str, script: str, args: List[str]) -> None:
+    with Target(script, args=args) as target:
+        assert_same(target.pid, front_alone)
+
+
+def test_target_options(front_alone: str) -> None:
+    with Target("sleeper.py") as target:
+        for form in (["-t", str(target.pid)], ["--target", str(target.pid)], [f"--target={target.pid}"]):
+            assert_same(target.pid, front_alone, *form)
+
+
+def test_torch_job(front_alone: str) -> None:
+    pytest.importorskip("torch")
+    with Target("torch_job.py", args=["--steps", "2"]) as target:
+        # Settled: training stopped after two steps and the job idles.
+        assert any(line == "done" for line in target.stdout_lines) or target.ready_line()
+        run([PROBING, str(target.pid), "query", "SELECT 1"])  # the state after `done` only
+        assert_same(target.pid, front_alone)
+
+
+def test_dataloader_job(front_alone: str) -> None:
+    pytest.importorskip("torch")
+    with Target("dataloader_stuck.py") as target:
+        assert_same(target.pid, front_alone)
+
+
+def test_everything_else_goes_to_the_python_cli(front_alone: str) -> None:
+    with Target("sleeper.py") as target:
+        for args in (
+            [str(target.pid), "backtrace", "--format", "json"],
+            [str(target.pid), "backtrace", "--locals"],
+            ["-v", str(target.pid), "backtrace"],
+            [str(target.pid), "memory"],
+            ["--help"],
+        ):
+            alone = run([front_alone, *args])
+            assert alone.returncode == 1 and b"cannot run the Python CLI" in alone.stderr
+            assert alone.stdout == b""
+    for args in (["--help"], ["999999999", "backtrace"], ["0", "backtrace"], ["backtrace"]):
+        front = run([PROBING, *args])
+        python = run([str(PYTHON_CLI), *args])
+        assert (front.returncode, front.stdout, front.stderr) == (
+            python.returncode,
+            python.stdout,
+            python.stderr,
+        )
+
+
+def test_switch_forces_the_python_cli(front_alone: str) -> None:
+    with Target("sleeper.py") as target:
+        alone = run([front_alone, str(target.pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
+        assert alone.returncode == 1 and alone.stdout == b""
+
+
+def test_no_agent_goes_to_the_python_cli(front_alone: str) -> None:
+    with Target("sleeper.py", via="plain") as target:
+        alone = run([front_alone, "--no-attach", str(target.pid), "backtrace"])
+        assert alone.returncode == 1 and alone.stdout == b""
+        alone = run([front_alone, str(target.pid), "backtrace"])
+        assert alone.returncode == 1 and alone.stdout == b"", "no socket: attaching is the Python CLI's"
+
+
+@pytest.fixture
+def logged_py_spy(tmp_path: Path) -> Dict[str, Path]:
+    """The front end and the Python CLI in a folder of their own, with a py-spy beside them
+    that writes a line to a log for every run, then runs the real one."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    shutil.copy(BIN / "probing", folder / "probing")
+    shutil.copy(PYTHON_CLI, folder / "probing-python")
+    log = tmp_path / "py-spy.log"
+    fake = folder / "py-spy"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {BIN / "py-spy"} "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return {"probing": folder / "probing", "log": log}
+
+
+@pytest.mark.parametrize("script", ["sleeper.py", "busy.py", "front_states.py"])
+def test_healthy_or_busy_job_never_gets_py_spy(logged_py_spy: Dict[str, Path], script: str) -> None:
+    with Target(script) as target:
+        for _ in range(5):
+            result = run([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
+            assert result.returncode == 0, result.stderr
+        assert not logged_py_spy["log"].exists()
+
+
+def test_gil_held_job_gets_py_spy_once_handed_over(logged_py_spy: Dict[str, Path]) -> None:
+    with Target("gil_holder.py") as target:
+        # The agent listens (its socket is bound before the job's code runs, but "ready" comes
+        # from the holder's own thread).
+        socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
+        assert wait_until(socket.exists)
+        result = run([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
+        python = python_cli(target.pid)
+        assert result.returncode == python.returncode == 0, result.stderr
+        assert result.stdout == python.stdout
+        assert result.stderr == python.stderr
+        assert b"holds the GIL" in result.stderr
+        assert logged_py_spy["log"].read_text() == f"dump --pid {target.pid} --json\n"
+
+
+def test_gil_held_job_answered_natively(front_alone: str) -> None:
+    """py-spy on PATH (none beside this copy): the front end reads its dump and answers alone."""
+    with Target("gil_holder.py") as target:
+        socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
+        assert wait_until(socket.exists)
+        path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+        native = run([front_alone, str(target.pid), "backtrace"], env={"PATH": path})
+        python = python_cli(target.pid)
+        assert native.returncode == 0, native.stderr
+        assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
+
+
+def test_stopped_job_hands_the_dump_over(logged_py_spy: Dict[str, Path]) -> None:
+    """Stopped, no thread runs and none holds the GIL: the Python CLI waits on for the agent,
+    with the front end's py-spy output handed over rather than run again."""
+    with Target("sleeper.py") as target:
+        os.kill(target.pid, signal.SIGSTOP)
+        try:
+            result = run([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
+            python = python_cli(target.pid)
+        finally:
+            os.kill(target.pid, signal.SIGCONT)
+        # py-spy cannot read a stopped process either: the same failure, but for the seconds waited.
+        assert result.returncode == python.returncode
+        waited = re.compile(rb"within [0-9.]+ s")
+        assert result.stdout == python.stdout
+        assert waited.sub(b"", result.stderr) == waited.sub(b"", python.stderr)
+        assert logged_py_spy["log"].read_text() == f"dump --pid {target.pid} --json\n"
+
+
+def _handed_child(tmp_path: Path, output: bytes, target: int) -> None:
+    dump = tmp_path / "dump.json"
+    dump.write_bytes(output)
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    child = os.posix_spawn(
+        "/bin/cat",
+        ["cat", str(dump)],
+        os.environ,
+        file_actions=[(os.POSIX_SPAWN_DUP2, out_write, 1), (os.POSIX_SPAWN_DUP2, err_write, 2)],
+    )
+    os.close(out_write)
+    os.close(err_write)
+    os.environ[spawn.HANDED_OVER] = f"{target}:{child}:{out_read}:{err_read}"
+
+
+def test_python_side_reads_the_handed_over_dump(tmp_path: Path) -> None:
+    threads = [{"thread_id": 1, "os_thread_id": 4242, "thread_name": "MainThread", "frames": []}]
+    _handed_child(tmp_path, json.dumps(threads).encode(), 4242)
+    assert pyspy.dump(4242, timeout=5.0) == threads
+    assert spawn.HANDED_OVER not in os.environ
+
+
+def test_python_side_ignores_a_hand_over_for_another_target(tmp_path: Path) -> None:
+    _handed_child(tmp_path, b"[]", 4242)
+    out_read = int(os.environ[spawn.HANDED_OVER].split(":")[2])
+    assert spawn.handed_over(4243, usable=True) is None
+    assert spawn.HANDED_OVER not in os.environ
+    with pytest.raises(OSError):
+        os.fstat(out_read)  # closed

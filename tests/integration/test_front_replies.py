@@ -1,0 +1,181 @@
+"""The native front end against a scripted agent: replies a job could craft. It answers alone
+only what it renders exactly as the Python CLI does; every other reply goes to the Python CLI.
+
+The scripted agent listens in this test process, on the socket where probing looks for this
+process's agent ($PROBING_SOCKET_DIR/PID.sock): the peer checks pass, and the reply is the test's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+from probing import protocol
+from probing.agent.columns import TableBuilder
+from probing.schema.tables import BACKTRACE
+
+from support import BIN, PROBING
+
+Reply = Callable[[], bytes]
+HERE = str(Path(__file__).resolve())
+
+
+def frame(header: Dict[str, Any], payload: bytes = b"") -> bytes:
+    return b"".join(bytes(chunk) for chunk in protocol.frame_buffers(header, [payload] if payload else []))
+
+
+def hello(argv: Optional[List[str]] = None) -> bytes:
+    result = {"pid": os.getpid(), "python_version": "3.11", "argv": argv if argv is not None else ["job.py"]}
+    return frame({"id": 1, "ok": True, "result": result})
+
+
+ROW = {
+    "pid": os.getpid(), "thread_id": 7, "native_id": os.getpid(), "thread_name": "MainThread",
+    "is_main": True, "depth": 0, "func": "test_it", "file": HERE, "lineno": 1, "frame_type": "Python",
+    "locals": None, "source": "agent",
+}  # fmt: skip
+
+
+def backtrace(rows: List[Dict[str, Any]], change: Optional[Callable[[Dict[str, Any]], None]] = None) -> bytes:
+    builder = TableBuilder(BACKTRACE.name, [(column.name, column.type) for column in BACKTRACE.columns])
+    for row in rows:
+        builder.append([row[column.name] for column in BACKTRACE.columns])
+    descriptor, chunks = builder.encode()
+    if change is not None:
+        change(descriptor)
+    return frame({"id": 2, "ok": True, "result": {"table": descriptor}}, b"".join(bytes(c) for c in chunks))
+
+
+class ScriptedAgent:
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, f"{os.getpid()}.sock")
+        self.reply: bytes = b""
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.settimeout(5)
+                try:
+                    connection.recv(65536)  # the hello and the request, sent together
+                    connection.sendall(self.reply)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def agent() -> Iterator[ScriptedAgent]:
+    scripted = ScriptedAgent(os.environ["PROBING_SOCKET_DIR"])
+    yield scripted
+    scripted.close()
+
+
+@pytest.fixture
+def front_alone(tmp_path: Path) -> str:
+    copy = tmp_path / "probing"
+    shutil.copy(BIN / "probing", copy)
+    return str(copy)
+
+
+def both(front: str) -> Tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:  # type: ignore[type-arg]
+    command = [str(os.getpid()), "backtrace"]
+    native = subprocess.run([front, *command], capture_output=True, timeout=60)
+    python = subprocess.run(
+        [PROBING, *command], capture_output=True, timeout=60, env=dict(os.environ, PROBING_NATIVE_FRONT="0")
+    )
+    return native, python
+
+
+def same(agent: ScriptedAgent, front: str, reply: bytes) -> None:
+    agent.reply = reply
+    native, python = both(front)
+    assert native.returncode == 0, native.stderr
+    assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
+
+
+def handed_to_python(agent: ScriptedAgent, front: str, reply: bytes) -> None:
+    agent.reply = reply
+    native = subprocess.run([front, str(os.getpid()), "backtrace"], capture_output=True, timeout=60)
+    assert native.returncode == 1 and b"cannot run the Python CLI" in native.stderr
+    assert native.stdout == b""
+
+
+def test_rendered_alone(agent: ScriptedAgent, front_alone: str) -> None:
+    rows = [ROW, dict(ROW, depth=1, func="<module>", lineno=3), dict(ROW, thread_id=8, native_id=None)]
+    same(agent, front_alone, hello() + backtrace(rows))
+    same(agent, front_alone, hello(["a\udcffb", "\x1b[2J", "\u202e"]) + backtrace(rows))
+    same(agent, front_alone, hello([]) + backtrace([]))
+    same(agent, front_alone, hello() + backtrace([dict(ROW, lineno=None), dict(ROW, thread_id=9, lineno=0)]))
+    same(
+        agent, front_alone, hello() + backtrace([dict(ROW, file="<string>"), dict(ROW, thread_id=3, file="")])
+    )
+    same(
+        agent,
+        front_alone,
+        hello() + backtrace([dict(ROW, frame_type="Native", func="poll", file="/x/libc.so")]),
+    )
+    # A column the text does not show may be missing; notes are not shown either.
+    same(agent, front_alone, hello() + backtrace([ROW], lambda d: d["columns"].pop()))
+    same(agent, front_alone, hello() + backtrace([ROW], lambda d: d.update(notes=["cut short"])))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(lambda: hello() + backtrace([dict(ROW, thread_name=None)]), id="null-name"),
+        pytest.param(lambda: hello() + backtrace([dict(ROW, depth=None)]), id="null-depth"),
+        pytest.param(lambda: hello() + backtrace([dict(ROW, locals='{"x": "1"}')]), id="locals"),
+        pytest.param(lambda: hello(["\ud800"]) + backtrace([ROW]), id="lone-high-surrogate"),
+        pytest.param(
+            lambda: hello() + backtrace([ROW], lambda d: d.update(byteorder="big")), id="big-endian"
+        ),
+        pytest.param(lambda: hello() + backtrace([ROW], lambda d: d["columns"].pop(3)), id="column-missing"),
+        pytest.param(lambda: hello() + backtrace([ROW], lambda d: d.update(rows=2)), id="rows-overrun"),
+        pytest.param(
+            lambda: hello() + backtrace([ROW], lambda d: d["columns"][6].update(dict_count=99)),
+            id="dict-count",
+        ),
+        pytest.param(
+            lambda: frame({"id": 1, "ok": True, "result": {"pid": 1, "argv": []}}) + backtrace([ROW]),
+            id="pid",
+        ),
+        pytest.param(
+            lambda: hello() + frame({"id": 2, "ok": False, "error": {"type": "Busy", "message": "busy"}}),
+            id="error",
+        ),
+        pytest.param(lambda: hello() + frame({"id": 3, "ok": True, "result": {"table": {}}}), id="other-id"),
+        pytest.param(lambda: b"PRB2" + hello()[4:], id="magic"),
+        pytest.param(lambda: b"PRB1\xff\xff\xff\xff\0\0\0\0", id="huge-header"),
+        pytest.param(lambda: hello()[:-3], id="cut-short"),
+        pytest.param(lambda: hello().replace(b'"3.11"', b"NaN"), id="nan"),
+        pytest.param(lambda: b"", id="closed"),
+    ],
+)
+def test_handed_to_python(agent: ScriptedAgent, front_alone: str, reply: Reply) -> None:
+    handed_to_python(agent, front_alone, reply())
+
+
+def test_a_source_that_is_not_a_file(agent: ScriptedAgent, front_alone: str, tmp_path: Path) -> None:
+    """A FIFO named as the source file must not hold the front end (open() would block)."""
+    fifo = tmp_path / "job.py"
+    os.mkfifo(fifo)
+    handed_to_python(agent, front_alone, hello() + backtrace([dict(ROW, file=str(fifo))]))
