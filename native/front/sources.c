@@ -12,9 +12,7 @@
 #include <unistd.h>
 
 #include "front.h"
-
-/* A source file bigger than this goes to the Python CLI. */
-#define MAX_SOURCE_BYTES (64u << 20)
+#include "front_tables.h"
 
 int read_whole(const char *path, char **data, size_t *size, size_t cap)
 {
@@ -27,10 +25,10 @@ int read_whole(const char *path, char **data, size_t *size, size_t cap)
         close(fd);
         return -1;
     }
-    if (!S_ISREG(info.st_mode)) {
+    /* Only a regular file has lines: a FIFO, a device or a directory shows none (as in Python). */
+    if (!S_ISREG(info.st_mode) || (size_t)info.st_size > cap) {
         close(fd);
-        /* Python's open() refuses a directory; anything else not a file is the Python CLI's. */
-        return S_ISDIR(info.st_mode) ? -1 : -2;
+        return -1;
     }
     buf_t buf = {0};
     char chunk[65536];
@@ -38,10 +36,11 @@ int read_whole(const char *path, char **data, size_t *size, size_t cap)
         ssize_t got = read(fd, chunk, sizeof(chunk));
         if (got < 0 && errno == EINTR)
             continue;
-        if (got < 0 || buf.len + (size_t)got > cap || buf_add(&buf, chunk, (size_t)got) < 0) {
+        int too_big = got > 0 && buf.len + (size_t)got > cap;
+        if (got < 0 || too_big || buf_add(&buf, chunk, (size_t)got) < 0) {
             close(fd);
             free(buf.data);
-            return got < 0 ? -1 : -2;
+            return got < 0 || too_big ? -1 : -2;
         }
         if (got == 0)
             break;

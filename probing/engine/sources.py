@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional
+
+
+# A bigger "source file" shows no lines (the native front end reads the same rule from here).
+MAX_SOURCE_BYTES = 64 << 20
 
 
 class SourceLines:
@@ -28,8 +35,33 @@ class SourceLines:
             if path is None:
                 continue
             try:
-                with open(path, "rb") as handle:
-                    return handle.read().decode("utf-8", "replace").splitlines()
-            except OSError:
+                data = _read_regular_file(path)
+            except (OSError, ValueError):
                 continue
+            if data is not None:
+                return data.decode("utf-8", "replace").splitlines()
         return []
+
+
+def _read_regular_file(path: str) -> Optional[bytes]:
+    """The bytes of `path` if it is a regular file of at most MAX_SOURCE_BYTES, else None.
+
+    The job names the path, and a job may be hostile: a FIFO would hold the CLI forever, and
+    /dev/zero or /proc/self/fd/0 would fill its memory or wait for a terminal."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SOURCE_BYTES:
+            return None
+        chunks = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            total += len(chunk)
+            if total > MAX_SOURCE_BYTES:
+                return None
+            chunks.append(chunk)
+    finally:
+        os.close(fd)

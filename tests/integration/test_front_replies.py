@@ -105,11 +105,13 @@ def both(front: str) -> Tuple[subprocess.CompletedProcess, subprocess.CompletedP
     return native, python
 
 
-def same(agent: ScriptedAgent, front: str, reply: bytes) -> None:
+def same(agent: ScriptedAgent, front: str, reply: bytes) -> bytes:
+    """What both front ends printed, the same bytes."""
     agent.reply = reply
     native, python = both(front)
     assert native.returncode == 0, native.stderr
     assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
+    return bytes(native.stdout)
 
 
 def handed_to_python(agent: ScriptedAgent, front: str, reply: bytes) -> None:
@@ -175,7 +177,10 @@ def test_handed_to_python(agent: ScriptedAgent, front_alone: str, reply: Reply) 
 
 
 def test_a_source_that_is_not_a_file(agent: ScriptedAgent, front_alone: str, tmp_path: Path) -> None:
-    """A FIFO named as the source file must not hold the front end (open() would block)."""
+    """A FIFO or a device named as the source file holds neither front end (open() of a FIFO
+    would block, /dev/zero would never end): both show the frame without a line."""
     fifo = tmp_path / "job.py"
     os.mkfifo(fifo)
-    handed_to_python(agent, front_alone, hello() + backtrace([dict(ROW, file=str(fifo))]))
+    for path in (str(fifo), "/dev/zero", str(tmp_path)):
+        shown = same(agent, front_alone, hello() + backtrace([dict(ROW, file=path)]))
+        assert shown.endswith(f'", line 1, in test_it\n'.encode()), shown
