@@ -272,6 +272,11 @@ int ask_agent(int pid, answer_t *answer)
     int answered = answered_or_still(fd, pid);
     if (answered != 1) {
         close(fd);
+        if (answered == 0) { /* the Python CLI looks from outside at once: no second early wait */
+            char text[16];
+            snprintf(text, sizeof(text), "%d", pid);
+            setenv(AGENT_SILENT, text, 1);
+        }
         return answered == ASK_STILL ? ASK_STILL : ASK_FALLBACK;
     }
     reader_t reader = {fd, deadline, {0}, 0};

@@ -40,6 +40,7 @@ def main() -> None:
     lines.append(f"#define PROTOCOL_VERSION {messages.PROTOCOL_VERSION}\n")
     lines.append(f"#define MAX_HEADER_BYTES {frames.MAX_HEADER_BYTES}u\n")
     lines.append(f"#define EARLY_LOOK_US {round(backtrace.EARLY_LOOK_S * 1e6)}\n")
+    lines.append(f"#define AGENT_SILENT {c_string(backtrace.AGENT_SILENT)}\n")
     lines.append(f"#define STILL_CHECK_US {round(target.STILL_CHECK_S * 1e6)}\n")
     lines.append(f"#define STILL_CHECKS {target.STILL_CHECKS}\n")
     lines.append(f"#define MAX_SOURCE_BYTES {sources.MAX_SOURCE_BYTES}u\n")

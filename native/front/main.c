@@ -254,7 +254,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *enabled = getenv("PROBING_NATIVE_FRONT");
-    unsetenv("PROBING_PYSPY"); /* only ever this program's own hand-over */
+    unsetenv("PROBING_PYSPY"); /* only ever this program's own hand-overs */
+    unsetenv(AGENT_SILENT);
     int pid = plain_backtrace(argc, argv);
     if (pid == 0 || (enabled && strcmp(enabled, "0") == 0) || !python_writes_utf8())
         run_python(&place, argv);

@@ -12,6 +12,7 @@ Standard library only at import time (the fast path of `probing PID backtrace`).
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..client.connection import Client
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 
 # How long the agent may be silent before a look from outside decides whether to wait on.
 EARLY_LOOK_S = 0.3
+# Set by the native front end (native/front/agent.c) to the PID whose agent it has already given
+# EARLY_LOOK_S, in vain, with a thread of it running: that wait is not made twice.
+AGENT_SILENT = "PROBING_AGENT_SILENT"
 
 
 class Stacks:
@@ -53,9 +57,10 @@ def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, tar
     outside shows a thread holding the GIL, or when the agent times out or goes away."""
 
     deadline = time.monotonic() + timeout
+    early_look = 0.0 if os.environ.pop(AGENT_SILENT, None) == str(target.pid) else EARLY_LOOK_S
     try:
         client.send(method, params)
-        if not _answered_or_stuck(client, target, min(EARLY_LOOK_S, timeout)):
+        if not _answered_or_stuck(client, target, min(early_look, timeout)):
             holder = target.gil_holder()
             if holder is not None:
                 raise Fallback(holder)

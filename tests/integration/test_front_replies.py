@@ -57,6 +57,7 @@ class ScriptedAgent:
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, f"{os.getpid()}.sock")
         self.reply: bytes = b""
+        self.hold = False  # read the request, then say nothing until the connection's timeout
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.path)
         self.listener.listen(8)
@@ -73,6 +74,8 @@ class ScriptedAgent:
                 connection.settimeout(5)
                 try:
                     connection.recv(65536)  # the hello and the request, sent together
+                    if self.hold:
+                        connection.recv(1)  # until the client goes (or 5 s)
                     connection.sendall(self.reply)
                 except OSError:
                     pass
@@ -184,3 +187,41 @@ def test_a_source_that_is_not_a_file(agent: ScriptedAgent, front_alone: str, tmp
     for path in (str(fifo), "/dev/zero", str(tmp_path)):
         shown = same(agent, front_alone, hello() + backtrace([dict(ROW, file=path)]))
         assert shown.endswith(f'", line 1, in test_it\n'.encode()), shown
+
+
+def test_a_silent_agent_of_a_running_job_is_not_waited_for_twice(
+    agent: ScriptedAgent, front_alone: str, tmp_path: Path
+) -> None:
+    """The agent stays silent while a thread of the job runs: the front end has waited the
+    early look and hands over to the Python CLI with PROBING_AGENT_SILENT naming the PID, so
+    the Python CLI looks from outside at once instead of waiting as long again."""
+    beside = tmp_path / "probing-python"
+    beside.write_text('#!/bin/sh\necho "silent=$PROBING_AGENT_SILENT"\n')
+    beside.chmod(0o755)
+    agent.reply = b""  # the agent reads the request and closes only once the test is done
+    agent.hold = True
+    spinning = threading.Event()
+
+    def spin() -> None:
+        while not spinning.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        handed = subprocess.run(
+            [front_alone, str(os.getpid()), "backtrace"],
+            capture_output=True,
+            timeout=60,
+            env=dict(os.environ, PROBING_AGENT_SILENT="1"),
+        )
+    finally:
+        spinning.set()
+        spinner.join()
+    assert handed.stdout == f"silent={os.getpid()}\n".encode(), handed.stderr
+    # Any other hand-over carries no such claim (a stale value from the caller is dropped).
+    beside_other = subprocess.run(
+        [front_alone, str(os.getpid()), "backtrace", "--native"], capture_output=True, timeout=60,
+        env=dict(os.environ, PROBING_AGENT_SILENT="1"),
+    )
+    assert beside_other.stdout == b"silent=\n", beside_other.stderr
