@@ -70,6 +70,8 @@ def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], Li
         if not line.startswith("  "):
             frames = None  # a blank line or another section ends the thread's frames
     rows: List[Dict[str, Any]] = []
+    # The faulting thread first: it is what the reader came for (faulthandler writes it last).
+    threads.sort(key=lambda thread: not thread[1])
     for ident, faulting, stack in threads:
         is_main = bool(stack) and stack[-1][2] == "<module>"
         for depth, (file, lineno, func) in enumerate(stack):

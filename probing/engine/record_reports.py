@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from ..analysis.states import thread_state
+from .fatal_text import FAULTING_THREAD
 from .record import Record, backtrace_rows
 
 # How many of the last memory samples the report lists.
@@ -92,7 +93,7 @@ def record_hang(record: Record, code_line: Callable[[Dict[str, Any]], str]) -> D
                 "native_id": first.get("native_id"),
                 "name": first.get("thread_name"),
                 "is_main": bool(first.get("is_main")),
-                "state": thread_state(frames, code_line),
+                "state": _state(record, frames, code_line),
                 "where": f"{where.get('func')} ({where.get('file')}:{where.get('lineno')})",
             }
         )
@@ -110,3 +111,10 @@ def record_hang(record: Record, code_line: Callable[[Dict[str, Any]], str]) -> D
         "progress cannot be told from it (that takes samples over time, of a live process)",
         "threads": described,
     }
+
+
+def _state(record: Record, frames: List[Dict[str, Any]], code_line: Callable[[Dict[str, Any]], str]) -> str:
+    """What the thread was doing; in a .fatal file, the faulting thread died where it stands."""
+    if record.kind == "fatal" and frames[0].get("thread_name") == FAULTING_THREAD:
+        return f"died of {record.reason()['message'] or 'a fatal signal'}"
+    return thread_state(frames, code_line)

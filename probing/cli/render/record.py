@@ -137,12 +137,16 @@ def write_record_memory(report: Dict[str, Any], format: str) -> None:
         ]  # fmt: skip
         write_table(columns, ["VARCHAR"] * len(columns), rows, out)
     torch = report["torch"]
-    if torch is not None:
+    if torch is not None and any(
+        torch[name] is not None for name in ("allocated", "max_allocated", "reserved")
+    ):
         out.write(
             f"\ntorch at the last traced step ({torch['step']}): allocated {size(torch['allocated'])}, "
             f"max allocated {size(torch['max_allocated'])}, reserved {size(torch['reserved'])}\n"
         )
-    held = ", ".join(f"{name} ({rows:,} rows)" for name, rows in report["tables"].items())
+    held = ", ".join(
+        f"{name} ({rows:,} row{'' if rows == 1 else 's'})" for name, rows in report["tables"].items()
+    )
     out.write(f"\nThe record holds: {held or 'no table'}\n")
     out.write(
         "A record is what the job left: USS, an object scan and --growth need a live process "
@@ -174,7 +178,8 @@ def write_exported(exported: Exported, format: str) -> None:
         return
     out = sys.stdout
     for entry in exported.files:
-        what = f"{entry['rows']:,} rows" if entry["rows"] is not None else "the record's header"
+        rows = entry["rows"]
+        what = "the record's header" if rows is None else f"{rows:,} row{'' if rows == 1 else 's'}"
         out.write(f"{inert(entry['path'])}  {what}, {size(entry['bytes'] / 1048576)}\n")
 
 
