@@ -13,13 +13,14 @@ fit is a BadRecord naming the file and why, never a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 from typing import Any, Dict, List, Optional
 
 from ..errors import BadRecord, ProbingError
-from ..protocol import DecodedTable, FrameError, decode_table, json_loads
+from ..protocol import DecodedTable, FrameError, decode_table
 from ..protocol.frames import MAX_HEADER_BYTES
 from ..protocol.records import RecordFormatError, read_record
 from ..schema.tables import AGENT_TABLES, BACKTRACE
@@ -202,6 +203,10 @@ def _read_probing(path: str, opened: str, status: os.stat_result) -> Record:
         read = read_record(opened)
     except RecordFormatError as error:
         raise BadRecord(f"{path}: {error}", hint=_hint_for(str(error))) from None
+    except (SystemError, RecursionError):
+        # protocol.json_loads's C scanner fails this way on some malformed JSON (not ValueError),
+        # and on JSON nested deeper than the interpreter's stack.
+        raise BadRecord(f"{path}: a frame whose header is not JSON", hint="") from None
     notes = _texts(read.header.get("notes"))
     tables: List[DecodedTable] = []
     for index, (descriptor, payload) in enumerate(read.tables):
@@ -239,8 +244,8 @@ def _read_fatal(path: str, handle: Any) -> Record:
             hint=_hint_for("version"),
         )
     try:
-        header = json_loads(text.decode("utf-8"))
-    except ValueError:
+        header = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict):
         raise BadRecord(f"{path}: a fatal-signal file whose header is not a JSON object", hint="")

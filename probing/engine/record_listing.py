@@ -11,13 +11,13 @@ as the agent creates it; the files in it are untrusted all the same.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import stat
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import BadRecord
 from ..procfs import process_alive, start_time
-from ..protocol import json_loads
 from ..protocol.frames import MAGIC, MAX_HEADER_BYTES, PREFIX
 from ..protocol.records import RECORD_MAGIC, RECORD_VERSION, SUFFIX
 from .record import NO_TRACE, Record, read_any
@@ -150,8 +150,8 @@ def read_header(path: str) -> Tuple[Dict[str, Any], os.stat_result]:
             raise BadRecord("a damaged frame")
         data = handle.read(header_length)
     try:
-        header = json_loads(data.decode("utf-8"))
-    except ValueError:
+        header = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
         raise BadRecord("a header that is not JSON") from None
     if not isinstance(header, dict) or header.get("record") != RECORD_VERSION:
         raise BadRecord("a header of another format version")
