@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from record_files import capture_record, exception_of, segfault_file, write_fatal_header
 
 from probing.errors import ExitCode
 
-from record_files import capture_record, exception_of, segfault_file, write_fatal_header
 from support import Target, probing
 
 SEED_QUERIES = (
@@ -163,8 +163,8 @@ def test_a_segfault_record_has_the_python_frame_that_called_into_the_crash(recor
     assert "a fatal signal (SIGSEGV): Segmentation fault" in out
     assert '"faulting thread", main thread' in out
     assert out.index("in read_address") < out.index('"thread"')  # the faulting thread first
-    rows = json.loads(probing(fatal, "query", "SELECT func, depth FROM python.backtrace "
-                              "WHERE thread_name = 'faulting thread' ORDER BY depth", "--format", "json").stdout)  # fmt: skip
+    sql = "SELECT func, depth FROM python.backtrace WHERE thread_name = 'faulting thread' ORDER BY depth"
+    rows = json.loads(probing(fatal, "query", sql, "--format", "json").stdout)
     assert [row["func"] for row in rows][:4] == ["string_at", "read_address", "step", "<module>"]
     hang = probing(fatal, "hang")
     assert "died of Segmentation fault" in hang.stdout

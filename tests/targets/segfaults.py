@@ -15,12 +15,24 @@ import time
 path = sys.argv[1]
 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
 header = {
-    "record": 1, "probing_version": "test", "pid": os.getpid(), "ppid": os.getppid(), "uid": os.geteuid(),
-    "hostname": socket.gethostname(), "argv": sys.argv, "cwd": os.getcwd(), "executable": sys.executable,
-    "python_version": ".".join(map(str, sys.version_info[:3])), "started_at": None,
+    "record": 1,
+    "probing_version": "test",
+    "pid": os.getpid(),
+    "ppid": os.getppid(),
+    "uid": os.geteuid(),
+    "hostname": socket.gethostname(),
+    "argv": sys.argv,
+    "cwd": os.getcwd(),
+    "executable": sys.executable,
+    "python_version": ".".join(map(str, sys.version_info[:3])),
+    "started_at": None,
     "written_at": time.time(),
     "reason": {"kind": "fatal_signal", "message": "", "signal": None, "exit_status": None},
-    "exception": None, "rank": None, "tables": [], "notes": [], "write_seconds": 0.0,
+    "exception": None,
+    "rank": None,
+    "tables": [],
+    "notes": [],
+    "write_seconds": 0.0,
 }
 os.write(fd, b"#probing-fatal 1 " + json.dumps(header).encode() + b"\n")
 faulthandler.enable(os.fdopen(fd, "w"), all_threads=True)
