@@ -155,3 +155,18 @@ def test_what_is_taken_for_a_record_path(tmp_path: Path) -> None:
     assert is_record_path(str(tmp_path / "a.probing")) and is_record_path(str(tmp_path / "b.txt"))
     assert not is_record_path(str(tmp_path / "c.txt")) and not is_record_path(str(tmp_path / "d.probing"))
     assert not is_record_path("1234") and not is_record_path(str(tmp_path / "missing.probing"))
+
+
+def test_hang_on_a_record_claims_a_verdict_only_when_the_record_was_one(tmp_path: Path) -> None:
+    from probing.engine.record_reports import record_hang
+
+    table = _backtrace_table()
+    plain = open_record(write_record(str(tmp_path), "a.probing", HEADER, [table]))
+    report = record_hang(plain, lambda frame: "")
+    assert report["hung"] is None and "one snapshot" in report["reason"]
+    assert [thread["name"] for thread in report["threads"]] == ["MainThread"]
+    watchdog = dict(HEADER, reason={"kind": "watchdog", "message": "no progress in 900 s"})
+    stuck = record_hang(
+        open_record(write_record(str(tmp_path), "b.probing", watchdog, [table])), lambda f: ""
+    )
+    assert stuck["hung"] is True and "watchdog" in stuck["reason"]
