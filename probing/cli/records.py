@@ -29,5 +29,5 @@ def records(directory: Optional[str], format: str) -> int:
     its own).
     """
     directories = [directory] if directory is not None else record_directories()
-    write_records(list_records(directories, given=directory is not None), format)
+    write_records(list_records(directories, given=directory is not None), format, directories)
     return ExitCode.OK

@@ -247,3 +247,10 @@ def test_record_on_a_live_job_asks_its_agent() -> None:
         assert written["pid"] == job.pid and os.path.exists(written["path"])
         backtrace = probing(written["path"], "backtrace")
         assert backtrace.returncode == 0 and "asked for (probing PID record): a test" in backtrace.stdout
+
+
+def test_probing_records_says_where_it_looked_when_it_finds_none(tmp_path: Path) -> None:
+    result = probing("records", "--dir", str(tmp_path))
+    assert result.returncode == 0 and result.stdout == f"no records in {tmp_path}\n"
+    default = probing("records", env={"PROBING_RECORD_DIR": str(tmp_path / "none")})
+    assert default.returncode == 0 and "no records in" in default.stdout

@@ -183,14 +183,14 @@ def write_exported(exported: Exported, format: str) -> None:
         out.write(f"{inert(entry['path'])}  {what}, {size(entry['bytes'] / 1048576)}\n")
 
 
-def write_records(entries: List[Any], format: str) -> None:
-    """`probing records`: newest first."""
+def write_records(entries: List[Any], format: str, directories: List[str]) -> None:
+    """`probing records`: newest first; where it looked, when it found none."""
     fields = ["written", "pid", "rank", "argv", "why", "size", "path"]
     if format == "json":
         write_json([dict(entry._asdict(), size_bytes=entry.size) for entry in entries])
         return
     if not entries:
-        sys.stdout.write("no records\n")
+        sys.stdout.write(f"no records in {inert(', '.join(directories))}\n")
         return
     rows = [
         (
