@@ -15,7 +15,7 @@ from record_files import capture_record, exception_of, segfault_file, write_fata
 
 from probing.errors import ExitCode
 
-from support import Target, probing
+from support import Target, interpreter_params, probing
 
 SEED_QUERIES = (
     "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10",
@@ -254,3 +254,12 @@ def test_probing_records_says_where_it_looked_when_it_finds_none(tmp_path: Path)
     assert result.returncode == 0 and result.stdout == f"no records in {tmp_path}\n"
     default = probing("records", env={"PROBING_RECORD_DIR": str(tmp_path / "none")})
     assert default.returncode == 0 and "no records in" in default.stdout
+
+
+@pytest.mark.parametrize("python", interpreter_params())
+def test_faulthandlers_text_of_every_python_is_read(python: str, tmp_path: Path) -> None:
+    """faulthandler's layout is the same from 3.8 to 3.13 (and Debian's stripped 3.11)."""
+    fatal = segfault_file(str(tmp_path), "segfaults-1.fatal", python)
+    sql = "SELECT func FROM python.backtrace WHERE thread_name = 'faulting thread' ORDER BY depth"
+    rows = json.loads(probing(fatal, "query", sql, "--format", "json").stdout)
+    assert [row["func"] for row in rows][:4] == ["string_at", "read_address", "step", "<module>"]
