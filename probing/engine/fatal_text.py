@@ -31,11 +31,23 @@ _THREAD = re.compile(r"^(Current thread|Thread|Stack)(?: (0x[0-9a-fA-F]+))? \(mo
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _FATAL = re.compile(r"^Fatal Python error: (.*)$")
 FAULTING_THREAD = "faulting thread"
+# Where the agent's code lives in an installed probing: its threads' frames are there.
+AGENT_PATH = "/probing/agent/"
 OTHER_THREAD = "thread"
 # More frames than this in one thread, or threads in one file, are not a faulthandler's text
 # (it writes at most 100 frames and 100 threads).
 MAX_FRAMES = 1000
 MAX_THREADS = 1000
+
+
+def _agent_thread(stack: List[Tuple[str, Optional[int], str]]) -> bool:
+    """Whether a thread is one of the agent's: the function it was started with (its outermost
+    frame below threading's bootstrap) is in probing/agent/."""
+    for file, _, _ in reversed(stack):
+        if file.replace("\\", "/").endswith("/threading.py"):
+            continue
+        return AGENT_PATH in file.replace("\\", "/")
+    return False
 
 
 def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
@@ -70,6 +82,8 @@ def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], Li
         if not line.startswith("  "):
             frames = None  # a blank line or another section ends the thread's frames
     rows: List[Dict[str, Any]] = []
+    # faulthandler lists the agent's own threads too, which a live backtrace leaves out.
+    threads = [thread for thread in threads if thread[1] or not _agent_thread(thread[2])]
     # The faulting thread first: it is what the reader came for (faulthandler writes it last).
     threads.sort(key=lambda thread: not thread[1])
     for ident, faulting, stack in threads:

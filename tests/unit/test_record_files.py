@@ -56,6 +56,19 @@ def test_faulthandler_text_of_one_thread_and_unknown_lines() -> None:
     ]
 
 
+def test_the_agents_own_threads_are_left_out_of_faulthandlers_text() -> None:
+    agent = (
+        "Thread 0x00000000000000aa (most recent call first):\n"
+        '  File "/usr/lib/python3.11/selectors.py", line 415 in select\n'
+        '  File "/venv/lib/python3.11/site-packages/probing/agent/server.py", line 90 in serve\n'
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+    )
+    _, rows = parse_faulthandler(agent + FAULTHANDLER_TEXT, 1)
+    assert 0xAA not in {row["thread_id"] for row in rows}
+    assert len({row["thread_id"] for row in rows}) == 2
+
+
 def test_faulthandler_text_with_nothing_in_it() -> None:
     assert parse_faulthandler("", 1) == (None, [])
 
