@@ -246,7 +246,7 @@ def test_record_on_a_live_job_asks_its_agent() -> None:
         written = json.loads(result.stdout)
         assert written["pid"] == job.pid and os.path.exists(written["path"])
         backtrace = probing(written["path"], "backtrace")
-        assert backtrace.returncode == 0 and "asked for (probing PID record): a test" in backtrace.stdout
+        assert backtrace.returncode == 0 and "a request (probing PID record): a test" in backtrace.stdout
 
 
 def test_probing_records_says_where_it_looked_when_it_finds_none(tmp_path: Path) -> None:

@@ -30,9 +30,9 @@ REASONS = {
     "fatal_signal": "a fatal signal",
     "nan": "a NaN/Inf (nan on --stop)",
     "watchdog": "the hang watchdog (run --hang-timeout)",
-    "collective_timeout": "a collective timed out",
-    "on_demand": "asked for (probing PID record)",
-    "exit": "the job exited with an error status",
+    "collective_timeout": "a collective timeout",
+    "on_demand": "a request (probing PID record)",
+    "exit": "an exit with an error status",
 }
 
 
