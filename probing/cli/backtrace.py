@@ -28,6 +28,17 @@ def backtrace(
     attach_children: bool = False,
     ranks: Optional[str] = None,
 ) -> int:
+    record = invocation.record()
+    if record is not None:
+        from ..engine.record import record_stacks
+        from .render.record import write_record_stacks
+
+        live = [name for name, given in (("--ranks", ranks is not None), ("--native", native),
+                                          ("--children", children or attach_children)) if given]  # fmt: skip
+        if live:
+            raise invocation.live_only(f"backtrace {live[0]}")
+        write_record_stacks(record, record_stacks(record, locals, thread), format)
+        return ExitCode.OK
     if ranks is not None:
         if children or attach_children:
             raise UsageError("--ranks reads every rank already; --children does not go with it")

@@ -9,12 +9,14 @@ from typing import Any, List, Optional
 import click
 
 from .. import __version__
+from ..engine.record_path import is_record_path
 from ..engine.target import parse_address
 from ..errors import ExitCode, ProbingError
 from .backtrace import backtrace as show_backtrace
 from .core import core_command
 from .detach import detach_command
 from .eval import eval_command
+from .export import export
 from .hang import hang
 from .inject import inject_command
 from .invocation import Invocation
@@ -24,6 +26,8 @@ from .memory import memory_command
 from .options import apply, pass_invocation
 from .query import query
 from .ranks import ranks
+from .record import record
+from .records import records
 from .render import report_error, stdout_is_closed
 from .repl import repl
 from .run import run
@@ -34,7 +38,7 @@ from .tables import tables
 # Global options followed by their value: that word is no TARGET.
 VALUED_OPTIONS = tuple(option.name for option in (*GLOBAL_OPTIONS, ENDPOINTS) if not option.flag)
 # Commands that do not act on a target process.
-TARGETLESS = ("list", "run", "core")
+TARGETLESS = ("list", "run", "core", "records")
 
 
 def _exit_code_table() -> str:
@@ -96,7 +100,8 @@ class ProbingGroup(click.Group):
     "-t",
     "--target",
     metavar="TARGET",
-    help="PID of the process, the path of its agent socket, or tcp://HOST:PORT of an agent listening on TCP.",
+    help="PID of the process, the path of its agent socket, tcp://HOST:PORT of an agent listening on TCP, "
+    "or a record file a job left (FILE.probing, FILE.fatal).",
 )
 @apply(*GLOBAL_OPTIONS, ENDPOINTS)
 @click.version_option(__version__, prog_name="probing")
@@ -121,6 +126,8 @@ def cli(
       probing PID hang --ranks all which rank of the job is stuck, and where (--ranks: most commands)
       probing tcp://HOST:PORT ...  an agent on another node, over TCP (PROBING_LISTEN, PROBING_TOKEN)
       probing list                 Python processes by job, and which have an agent
+      probing records              the records jobs left on this machine when they ended
+      probing FILE backtrace       a record is a target: backtrace, query, tables, memory, hang, export
       probing run -- CMD ...       start CMD with the agent in it
       probing core CORE            the Python stacks in a core file (query "SQL" over them)
 
@@ -134,7 +141,7 @@ def cli(
         raise click.UsageError(f"'{ctx.invoked_subcommand}' takes no TARGET")
     if target is not None and endpoints is not None:
         raise click.UsageError("give either a TARGET or --endpoints, not both")
-    if target is not None:
+    if target is not None and not is_record_path(target):
         parse_address(target)  # a malformed TARGET is a usage error before any work
 
 
@@ -165,7 +172,7 @@ def backtrace(
 
 
 for _command in (hang, eval_command, repl, query, trace, nan, memory_command, tables, inject_command,
-                 detach_command, listen_command, list_command, run):  # fmt: skip
+                 detach_command, listen_command, list_command, run, records, record, export):  # fmt: skip
     cli.add_command(_command)
 cli.add_command(ranks)
 cli.add_command(core_command)

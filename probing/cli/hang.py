@@ -41,6 +41,17 @@ def hang(
     not reached the collective the others wait in, and where they are; collectives that do not
     match across ranks. Exits 11 when the job is stuck, 14 when some ranks could not be watched.
     """
+    record = invocation.record()
+    if record is not None:
+        from ..engine.record_reports import record_hang
+        from .render.record import write_record_hang
+
+        if ranks is not None:
+            raise invocation.live_only("hang --ranks")
+        sources = SourceLines(None)
+        report = record_hang(record, lambda frame: sources.line(str(frame.get("file")), frame.get("lineno")))
+        write_record_hang(report, format)
+        return ExitCode.HUNG if report["hung"] else ExitCode.OK
     if ranks is not None:
         from ..engine.job_hang import watch_job
         from .render import notes

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import sys
 
+from ..engine.record_path import is_record_path
 from ..engine.target import Target, quiet
-from ..errors import UsageError
+from ..errors import NotLive, UsageError
 from .render import log_to_stderr, notes
 
 TYPE_CHECKING = False
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from typing import List, Optional, Tuple
 
     from ..engine.job import Job, Rank
+    from ..engine.record import Record
 
 
 # What each agent asked while the job is found (its registry, or its hello) may take.
@@ -21,7 +23,7 @@ REGISTRY_TIMEOUT_S = 5.0
 
 
 class Invocation:
-    __slots__ = ("target_text", "verbose", "no_attach", "attach_timeout", "endpoints")
+    __slots__ = ("target_text", "verbose", "no_attach", "attach_timeout", "endpoints", "command")
 
     def __init__(
         self,
@@ -36,9 +38,29 @@ class Invocation:
         self.verbose = verbose
         self.no_attach = no_attach
         self.attach_timeout = attach_timeout
+        self.command: Optional[str] = None  # the command's name, for messages (set by click)
+
+    def is_record(self) -> bool:
+        return self.target_text is not None and is_record_path(self.target_text)
+
+    def record(self) -> Optional[Record]:
+        """The record file TARGET names, read (BadRecord if it cannot be); None for a process."""
+        if not self.is_record():
+            return None
+        from ..engine.record import open_record
+
+        return open_record(self.target_text or "")
+
+    def live_only(self, what: Optional[str] = None) -> NotLive:
+        """The error for `what` (the command by default) asked of a record."""
+        what = what or (f"`{self.command}`" if self.command else "this command")
+        return NotLive(f"{what} needs a live process: {self.target_text} is a record of a job that has ended")
 
     def target(self) -> Target:
-        """The engine's view of the target; a malformed TARGET is a UsageError."""
+        """The engine's view of the target; a malformed TARGET is a UsageError, a record file
+        NotLive (what asks for a Target needs a process)."""
+        if self.is_record():
+            raise self.live_only()
         log = log_to_stderr if self.verbose else None
         return Target(self.target_text, log, self.no_attach, self.attach_timeout)
 

@@ -51,6 +51,15 @@ def memory_command(
         raise click.UsageError("--interval is 0 (stop sampling) or at least 0.1 s")
     if format == "json" and cuda_snapshot is not None:
         raise click.UsageError("--cuda-snapshot writes a file; --format json does not apply")
+    record = invocation.record()
+    if record is not None:
+        from ..engine.record_reports import record_memory
+        from .render.record import write_record_memory
+
+        if chosen or ranks is not None:
+            raise invocation.live_only(f"memory {(chosen or ['--ranks'])[0]}")
+        write_record_memory(record_memory(record), format)
+        return ExitCode.OK
     if ranks is not None:
         if cuda_snapshot is not None:
             raise click.UsageError(

@@ -49,6 +49,7 @@ def pass_invocation(function: Callable[..., int]) -> Callable[..., int]:
     def command(ctx: click.Context, *args: Any, **kwargs: Any) -> int:
         invocation = ctx.find_object(Invocation)
         assert invocation is not None
+        invocation.command = ctx.info_name
         return function(invocation, *args, **kwargs)
 
     return command

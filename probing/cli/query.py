@@ -40,6 +40,16 @@ def query(
     and node (SELECT rank, func FROM python.backtrace WHERE depth = 0).
     """
     text = read_argument(sql, "SQL")
+    record = invocation.record()
+    if record is not None:
+        from ..engine.record_sql import query_record
+
+        if ranks is not None:
+            raise invocation.live_only("query --ranks")
+        answer = query_record(record, text)
+        notes(answer.notes)
+        write_rows(answer.columns, answer.types, answer.rows, format)
+        return ExitCode.OK
     if ranks is not None:
         job, chosen = invocation.job(ranks)
         tables = load_job_tables(

@@ -18,7 +18,14 @@ from .spec import RANKS, TEXT_OR_JSON, timeout
 @apply(TEXT_OR_JSON, timeout(10.0), RANKS)
 @pass_invocation
 def tables(invocation: Invocation, format: str, timeout: float, ranks: Optional[str]) -> int:
-    """Every table with its columns, types and what each column means."""
+    """Every table with its columns, types and what each column means (of a record: those it
+    holds, with their row counts in --format json)."""
+    record = invocation.record()
+    if record is not None:
+        if ranks is not None:
+            raise invocation.live_only("tables --ranks")
+        write_tables(record.described(), format)
+        return ExitCode.OK
     if ranks is not None:
         from ..engine.fanout import gather
         from .render.per_rank import write_job_tables

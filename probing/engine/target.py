@@ -17,8 +17,9 @@ import time
 
 from ..client.connection import TCP_SCHEME, Client
 from ..client.discovery import locate_socket
-from ..errors import NoAgent, ProbingError, UsageError
+from ..errors import NoAgent, NotLive, ProbingError, UsageError
 from .job import STALE_ENDPOINT_HINT, NotTheRank, Rank, identity_mismatch
+from .record_path import is_record_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,7 +76,12 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
             return None, text
     except OSError:
         pass
-    raise UsageError(f"TARGET must be a PID, the path of an agent socket or tcp://HOST:PORT, not {text!r}")
+    if is_record_path(text):
+        # Whatever asks for a process to reach (a Target) cannot have a record: see engine/record.py.
+        raise NotLive(f"{text} is a record of a job that has ended: this needs a live process")
+    raise UsageError(
+        f"TARGET must be a PID, the path of an agent socket, tcp://HOST:PORT or a record file, not {text!r}"
+    )
 
 
 class Stillness:

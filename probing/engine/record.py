@@ -1,0 +1,295 @@
+"""A record file as a target: what a dead job left, read as the same tables and the same `info`
+the commands get from a live process.
+
+Two kinds of file (the agent writes both under PROBING_RECORD_DIR):
+  NAME.probing  protocol/records.py's format: a header, then every table the agent held
+  NAME.fatal    a header line, then faulthandler's text after a fatal signal (engine/fatal_text.py)
+
+A record is untrusted input (root reads other users' records, and a job may be hostile): the
+file is opened only if it is a regular file, its size is bounded, every table goes through
+decode_table's checks, and every header field is checked for its type before use; what does not
+fit is a BadRecord naming the file and why, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from typing import Any, Dict, List, Optional
+
+from ..errors import BadRecord, ProbingError
+from ..protocol import DecodedTable, FrameError, decode_table
+from ..protocol.frames import MAX_HEADER_BYTES
+from ..protocol.records import RecordFormatError, read_record
+from ..schema.tables import AGENT_TABLES, BACKTRACE
+from .fatal_text import parse_faulthandler
+from .record_path import FATAL_MAGIC, FATAL_SUFFIX, open_regular
+
+# A .fatal file is a header line and faulthandler's text (at most 100 threads of 100 frames):
+# anything past this is not faulthandler's, and is left unread.
+MAX_FATAL_BYTES = 16 << 20
+FATAL_VERSION = 1
+# Table names a record may hold: `schema.table`, as the agent names them. Anything else (a
+# path, a quote) is left out: names become SQL identifiers and file names in `export`.
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\.[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# faulthandler's words for the signals it handles.
+_FATAL_SIGNALS = {
+    "Segmentation fault": signal.SIGSEGV,
+    "Aborted": signal.SIGABRT,
+    "Bus error": signal.SIGBUS,
+    "Floating point exception": signal.SIGFPE,
+    "Illegal instruction": signal.SIGILL,
+}
+NO_TRACE = "ended without a trace (SIGKILL, os._exit, or faulthandler taken by the job)"
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def _texts(value: Any) -> List[str]:
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
+
+
+class Record:
+    """One record file, read. `kind`: "record" (a .probing file) or "fatal" (a .fatal file);
+    `tables`: the decoded tables; `backtrace_rows`: python.backtrace parsed from faulthandler's
+    text (a .fatal file holds no tables); `notes`: what was left out of it and why."""
+
+    __slots__ = ("path", "kind", "header", "tables", "backtrace_rows", "notes", "size", "modified")
+
+    def __init__(
+        self,
+        path: str,
+        kind: str,
+        header: Dict[str, Any],
+        tables: List[DecodedTable],
+        backtrace_rows: List[Dict[str, Any]],
+        notes: List[str],
+        size: int,
+        modified: float,
+    ) -> None:
+        self.path = path
+        self.kind = kind
+        self.header = header
+        self.tables = tables
+        self.backtrace_rows = backtrace_rows
+        self.notes = notes
+        self.size = size
+        self.modified = modified
+
+    @property
+    def pid(self) -> Optional[int]:
+        return _int(self.header.get("pid"))
+
+    def info(self) -> Dict[str, Any]:
+        """What the renderers show of the process (as a live agent's hello gives it)."""
+        return {
+            "pid": self.pid,
+            "python_version": _text(self.header.get("python_version")),
+            "argv": _texts(self.header.get("argv")),
+        }
+
+    @property
+    def written_at(self) -> Optional[float]:
+        # A .fatal file's header was written when the agent started; faulthandler wrote the rest
+        # at the fault, which the file's modification time tells.
+        if self.kind == "fatal":
+            return self.modified
+        return _float(self.header.get("written_at"))
+
+    def reason(self) -> Dict[str, Any]:
+        """Why it was written: kind, message, signal, exit_status (each None where unknown)."""
+        reason = self.header.get("reason")
+        reason = reason if isinstance(reason, dict) else {}
+        return {
+            "kind": _text(reason.get("kind")),
+            "message": _text(reason.get("message")) or "",
+            "signal": _int(reason.get("signal")),
+            "exit_status": _int(reason.get("exit_status")),
+        }
+
+    def exception(self) -> Optional[Dict[str, Any]]:
+        """The exception that ended the job (type, message, text, thread), if it holds one."""
+        exception = self.header.get("exception")
+        if not isinstance(exception, dict):
+            return None
+        return {key: _text(exception.get(key)) for key in ("type", "message", "text", "thread")}
+
+    def rank(self) -> Optional[Dict[str, Any]]:
+        rank = self.header.get("rank")
+        if not isinstance(rank, dict):
+            return None
+        return {key: _int(rank.get(key)) for key in ("rank", "local_rank", "world_size", "node")}
+
+    def table_names(self) -> List[str]:
+        names = [table.name for table in self.tables]
+        if self.backtrace_rows and BACKTRACE.name not in names:
+            names.append(BACKTRACE.name)
+        return names
+
+    def table(self, name: str) -> Optional[DecodedTable]:
+        return next((table for table in self.tables if table.name == name), None)
+
+    def rows(self, name: str) -> List[Dict[str, Any]]:
+        """The rows of table `name` as dicts (empty when the record does not hold it)."""
+        if name == BACKTRACE.name and self.kind == "fatal":
+            return list(self.backtrace_rows)
+        table = self.table(name)
+        return table.to_rows() if table is not None else []
+
+    def described(self) -> List[Dict[str, Any]]:
+        """The tables it holds, each with its columns and what they mean (as `tables` prints)."""
+        described = []
+        for name in self.table_names():
+            known = AGENT_TABLES.get(name)
+            table = self.table(name)
+            if known is not None:
+                entry = known.describe()
+            else:
+                columns = (
+                    [{"name": c.name, "type": c.type, "doc": ""} for c in table.columns] if table else []
+                )
+                entry = {"name": name, "doc": "", "columns": columns}
+            rows = table.rows if table is not None else len(self.backtrace_rows)
+            described.append(dict(entry, rows=rows))
+        return described
+
+
+def open_record(path: str) -> Record:
+    """The record at `path` as a target; BadRecord for anything that cannot be one (the
+    message names the file and says why)."""
+    record = read_any(path)
+    if record.kind == "fatal" and not record.backtrace_rows:
+        raise BadRecord(
+            f"{path}: PID {record.pid}'s fatal-signal file holds no trace",
+            hint="while the process runs, this file is where faulthandler writes if it crashes: "
+            f"use `probing {record.pid} COMMAND`; once it is gone, it {NO_TRACE}",
+        )
+    return record
+
+
+def read_any(path: str) -> Record:
+    """A .probing or .fatal file (by its first bytes), without judging an empty .fatal file."""
+    try:
+        fd = open_regular(path)
+    except OSError as error:
+        raise BadRecord(f"{path}: cannot be read: {error.strerror or error}", hint="") from None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            start = handle.read(len(FATAL_MAGIC))
+            if start == FATAL_MAGIC or (not start and path.endswith(FATAL_SUFFIX)):
+                return _read_fatal(path, handle)
+            # Reopened through the descriptor: the file checked above, whatever the path is now.
+            return _read_probing(path, f"/proc/self/fd/{handle.fileno()}", os.fstat(handle.fileno()))
+    except OSError as error:
+        raise BadRecord(f"{path}: cannot be read: {error.strerror or error}", hint="") from None
+
+
+def _read_probing(path: str, opened: str, status: os.stat_result) -> Record:
+    try:
+        read = read_record(opened)
+    except RecordFormatError as error:
+        raise BadRecord(f"{path}: {error}", hint=_hint_for(str(error))) from None
+    except (SystemError, RecursionError):
+        # protocol.json_loads's C scanner fails this way on some malformed JSON (not ValueError),
+        # and on JSON nested deeper than the interpreter's stack.
+        raise BadRecord(f"{path}: a frame whose header is not JSON", hint="") from None
+    notes = _texts(read.header.get("notes"))
+    tables: List[DecodedTable] = []
+    for index, (descriptor, payload) in enumerate(read.tables):
+        try:
+            table = decode_table(descriptor, payload)
+        except FrameError as error:
+            raise BadRecord(f"{path}: table {index + 1}: {error}", hint="") from None
+        if not _TABLE_NAME.match(table.name):
+            notes.append(f"a table named {table.name!r} was left out: not a table name")
+        elif any(seen.name == table.name for seen in tables):
+            notes.append(f"a second table {table.name} was left out")
+        else:
+            tables.append(table)
+    return Record(path, "record", read.header, tables, [], notes, status.st_size, status.st_mtime)
+
+
+def _hint_for(reason: str) -> Optional[str]:
+    if "version" in reason:
+        return "read it with the probing version that wrote it (`probing_version` in its header)"
+    if "cut short" in reason:
+        return "the job died while writing it; an older record of the same job may be whole"
+    return ""
+
+
+def _read_fatal(path: str, handle: Any) -> Record:
+    status = os.fstat(handle.fileno())
+    line = handle.readline(MAX_HEADER_BYTES + 64)
+    version, _, text = line.partition(b" ")
+    if not line.endswith(b"\n"):
+        raise BadRecord(f"{path}: a fatal-signal file whose header line is cut short or too long", hint="")
+    if version != str(FATAL_VERSION).encode():
+        raise BadRecord(
+            f"{path}: a fatal-signal file of format version {version[:16]!r}; this probing reads "
+            f"version {FATAL_VERSION}",
+            hint=_hint_for("version"),
+        )
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict):
+        raise BadRecord(f"{path}: a fatal-signal file whose header is not a JSON object", hint="")
+    rest = handle.read(MAX_FATAL_BYTES)
+    notes = []
+    if handle.read(1):
+        notes.append(f"only the first {MAX_FATAL_BYTES >> 20} MB of faulthandler's text were read")
+    pid = _int(header.get("pid"))
+    message, rows = parse_faulthandler(rest.decode("utf-8", "replace"), pid)
+    given = header.get("reason")
+    reason: Dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+    reason["kind"] = "fatal_signal"
+    if message is not None:
+        number = _FATAL_SIGNALS.get(message)
+        reason.update(message=message, signal=int(number) if number is not None else None)
+    header = dict(header, reason=reason, tables=[BACKTRACE.name] if rows else [])
+    return Record(path, "fatal", header, [], rows, notes, status.st_size, status.st_mtime)
+
+
+def record_stacks(record: Record, locals: bool, thread: Optional[str]) -> List[Dict[str, Any]]:
+    """python.backtrace of the record as `probing PID backtrace` takes it: one thread (by name,
+    Python ident or native id) if asked, the locals it holds only with `locals`."""
+    rows = backtrace_rows(record)
+    if thread is not None:
+        chosen = [
+            row
+            for row in rows
+            if thread in (str(row["thread_name"]), str(row["thread_id"]), str(row["native_id"]))
+        ]
+        if not chosen:
+            names = ", ".join(dict.fromkeys(f"{row['thread_name']} ({row['thread_id']})" for row in rows))
+            raise ProbingError(f"the record holds no thread named or numbered {thread!r}; threads: {names}")
+        rows = chosen
+    return rows if locals else [dict(row, locals=None) for row in rows]
+
+
+def backtrace_rows(record: Record) -> List[Dict[str, Any]]:
+    """python.backtrace of the record with every column the renderers read, whatever the file
+    held: a column left out is None, a depth that is not a number sorts as the innermost."""
+    names = BACKTRACE.column_names()
+    rows = []
+    for row in record.rows(BACKTRACE.name):
+        row = {name: row.get(name) for name in names}
+        row["depth"] = _int(row["depth"]) or 0
+        row["lineno"] = _int(row["lineno"])
+        rows.append(row)
+    return rows

@@ -1,0 +1,158 @@
+"""`probing records`: the records on this machine, newest first, each read only as far as its
+header (a record may hold a million-row table; a listing reads a few kilobytes of each).
+
+Where: PROBING_RECORD_DIR, else `<socket dir>/records` (PROBING_SOCKET_DIR or
+/tmp/probing-UID). Run as root with neither set, every user's default directory
+(/tmp/probing-*/records) is read too: root inspects other users' jobs, as `probing list` does.
+A directory is read only if it is a real directory (not a symlink) of its owner, mode 0700,
+as the agent creates it; the files in it are untrusted all the same.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import stat
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from ..errors import BadRecord
+from ..procfs import process_alive, start_time
+from ..protocol.frames import MAGIC, MAX_HEADER_BYTES, PREFIX
+from ..protocol.records import RECORD_MAGIC, RECORD_VERSION, SUFFIX
+from .record import NO_TRACE, Record, read_any
+from .record_path import FATAL_SUFFIX, open_regular
+
+# At most this many files of a directory are looked at (the agent keeps 20 per machine).
+MAX_FILES = 1000
+# A process whose start time differs from the record's by more than this is another process
+# that was given the same PID.
+START_TIME_SLACK_S = 2.0
+
+
+class RecordEntry(NamedTuple):
+    path: str
+    kind: str  # "record", "fatal", "no_trace" or "unreadable"
+    written_at: Optional[float]
+    pid: Optional[int]
+    argv: List[str]
+    reason: str  # kind: message
+    rank: Optional[int]
+    size: int
+
+
+def record_directories() -> List[str]:
+    """Where records are looked for, by default."""
+    chosen = os.environ.get("PROBING_RECORD_DIR")
+    if chosen:
+        return [chosen]
+    socket_dir = os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
+    directories = [os.path.join(socket_dir, "records")]
+    if os.geteuid() == 0 and not os.environ.get("PROBING_SOCKET_DIR"):
+        directories += sorted(path for path in glob.glob("/tmp/probing-*/records") if path not in directories)
+    return directories
+
+
+def _trusted(directory: str) -> bool:
+    try:
+        status = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o700
+
+
+def list_records(directories: List[str], given: bool = False) -> List[RecordEntry]:
+    """Every record in `directories`, newest first. `given`: the user named the directory,
+    so one that is not 0700 is read anyway (they chose it)."""
+    entries: List[RecordEntry] = []
+    for directory in directories:
+        if not given and not _trusted(directory):
+            continue
+        try:
+            names = sorted(os.listdir(directory))[:MAX_FILES]
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(".") or not name.endswith((SUFFIX, FATAL_SUFFIX)):
+                continue  # a record being written is a hidden temporary file
+            entry = _entry(os.path.join(directory, name))
+            if entry is not None:
+                entries.append(entry)
+    entries.sort(key=lambda entry: entry.written_at or 0.0, reverse=True)
+    return entries
+
+
+def _entry(path: str) -> Optional[RecordEntry]:
+    try:
+        if path.endswith(FATAL_SUFFIX):
+            return _fatal_entry(path)
+        header, status = read_header(path)
+    except BadRecord as error:
+        return _unreadable(path, error.message)
+    except OSError as error:
+        return _unreadable(path, str(error.strerror or error))
+    return _from_record(Record(path, "record", header, [], [], [], status.st_size, status.st_mtime), "record")
+
+
+def _unreadable(path: str, why: str) -> RecordEntry:
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return RecordEntry(path, "unreadable", None, None, [], f"unreadable: {why}", None, 0)
+    return RecordEntry(
+        path, "unreadable", status.st_mtime, None, [], f"unreadable: {why}", None, status.st_size
+    )
+
+
+def _from_record(record: Record, kind: str) -> RecordEntry:
+    reason = record.reason()
+    text = reason["kind"] or "?"
+    if reason["message"]:
+        text += f": {reason['message']}"
+    rank = record.rank()
+    written = record.modified if kind == "no_trace" else record.written_at
+    return RecordEntry(record.path, kind, written, record.pid, record.info()["argv"], text,
+                       rank["rank"] if rank else None, record.size)  # fmt: skip
+
+
+def _fatal_entry(path: str) -> Optional[RecordEntry]:
+    record = read_any(path)
+    if record.pid is not None and _same_process_alive(record.pid, record.header.get("started_at")):
+        return None  # its armed fault handler: the job is running
+    if record.backtrace_rows:
+        return _from_record(record, "fatal")
+    return _from_record(record, "no_trace")._replace(reason=NO_TRACE)
+
+
+def _same_process_alive(pid: int, started_at: Any) -> bool:
+    if not process_alive(pid):
+        return False
+    if not isinstance(started_at, (int, float)):
+        return True
+    started = start_time(pid)
+    return started is None or abs(started - float(started_at)) <= START_TIME_SLACK_S
+
+
+def read_header(path: str) -> Tuple[Dict[str, Any], os.stat_result]:
+    """A .probing file's header (its first frame) and its stat, reading no further."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        magic = handle.read(len(RECORD_MAGIC))
+        if magic != RECORD_MAGIC:
+            other = magic[:6] == RECORD_MAGIC[:6]
+            raise BadRecord("a record of another format version" if other else "not a probing record")
+        prefix = handle.read(PREFIX.size)
+        if len(prefix) < PREFIX.size:
+            raise BadRecord("cut short")
+        frame_magic, header_length, _ = PREFIX.unpack(prefix)
+        if frame_magic != MAGIC or header_length > MAX_HEADER_BYTES:
+            raise BadRecord("a damaged frame")
+        data = handle.read(header_length)
+    try:
+        header = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise BadRecord("a header that is not JSON") from None
+    if not isinstance(header, dict) or header.get("record") != RECORD_VERSION:
+        raise BadRecord("a header of another format version")
+    return header, status

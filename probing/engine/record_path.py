@@ -1,0 +1,48 @@
+"""Whether a TARGET names a record file: a regular file ending in .probing or .fatal, or one
+that starts as a record does. Standard library only (target parsing goes through here on the
+fast path of `probing PID backtrace`); a leaf, so target.py can ask without importing the
+reader."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..protocol.records import RECORD_MAGIC, SUFFIX
+
+FATAL_SUFFIX = ".fatal"
+# The first bytes of a .fatal file: the line the agent writes when it arms faulthandler.
+FATAL_MAGIC = b"#probing-fatal "
+# A record of another format version starts with these too: it is a record, to be refused
+# by name (BadRecord) rather than taken for a mistyped TARGET.
+_RECORD_FAMILY = RECORD_MAGIC[:6]
+
+
+def is_record_path(text: str) -> bool:
+    """True for a regular file named like a record, or starting like one."""
+    if text.isdigit() or "://" in text:
+        return False
+    try:
+        if not stat.S_ISREG(os.stat(text).st_mode):
+            return False
+    except (OSError, ValueError):
+        return False
+    if text.endswith((SUFFIX, FATAL_SUFFIX)):
+        return True
+    try:
+        fd = open_regular(text)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        start = handle.read(len(FATAL_MAGIC))
+    return start.startswith(_RECORD_FAMILY) or start == FATAL_MAGIC
+
+
+def open_regular(path: str) -> int:
+    """A descriptor of `path` for reading, only if it is a regular file: a FIFO or a device put
+    in its place after a stat would block the reader or never end (OSError otherwise)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd

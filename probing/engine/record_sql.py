@@ -1,0 +1,122 @@
+"""DuckDB over a record's tables (`probing FILE query`), and the tables written out as Parquet or
+CSV (`probing FILE export`). The same session as for a live process: every table this probing
+knows exists (so information_schema and the seed queries work), filled from the record."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, NamedTuple
+
+import duckdb
+
+from ..errors import BadSQL, ProbingError
+from ..schema.tables import AGENT_TABLES, BACKTRACE, CLI_TABLES
+from ..sql.session import SqlSession, referenced_tables
+from .record import Record
+
+# The name of the file `export` writes the record's header into, beside the tables.
+HEADER_FILE = "record.json"
+EXPORT_FORMATS = {"parquet": "(FORMAT parquet)", "csv": "(FORMAT csv, HEADER true)"}
+LIVE_ONLY_HINT = (
+    "{table} is read from a live process with psutil, so a record cannot hold it; "
+    "process.memory holds the job's memory over time and process.info the process"
+)
+
+
+def record_session(record: Record) -> SqlSession:
+    """A session with every known table, those the record holds filled."""
+    described = [table.describe() for table in AGENT_TABLES.values()]
+    for table in record.tables:
+        if table.name not in AGENT_TABLES:
+            columns = [{"name": column.name, "type": column.type, "doc": ""} for column in table.columns]
+            described.append({"name": table.name, "doc": "", "columns": columns})
+    session = SqlSession(described)
+    for table in record.tables:
+        session.load(table)
+    if record.kind == "fatal" and record.backtrace_rows:
+        names = BACKTRACE.column_names()
+        session.load_rows(BACKTRACE, [tuple(row[name] for name in names) for row in record.backtrace_rows])
+    return session
+
+
+class RecordQuery(NamedTuple):
+    columns: List[str]
+    types: List[str]
+    rows: List[Any]
+    notes: List[str]
+
+
+def query_record(record: Record, sql: str) -> RecordQuery:
+    """`sql` over the record; notes name the tables it asks for that the record does not hold."""
+    held = set(record.table_names())
+    known = list(AGENT_TABLES) + [table.name for table in record.tables]
+    missing = [name for name in referenced_tables(known, sql) if name not in held]
+    notes = list(record.notes)
+    if missing:
+        notes.append(
+            f"this record does not hold {', '.join(missing)} "
+            f"(it holds {', '.join(sorted(held)) or 'no table'})"
+        )
+    session = record_session(record)
+    try:
+        result = session.run(sql)
+    except BadSQL as error:
+        live_only = referenced_tables(list(CLI_TABLES), sql)
+        if live_only:
+            raise BadSQL(error.message, hint=LIVE_ONLY_HINT.format(table=live_only[0])) from None
+        raise
+    return RecordQuery(result.columns, result.types, result.rows, notes)
+
+
+class Exported(NamedTuple):
+    directory: str
+    files: List[Dict[str, Any]]  # {"table", "path", "rows", "bytes"} per table, then the header
+
+
+def export_record(record: Record, directory: str, format: str, force: bool) -> Exported:
+    """Every table of the record as DIRECTORY/TABLE.parquet (or .csv) through DuckDB's COPY, and
+    its header as record.json. The directory is created if missing; files that exist are
+    replaced only with `force` (checked for all before any is written)."""
+    suffix = "." + format
+    names = record.table_names()
+    paths = {name: os.path.join(directory, name + suffix) for name in names}
+    header_path = os.path.join(directory, HEADER_FILE)
+    if not force:
+        present = [path for path in [*paths.values(), header_path] if os.path.lexists(path)]
+        if present:
+            raise ProbingError(
+                f"{present[0]} exists" + (f" (and {len(present) - 1} more)" if len(present) > 1 else ""),
+                hint="--force replaces them, or export into another directory",
+            )
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise ProbingError(f"cannot create {directory}: {error.strerror or error}", hint="") from None
+    session = record_session(record)
+    files: List[Dict[str, Any]] = []
+    for name, path in paths.items():
+        qualified = ".".join(f'"{part}"' for part in name.split("."))
+        literal = path.replace("'", "''")
+        _replace_link(path)
+        try:
+            session.connection.execute(
+                f"COPY (SELECT * FROM {qualified}) TO '{literal}' {EXPORT_FORMATS[format]}"
+            )
+            count = session.connection.execute(f"SELECT count(*) FROM {qualified}").fetchone()
+        except duckdb.Error as error:
+            raise ProbingError(f"writing {path}: {str(error).splitlines()[0]}", hint="") from None
+        rows = int(count[0]) if count else 0
+        files.append({"table": name, "path": path, "rows": rows, "bytes": os.path.getsize(path)})
+    _replace_link(header_path)
+    with open(header_path, "w", encoding="utf-8") as out:
+        json.dump(dict(record.header, source_file=record.path), out, indent=2, sort_keys=True, default=str)
+        out.write("\n")
+    files.append({"table": None, "path": header_path, "rows": None, "bytes": os.path.getsize(header_path)})
+    return Exported(directory, files)
+
+
+def _replace_link(path: str) -> None:
+    """With --force, a symlink in the way is removed rather than written through."""
+    if os.path.islink(path):
+        os.unlink(path)
