@@ -78,7 +78,9 @@ def segfault_file(directory: str, name: str = "segfaults-1.fatal", python: str =
     """Run tests/targets/segfaults_to_file.py, which arms faulthandler on `directory/name` after the
     header line, as the agent does, and dies of SIGSEGV in a called function."""
     path = os.path.join(directory, name)
-    completed = subprocess.run([python, str(TARGETS / "segfaults_to_file.py"), path], capture_output=True, timeout=60)
+    completed = subprocess.run(
+        [python, str(TARGETS / "segfaults_to_file.py"), path], capture_output=True, timeout=60
+    )
     assert completed.returncode == -11, completed.stderr.decode(errors="replace")
     return path
 

@@ -53,7 +53,7 @@ def _read_regular_file(path: str) -> Optional[bytes]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SOURCE_BYTES:
             return None
-        chunks = []
+        chunks: List[bytes] = []
         total = 0
         while True:
             chunk = os.read(fd, 1 << 20)

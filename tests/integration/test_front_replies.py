@@ -186,7 +186,7 @@ def test_a_source_that_is_not_a_file(agent: ScriptedAgent, front_alone: str, tmp
     os.mkfifo(fifo)
     for path in (str(fifo), "/dev/zero", str(tmp_path)):
         shown = same(agent, front_alone, hello() + backtrace([dict(ROW, file=path)]))
-        assert shown.endswith(f'", line 1, in test_it\n'.encode()), shown
+        assert shown.endswith(b'", line 1, in test_it\n'), shown
 
 
 def test_a_silent_agent_of_a_running_job_is_not_waited_for_twice(
@@ -221,7 +221,9 @@ def test_a_silent_agent_of_a_running_job_is_not_waited_for_twice(
     assert handed.stdout == f"silent={os.getpid()}\n".encode(), handed.stderr
     # Any other hand-over carries no such claim (a stale value from the caller is dropped).
     beside_other = subprocess.run(
-        [front_alone, str(os.getpid()), "backtrace", "--native"], capture_output=True, timeout=60,
+        [front_alone, str(os.getpid()), "backtrace", "--native"],
+        capture_output=True,
+        timeout=60,
         env=dict(os.environ, PROBING_AGENT_SILENT="1"),
     )
     assert beside_other.stdout == b"silent=\n", beside_other.stderr

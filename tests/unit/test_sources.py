@@ -37,8 +37,8 @@ def test_what_is_not_a_regular_file_has_no_lines(tmp_path: Path) -> None:
 def test_a_file_too_big_has_no_lines(tmp_path: Path) -> None:
     path = tmp_path / "big.py"
     path.write_bytes(b"x = 1\n" * 100)
-    setattr(sources, "MAX_SOURCE_BYTES", 50)
+    sources.MAX_SOURCE_BYTES = 50
     try:
         assert SourceLines(None).line(str(path), 1) == ""
     finally:
-        setattr(sources, "MAX_SOURCE_BYTES", 64 << 20)
+        sources.MAX_SOURCE_BYTES = 64 << 20
