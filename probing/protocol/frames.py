@@ -79,6 +79,10 @@ def _json_codec() -> Tuple[Callable[[Any], str], Callable[[str], Any]]:
                 value, end = scan(text, 0)
             except StopIteration:
                 raise ValueError("expecting a JSON value") from None
+            except (SystemError, RecursionError):
+                # The scanner without json.decoder imported fails on some malformed texts with
+                # a SystemError; a peer's deep nesting exhausts the stack. Both are bad input.
+                raise ValueError("malformed JSON, or nested too deep") from None
             if end != len(text):
                 raise ValueError(f"extra data at character {end}")
             return value

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import struct
 import threading
 from typing import Any, Dict, Iterator, Tuple
@@ -49,6 +51,25 @@ def test_json_codec_matches_the_json_module() -> None:
         protocol.json_loads('{"a": 1} trailing')
     with pytest.raises(ValueError):
         protocol.json_loads("{not json")
+
+
+def test_malformed_json_is_a_value_error_where_json_was_never_imported() -> None:
+    """The agent and the CLI's fast path do not import json: there, the C scanner fails on some
+    malformed texts with a SystemError, and a peer's deep nesting with a RecursionError. Every
+    reader catches ValueError only, so both must arrive as one."""
+    code = (
+        "import sys\n"
+        "from probing.protocol.frames import json_loads\n"
+        "assert 'json.decoder' not in sys.modules\n"
+        "for text in ('{not json', '{\"a\" 1}', '[' * 100000, '{\"a\":' * 100000):\n"
+        "    try:\n"
+        "        json_loads(text)\n"
+        "    except ValueError:\n"
+        "        continue\n"
+        "    raise SystemExit('parsed: ' + text[:20])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 def test_table_round_trip_keeps_types_and_nulls() -> None:
