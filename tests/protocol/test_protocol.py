@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import sys
-import struct
 import threading
 from typing import Any, Dict, Iterator, Tuple
 
