@@ -73,7 +73,16 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
             return None, text
     except OSError:
         pass
-    raise UsageError(f"TARGET must be a PID, the path of an agent socket or tcp://HOST:PORT, not {text!r}")
+    host, _, port = text.rpartition(":")
+    if host and port.isdigit() and os.sep not in text and not os.path.exists(text):
+        # HOST:PORT as the anchor tool writes it: a PID is digits and a path exists, so no
+        # other reading of it is possible.
+        from ..client.tcp import endpoint_url, split_endpoint
+
+        return None, endpoint_url(*split_endpoint(text))
+    raise UsageError(
+        f"TARGET must be a PID, the path of an agent socket, HOST:PORT or tcp://HOST:PORT, not {text!r}"
+    )
 
 
 class Stillness:

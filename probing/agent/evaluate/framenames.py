@@ -177,6 +177,7 @@ def frames_for(
     if not absent and all(present(name) for name in stores):
         return None
     frames = FrameNames(own_threads)
+    frames.new_names = {name for name in stores if not present(name)}
     try:
         frames.check(absent - stores)
     except AmbiguousName as error:
@@ -205,6 +206,7 @@ class FrameNames:
         self.pending: List[str] = []
         self.bindings: Dict[str, Binding] = {}
         self.kept: Set[str] = set()
+        self.new_names: Set[str] = set()  # names the code binds that nothing held before it
         self.ident: Optional[int] = None  # the thread the code runs in; set when it starts
         self.closed = False
 
@@ -222,15 +224,22 @@ class FrameNames:
             report(text)
         self.pending = []
 
-    def assigned(self, names: Iterable[str]) -> None:
-        """The repl: names the statement read from a frame and then bound in the session."""
+    def assigned(self, names: Iterable[str], main: Dict[str, Any]) -> None:
+        """The repl: names the statement bound in the session that hide a frame's from now on."""
         for name in names:
             binding = self.bindings.get(name)
             if binding is not None:
-                self.say(
-                    f"probing: {name}: assigned after it was read from a frame; the session's value "
-                    f"now hides the {binding.where} (`del {name}` shows it again; the frame is unchanged)\n"
-                )
+                hidden = binding.where
+                said = f"probing: {name}: assigned after it was read from a frame; the session's value"
+            elif name not in main and framelocals.can_read():
+                candidates = frames_holding(self.own_threads, name, bound=False, library=False)
+                if not candidates:
+                    continue
+                hidden = candidates[0].where()
+                said = f"probing: {name}: the session's value"
+            else:
+                continue
+            self.say(f"{said} now hides the {hidden} (`del {name}` shows it again; the frame is unchanged)\n")
 
     def active(self) -> bool:
         """Frames are searched only from the code's own thread while it runs: a function it

@@ -14,6 +14,7 @@ import ast
 import builtins
 import importlib.util
 import linecache
+import sys
 import threading
 import traceback
 from types import CodeType
@@ -223,9 +224,9 @@ class Statement(Interruptible):
             finally:
                 if frames is not None:
                     self.namespace.frames = None
-                    frames.assigned(
-                        name for name in list(frames.bindings) if dict.__contains__(self.namespace, name)
-                    )
+                    bound = frames.new_names | set(frames.bindings)
+                    main = getattr(sys.modules.get("__main__"), "__dict__", {})
+                    frames.assigned([name for name in bound if dict.__contains__(self.namespace, name)], main)
                     frames.close()
 
     def running_ident(self) -> Optional[int]:
