@@ -19,7 +19,7 @@ unless a name is missing: code naming only `__main__`'s globals never walks a st
 
 from __future__ import annotations
 
-import dis
+import functools
 import os
 import shlex
 import sys
@@ -38,6 +38,8 @@ MAX_SIMILAR = 3
 
 def names_in_code(code: CodeType) -> Tuple[Set[str], Set[str]]:
     """(names the code reads from its globals, names it binds there), nested code included."""
+    import dis
+
     loads: Set[str] = set()
     stores: Set[str] = set()
     pending = [code]
@@ -76,6 +78,7 @@ class Candidate:
         return f"local of {code.co_name}() at {place}"
 
 
+@functools.lru_cache(maxsize=None)
 def _library_directories() -> Tuple[str, ...]:
     import site
     import sysconfig
@@ -87,17 +90,12 @@ def _library_directories() -> Tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(path), "") for path in found)
 
 
-_libraries: Optional[Tuple[str, ...]] = None
-
-
+@functools.lru_cache(maxsize=4096)
 def is_library(filename: str) -> bool:
     """Whether a frame's file is the standard library's, an installed package's or probing's."""
-    global _libraries
     if filename.startswith("<"):
         return True  # <frozen importlib._bootstrap>, <string>
-    if _libraries is None:
-        _libraries = _library_directories()
-    return os.path.realpath(filename).startswith(_libraries)
+    return os.path.realpath(filename).startswith(_library_directories())
 
 
 def _spelling(stack: ThreadStack, stacks: List[ThreadStack], frame: FrameType) -> str:
