@@ -105,6 +105,20 @@ def test_capture_current_stack(job: Target) -> None:
     assert re.search(r"^train +\S*seed_trainer\.py +\d+ +0$", result.stdout, re.M), result.stdout
 
 
+def test_the_columns_the_guide_lists_are_in_python_backtrace(job: Target) -> None:
+    text = GUIDE.read_text()
+    table = text[text.index("### Understanding Stack Frames") : text.index("### Find Where Code Is Stuck")]
+    columns = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert columns == ["func", "file", "lineno", "depth", "frame_type"]
+    sql = f"SELECT DISTINCT {', '.join(columns)} FROM python.backtrace ORDER BY depth"
+    result = probing(str(job.pid), "query", "--format", "csv", sql)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(",") for line in result.stdout.splitlines()[1:]]
+    assert {row[-1] for row in rows} <= {"Python", "Native"} and rows
+    # depth 0 is where a thread is now: "0 = deepest" in the guide's words.
+    assert any(row[0] in ("train", "watch_stdin") and row[3] == "0" for row in rows), rows
+
+
 def test_find_where_code_is_stuck(job: Target) -> None:
     result = ok(job, "Find Where Code Is Stuck")
     # The top of each thread's stack: the training loop (in train or below it) and the stdin reader.
