@@ -84,9 +84,7 @@ def test_equal_but_distinct_values_are_different_values(parked: List[Parked]) ->
     with pytest.raises(AmbiguousName) as raised:
         frames().value("loss")
     message = str(raised.value)
-    assert (
-        "name 'loss' is not in __main__, and 2 frames hold different values under it; nothing ran" in message
-    )
+    assert "name 'loss' is not in __main__, and 2 frames hold different values under it; pick one" in message
     assert "--frame trainer:train" in message and "--frame evaluator:evaluate_loop" in message
 
 
@@ -221,3 +219,12 @@ def test_reading_a_frame_keeps_nothing_alive() -> None:
 
 def test_the_frame_layout_of_this_python_is_readable() -> None:
     assert framelocals.can_read()
+
+
+def test_an_assignment_in_a_loop_is_said_once(parked: List[Parked]) -> None:
+    parked.append(Parked("trainer", train, 2.5))
+    names = frames()
+    namespace = EvalNamespace({"__name__": "__main__"}, names)
+    exec(compile("for _ in range(3):\n    loss = loss + 1", "<test>", "exec"), namespace)
+    assert namespace["loss"] == 5.5
+    assert len(names.notes) == 2  # type: ignore[attr-defined]

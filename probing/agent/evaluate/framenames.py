@@ -107,7 +107,7 @@ def _spelling(stack: ThreadStack, stacks: List[ThreadStack], frame: FrameType) -
 def frames_holding(own_threads: Any, name: str, bound: bool = True, library: bool = True) -> List[Candidate]:
     """Frames of the job's threads whose code has `name` (bound to a value now, if `bound`):
     main thread first, innermost first; library frames only where the job's code has none
-    (and never unless `library`)."""
+    (or never, when `library` is false)."""
     stacks = thread_stacks(own_threads)
     main = getattr(sys.modules.get("__main__"), "__dict__", None)
     found: List[Candidate] = []
@@ -125,10 +125,11 @@ def frames_holding(own_threads: Any, name: str, bound: bool = True, library: boo
     return own or (found if library else [])
 
 
-def describe_choices(name: str, candidates: List[Candidate]) -> str:
+def describe_choices(name: str, candidates: List[Candidate], before_running: bool) -> str:
+    ran = "nothing ran. Pick" if before_running else "pick"
     lines = [
         f"name {name!r} is not in __main__, and {len(candidates)} frames hold different values under it; "
-        "nothing ran. Pick one with --frame:"
+        f"{ran} one with --frame:"
     ]
     for candidate in candidates:
         lines.append(f"  {name}: {candidate.where()}   --frame {candidate.spelling}")
@@ -244,7 +245,7 @@ class FrameNames:
         defined and the job calls later reads __main__ only."""
         return not self.closed and self.ident == threading.get_ident()
 
-    def _bind(self, name: str) -> Optional[Binding]:
+    def _bind(self, name: str, before_running: bool = False) -> Optional[Binding]:
         binding = self.bindings.get(name)
         if binding is not None:
             return binding
@@ -255,7 +256,7 @@ class FrameNames:
             return None
         values = {id(framelocals.read(candidate.frame, name)[1]) for candidate in candidates}
         if len(values) > 1:
-            raise AmbiguousName(describe_choices(name, candidates))
+            raise AmbiguousName(describe_choices(name, candidates, before_running))
         first = candidates[0]
         where = first.where()
         if len(candidates) > 1:
@@ -267,7 +268,7 @@ class FrameNames:
     def check(self, names: Iterable[str]) -> None:
         """Before the code runs: each name it only reads resolves to at most one value."""
         for name in sorted(names):
-            self._bind(name)
+            self._bind(name, before_running=True)
 
     def value(self, name: str) -> Any:
         """The value of `name` in its frame; KeyError when no frame holds it."""
@@ -283,17 +284,18 @@ class FrameNames:
         """Whether an assignment to `name` stays in the eval rather than going to __main__:
         when the name was read from a frame, or __main__ lacks it and a frame holds it (it would
         hide the frame's value from every later eval). Says so on stderr."""
+        if name in self.kept:
+            return True
         binding = self.bindings.get(name)
         if binding is not None:
+            self.kept.add(name)
             self.say(
                 f"probing: {name}: assigned after it was read from a frame; the new value stays in "
-                f"this eval ({binding.where} is unchanged)\n"
+                f"this eval (the {binding.where} is unchanged)\n"
             )
             return True
         if name in main or not framelocals.can_read():
             return False
-        if name in self.kept:
-            return True
         candidates = frames_holding(self.own_threads, name, bound=False, library=False)
         if not candidates:
             return False
