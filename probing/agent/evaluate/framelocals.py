@@ -8,14 +8,23 @@ training (on a GPU, a logits tensor of several GB). A class body's frame would e
 `__class__` cell written into the namespace of the class being built. And the copy is the
 very dict a job that called `locals()` in that function holds.
 
-So on those versions the values are read where the interpreter keeps them, the frame's
-`localsplus` array, through ctypes: a pointer read per name, under the GIL, nothing written.
-The layout is the one each version's headers declare; it is checked on every frame (the
-code, globals and frame pointers read back must be that frame's own) and once against a
-frame whose locals are known (a local, an argument kept in a cell, a cell, a free variable).
-A layout that does not check out reads nothing: the caller says the frames could not be read.
+So each version is read where its interpreter keeps the value, and each read of a value is one
+step that takes a reference under the GIL, so the job's thread cannot rebind the local (and
+free the old value) half-way through:
+- 3.13 (PEP 667): `frame.f_locals` is a proxy that reads the fast locals in place.
+- 3.12: `PyFrame_GetVar`, one C call.
+- 3.8-3.10: the frame object holds its `f_localsplus` array, alive as long as we hold the frame:
+  the slot is read and its object taken by ctypes in one C-level step.
+- 3.11: the slots live in the thread's data stack, which the frame leaves when its function
+  returns (the memory is then reused by the next call). The frame's place is read, checked
+  (its code and frame object read back must be this frame's) and the slot taken in one
+  stretch of bytecode without calls or backward jumps, where 3.11 never hands the GIL to
+  another thread: the frame cannot leave between the check and the read.
+The slot layouts are each version's headers, checked once against a frame whose locals are
+known (a local, an argument kept in a cell, a cell, a free variable): a layout that does not
+check out reads nothing, and the caller says the frames could not be read.
 
-3.13 (PEP 667) made `frame.f_locals` a proxy that reads the fast locals in place: used as is.
+A module's frame reads its globals (its namespace); a class body's frame is not read.
 """
 
 from __future__ import annotations
@@ -28,110 +37,112 @@ from typing import Any, Dict, Optional, Tuple
 
 CO_OPTIMIZED = 0x1
 _POINTER = ctypes.sizeof(ctypes.c_void_p)
-_PROXY_LOCALS = sys.version_info >= (3, 13)
-
-
-class Layout:
-    """Where one CPython version keeps a frame's code, globals, locals mapping and fast locals."""
-
-    def __init__(self, version: Tuple[int, int]) -> None:
-        self.version = version
-
-    def _pointer(self, address: int) -> int:
-        return ctypes.c_void_p.from_address(address).value or 0
-
-    def base(self, frame: FrameType) -> int:
-        """The address the offsets below count from; 0 when the frame does not check out."""
-        p = _POINTER
-        if self.version < (3, 11):
-            base, code, globals_, frame_at = id(frame), 4 * p, 6 * p, None
-        else:
-            base = self._pointer(id(frame) + 3 * p)  # PyFrameObject.f_frame
-            if self.version < (3, 12):
-                code, globals_, frame_at = 4 * p, 1 * p, 5 * p
-            else:
-                code, globals_, frame_at = 0, 3 * p, 6 * p
-        if not base or self._pointer(base + code) != id(frame.f_code):
-            return 0
-        if self._pointer(base + globals_) != id(frame.f_globals):
-            return 0
-        if frame_at is not None and self._pointer(base + frame_at) != id(frame):
-            return 0
-        return base
-
-    def locals_mapping_offset(self) -> int:
-        p = _POINTER
-        return 7 * p if self.version < (3, 11) else (3 * p if self.version < (3, 12) else 5 * p)
-
-    def fast_offset(self, frame: FrameType) -> int:
-        if self.version < (3, 11):
-            # f_localsplus is the flexible array that ends PyFrameObject.
-            return int(type(frame).__basicsize__) - _POINTER
-        return 9 * _POINTER  # _PyInterpreterFrame.localsplus, after 8 pointers' worth of fields
-
-    def slot(self, code: types.CodeType, name: str) -> Tuple[int, bool]:
-        """(index in localsplus, whether the slot holds a cell); (-1, False) if not declared."""
-        varnames, cellvars, freevars = code.co_varnames, code.co_cellvars, code.co_freevars
-        if self.version < (3, 11):
-            # Locals, then every cell (an argument kept in a cell has its own slot cleared), then
-            # the free variables.
-            if name in cellvars:
-                return len(varnames) + cellvars.index(name), True
-            if name in freevars:
-                return len(varnames) + len(cellvars) + freevars.index(name), True
-            if name in varnames:
-                return varnames.index(name), False
-            return -1, False
-        # One array of names: the locals (an argument kept in a cell keeps its place), the
-        # other cells, the free variables.
-        if name in varnames:
-            return varnames.index(name), name in cellvars
-        other_cells = [cell for cell in cellvars if cell not in varnames]
-        if name in other_cells:
-            return len(varnames) + other_cells.index(name), True
-        if name in freevars:
-            return len(varnames) + len(other_cells) + freevars.index(name), True
-        return -1, False
-
-
+_VERSION = sys.version_info[:2]
+_PROXY_LOCALS = _VERSION >= (3, 13)
 _UNBOUND = object()
-_layout: Optional[Layout] = None
-_layout_checked = False
 
 
-def _object_at(address: int) -> Any:
-    pointer = ctypes.c_void_p.from_address(address).value
-    if not pointer:
+def slot_of(code: types.CodeType, name: str) -> Tuple[int, bool]:
+    """(index in the frame's fast locals, whether the slot holds a cell); (-1, False) if the
+    code has no such local."""
+    varnames, cellvars, freevars = code.co_varnames, code.co_cellvars, code.co_freevars
+    if _VERSION < (3, 11):
+        # Locals, then every cell (an argument kept in a cell has its own slot cleared), then
+        # the free variables.
+        if name in cellvars:
+            return len(varnames) + cellvars.index(name), True
+        if name in freevars:
+            return len(varnames) + len(cellvars) + freevars.index(name), True
+        if name in varnames:
+            return varnames.index(name), False
+        return -1, False
+    # One array: the locals (an argument kept in a cell keeps its place), the other cells, the
+    # free variables.
+    if name in varnames:
+        return varnames.index(name), name in cellvars
+    other_cells = [cell for cell in cellvars if cell not in varnames]
+    if name in other_cells:
+        return len(varnames) + other_cells.index(name), True
+    if name in freevars:
+        return len(varnames) + len(other_cells) + freevars.index(name), True
+    return -1, False
+
+
+def _slot_of_frame_object(frame: FrameType, index: int) -> Any:
+    """3.8-3.10: the object in slot `index` of the frame object's own f_localsplus array (the
+    flexible array that ends PyFrameObject), or _UNBOUND."""
+    p = _POINTER
+    address = id(frame)
+    # PyObject_VAR_HEAD (3 words), f_back, then f_code and f_builtins, f_globals.
+    if ctypes.c_void_p.from_address(address + 4 * p).value != id(frame.f_code):
         return _UNBOUND
-    return ctypes.cast(pointer, ctypes.py_object).value
+    if ctypes.c_void_p.from_address(address + 6 * p).value != id(frame.f_globals):
+        return _UNBOUND
+    slot = ctypes.py_object.from_address(address + int(type(frame).__basicsize__) - p + index * p)
+    try:
+        return slot.value  # reads the pointer and takes a reference in one C step
+    except ValueError:  # NULL: not bound
+        return _UNBOUND
 
 
-def _read_fast(layout: Layout, frame: FrameType, name: str) -> Any:
-    code = frame.f_code
-    base = layout.base(frame)
+def _slot_of_data_stack(frame: FrameType, index: int) -> Any:
+    """3.11: the object in slot `index` of the frame's _PyInterpreterFrame, or _UNBOUND."""
+    p = _POINTER
+    # Everything that calls into C is set up first: pointers aimed by writing their address.
+    place = ctypes.c_void_p.from_address(id(frame) + 3 * p)  # PyFrameObject.f_frame
+    word = ctypes.POINTER(ctypes.c_void_p)()
+    aim_word = ctypes.c_void_p.from_address(ctypes.addressof(word))
+    value = ctypes.POINTER(ctypes.py_object)()
+    aim_value = ctypes.c_void_p.from_address(ctypes.addressof(value))
+    code_id, frame_id = id(frame.f_code), id(frame)
+    # From here to the read: attribute and item access, arithmetic and forward jumps only, no
+    # call and no loop, so this thread keeps the GIL and the frame stays where it was checked.
+    base = place.value
     if not base:
         return _UNBOUND
-    if not code.co_flags & CO_OPTIMIZED:
-        mapping = _object_at(base + layout.locals_mapping_offset())
-        # Only a plain dict: another mapping's __getitem__ would run the job's code.
-        if type(mapping) is dict:
-            return mapping.get(name, _UNBOUND)
+    aim_word.value = base + 4 * p  # f_code
+    if word[0] != code_id:
         return _UNBOUND
-    index, is_cell = layout.slot(code, name)
+    aim_word.value = base + 5 * p  # frame_obj
+    if word[0] != frame_id:
+        return _UNBOUND
+    aim_word.value = aim_value.value = base + 9 * p + index * p  # localsplus[index]
+    if not word[0]:
+        return _UNBOUND
+    return value[0]
+
+
+def _get_var(frame: FrameType, name: str) -> Any:
+    """3.12: PyFrame_GetVar, which reads the slot (and a cell's contents) in one C call."""
+    get_var = ctypes.pythonapi.PyFrame_GetVar
+    get_var.restype = ctypes.py_object
+    get_var.argtypes = (ctypes.py_object, ctypes.py_object)
+    try:
+        return get_var(frame, name)
+    except NameError:
+        return _UNBOUND
+
+
+def _read_optimized(frame: FrameType, name: str) -> Any:
+    if _VERSION == (3, 12):
+        return _get_var(frame, name)
+    index, is_cell = slot_of(frame.f_code, name)
     if index < 0:
         return _UNBOUND
-    value = _object_at(base + layout.fast_offset(frame) + index * _POINTER)
+    if _VERSION < (3, 11):
+        value = _slot_of_frame_object(frame, index)
+    else:
+        value = _slot_of_data_stack(frame, index)
     if is_cell and type(value) is types.CellType:  # type: ignore[attr-defined,unused-ignore]
         try:
-            return value.cell_contents
-        except ValueError:  # an empty cell: the name is not bound yet
+            return value.cell_contents  # we hold the cell: it cannot go away
+        except ValueError:  # an empty cell: not bound yet
             return _UNBOUND
     return value
 
 
 def _known_frame() -> bool:
-    """Whether the layout reads back the locals of a frame whose locals are known."""
-    layout = Layout(sys.version_info[:2])
+    """Whether this version's reader reads back the locals of a frame whose locals are known."""
 
     def outer(argument_in_cell: Any) -> bool:
         cell = "cell"
@@ -139,53 +150,46 @@ def _known_frame() -> bool:
         def inner() -> bool:
             plain = "plain"
             frame = sys._getframe()
-            return (
-                all(
-                    _read_fast(layout, frame, name) == expected
-                    for name, expected in (
-                        ("plain", plain),
-                        ("cell", cell),
-                        ("argument_in_cell", argument_in_cell),
-                    )
-                )
-                and _read_fast(layout, frame, "missing") is _UNBOUND
-            )
+            expected = (("plain", plain), ("cell", cell), ("argument_in_cell", argument_in_cell))
+            found = all(_read_optimized(frame, name) == value for name, value in expected)
+            return found and _read_optimized(frame, "missing") is _UNBOUND
 
         frame = sys._getframe()
         found = (
-            _read_fast(layout, frame, "argument_in_cell") == "argument"
-            and _read_fast(layout, frame, "cell") == cell
+            _read_optimized(frame, "argument_in_cell") == "argument"
+            and _read_optimized(frame, "cell") == cell
         )
         return found and inner()
 
     try:
         return outer("argument")
-    except Exception:  # noqa: BLE001 - a layout that does not fit reads nothing
+    except Exception:  # noqa: BLE001 - a reader that does not fit reads nothing
         return False
 
 
-def usable_layout() -> Optional[Layout]:
-    """This interpreter's layout, once checked; None when it cannot be read safely."""
-    global _layout, _layout_checked
-    if not _layout_checked:
-        version = sys.version_info[:2]
-        if (3, 8) <= version < (3, 13) and sys.implementation.name == "cpython" and _known_frame():
-            _layout = Layout(version)
-        _layout_checked = True
-    return _layout
+_readable: Optional[bool] = None
 
 
 def can_read() -> bool:
     """Whether locals of running frames can be read without changing them on this Python."""
-    return _PROXY_LOCALS or usable_layout() is not None
+    global _readable
+    if _readable is None:
+        _readable = _PROXY_LOCALS or (
+            (3, 8) <= _VERSION < (3, 13) and sys.implementation.name == "cpython" and _known_frame()
+        )
+    return _readable
+
+
+def _is_module(frame: FrameType) -> bool:
+    return frame.f_code.co_name == "<module>"
 
 
 def declares(frame: FrameType, name: str) -> bool:
-    """Whether `name` is a local of the frame's code (bound or not yet); for a module or class
-    body, whether its namespace holds it now."""
+    """Whether `name` is a local of the frame's code (bound or not yet); for a module's frame,
+    whether its namespace holds it now."""
     code = frame.f_code
     if not code.co_flags & CO_OPTIMIZED:
-        return read(frame, name)[0]
+        return _is_module(frame) and name in frame.f_globals
     return name in code.co_varnames or name in code.co_cellvars or name in code.co_freevars
 
 
@@ -199,31 +203,29 @@ def local_names(frame: FrameType) -> Tuple[str, ...]:
 
 def read(frame: FrameType, name: str) -> Tuple[bool, Any]:
     """(found, value) of local `name` of `frame`, the frame left exactly as it was."""
+    if not frame.f_code.co_flags & CO_OPTIMIZED:
+        names = frame.f_globals
+        if not _is_module(frame) or name not in names:
+            return False, None
+        return True, names[name]
     if _PROXY_LOCALS:
-        names = frame.f_locals
         try:
-            return True, names[name]
+            return True, frame.f_locals[name]
         except KeyError:
             return False, None
-    layout = usable_layout()
-    if layout is None:
+    if not can_read():
         return False, None
-    value = _read_fast(layout, frame, name)
+    value = _read_optimized(frame, name)
     return (False, None) if value is _UNBOUND else (True, value)
 
 
 def snapshot(frame: FrameType) -> Dict[str, Any]:
     """A copy of the frame's locals (for `--frame`): what the code assigns goes to the copy,
     never into the frame. Where they cannot be read safely, a copy of `frame.f_locals`."""
-    code = frame.f_code
-    if _PROXY_LOCALS or usable_layout() is None:
+    if not frame.f_code.co_flags & CO_OPTIMIZED:
+        return dict(frame.f_globals) if _is_module(frame) else dict(frame.f_locals)
+    if not can_read():
         return dict(frame.f_locals)
-    if not code.co_flags & CO_OPTIMIZED:
-        layout = usable_layout()
-        assert layout is not None
-        base = layout.base(frame)
-        mapping = _object_at(base + layout.locals_mapping_offset()) if base else _UNBOUND
-        return dict(mapping) if type(mapping) is dict else {}
     copied: Dict[str, Any] = {}
     for name in local_names(frame):
         found, value = read(frame, name)
