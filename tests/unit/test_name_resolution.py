@@ -228,3 +228,17 @@ def test_an_assignment_in_a_loop_is_said_once(parked: List[Parked]) -> None:
     exec(compile("for _ in range(3):\n    loss = loss + 1", "<test>", "exec"), namespace)
     assert namespace["loss"] == 5.5
     assert len(names.notes) == 2  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the data-stack reader is 3.11's")
+def test_the_311_reader_keeps_the_gil_from_its_check_to_its_read() -> None:
+    """3.11 hands the GIL over only at calls, function starts and backward jumps: none may come
+    between reading where the frame is and taking the slot's object."""
+    import dis
+
+    instructions = list(dis.get_instructions(framelocals._slot_of_data_stack))
+    start = next(
+        i for i, ins in enumerate(instructions) if ins.opname == "STORE_FAST" and ins.argval == "base"
+    )
+    used = {ins.opname for ins in instructions[start - 2 :]}
+    assert not {name for name in used if "CALL" in name or "BACKWARD" in name or name == "RESUME"}, used
