@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shlex
 import sys
 import threading
 from types import CodeType, FrameType
@@ -99,6 +98,8 @@ def is_library(filename: str) -> bool:
 
 
 def _spelling(stack: ThreadStack, stacks: List[ThreadStack], frame: FrameType) -> str:
+    import shlex
+
     same_name = sum(1 for other in stacks if other.name == stack.name)
     thread = stack.name if same_name == 1 else str(stack.ident)
     return shlex.quote(f"{thread}:{frame.f_code.co_name}")
