@@ -152,6 +152,16 @@ def test_a_new_name_a_frame_holds_stays_out_of_main(parked: List[Parked]) -> Non
     assert "the new value stays in this eval, not __main__" in names.notes[0]  # type: ignore[attr-defined]
 
 
+def test_a_new_name_bound_to_the_object_the_frame_holds_goes_to_main_quietly(parked: List[Parked]) -> None:
+    """`import torch.distributed as dist` where train() has its own `dist`: nothing is hidden."""
+    shared = object()
+    parked.append(Parked("trainer", train, shared))
+    main: Dict[str, Any] = {"__name__": "__main__", "shared": shared}
+    names = frames()
+    exec(compile("loss = shared\nprint(loss)", "<test>", "exec"), EvalNamespace(main, names))
+    assert main["loss"] is shared and names.notes == []  # type: ignore[attr-defined]
+
+
 def test_no_frame_holding_the_name_is_a_name_error_with_similar_names(parked: List[Parked]) -> None:
     parked.append(Parked("trainer", train, 2.5))
     names = frames()

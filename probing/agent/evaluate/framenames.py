@@ -224,22 +224,23 @@ class FrameNames:
             report(text)
         self.pending = []
 
-    def assigned(self, names: Iterable[str], main: Dict[str, Any]) -> None:
-        """The repl: names the statement bound in the session that hide a frame's from now on."""
-        for name in names:
+    def assigned(self, names: Dict[str, Any], main: Dict[str, Any]) -> None:
+        """The repl: names (and values) the statement bound in the session that hide a frame's
+        from now on."""
+        for name, value in names.items():
             binding = self.bindings.get(name)
             if binding is not None:
-                hidden = binding.where
+                hidden: Optional[str] = binding.where
                 said = f"probing: {name}: assigned after it was read from a frame; the session's value"
-            elif name not in main and framelocals.can_read():
-                candidates = frames_holding(self.own_threads, name, bound=False, library=False)
-                if not candidates:
-                    continue
-                hidden = candidates[0].where()
+            elif name not in main:
+                hidden = self._hidden_by(name, value)
                 said = f"probing: {name}: the session's value"
             else:
                 continue
-            self.say(f"{said} now hides the {hidden} (`del {name}` shows it again; the frame is unchanged)\n")
+            if hidden is not None:
+                self.say(
+                    f"{said} now hides the {hidden} (`del {name}` shows it again; the frame is unchanged)\n"
+                )
 
     def active(self) -> bool:
         """Frames are searched only from the code's own thread while it runs: a function it
@@ -281,10 +282,11 @@ class FrameNames:
             raise KeyError(name)
         return value
 
-    def keeps(self, name: str, main: Dict[str, Any]) -> bool:
+    def keeps(self, name: str, value: Any, main: Dict[str, Any]) -> bool:
         """Whether an assignment to `name` stays in the eval rather than going to __main__:
-        when the name was read from a frame, or __main__ lacks it and a frame holds it (it would
-        hide the frame's value from every later eval). Says so on stderr."""
+        when the name was read from a frame, or __main__ lacks it and a frame of the job's code
+        holds another object under it (in __main__ it would hide that from every later eval; an
+        import of the module the frame holds too hides nothing). Says so on stderr."""
         if name in self.kept:
             return True
         binding = self.bindings.get(name)
@@ -295,17 +297,26 @@ class FrameNames:
                 f"this eval (the {binding.where} is unchanged)\n"
             )
             return True
-        if name in main or not framelocals.can_read():
+        if name in main:
             return False
-        candidates = frames_holding(self.own_threads, name, bound=False, library=False)
-        if not candidates:
+        hidden = self._hidden_by(name, value)
+        if hidden is None:
             return False
         self.kept.add(name)
         self.say(
             f"probing: {name}: the new value stays in this eval, not __main__, where it would hide "
-            f"the {candidates[0].where()} from later evals\n"
+            f"the {hidden} from later evals\n"
         )
         return True
+
+    def _hidden_by(self, name: str, value: Any) -> Optional[str]:
+        """Where a frame of the job's code holds another object than `value` under `name`."""
+        if not framelocals.can_read():
+            return None
+        for candidate in frames_holding(self.own_threads, name, library=False):
+            if framelocals.read(candidate.frame, name)[1] is not value:
+                return candidate.where()
+        return None
 
     def missing(self, name: str, main_names: Iterable[str]) -> NameError:
         """The NameError for a name no frame holds, with where similar names live."""

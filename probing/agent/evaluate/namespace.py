@@ -97,7 +97,7 @@ class EvalNamespace(dict):  # type: ignore[type-arg]
 
     def __setitem__(self, name: str, value: Any) -> None:
         # Names the eval keeps are found before __main__'s (a plain dict lookup comes first).
-        if self.frames.active() and self.frames.keeps(name, self.main):
+        if self.frames.active() and self.frames.keeps(name, value, self.main):
             dict.__setitem__(self, name, value)
         else:
             self.main[name] = value

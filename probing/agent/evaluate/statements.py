@@ -224,9 +224,14 @@ class Statement(Interruptible):
             finally:
                 if frames is not None:
                     self.namespace.frames = None
+                    namespace = self.namespace
                     bound = frames.new_names | set(frames.bindings)
-                    main = getattr(sys.modules.get("__main__"), "__dict__", {})
-                    frames.assigned([name for name in bound if dict.__contains__(self.namespace, name)], main)
+                    values = {
+                        name: dict.get(namespace, name)
+                        for name in bound
+                        if dict.__contains__(namespace, name)
+                    }
+                    frames.assigned(values, getattr(sys.modules.get("__main__"), "__dict__", {}))
                     frames.close()
 
     def running_ident(self) -> Optional[int]:
