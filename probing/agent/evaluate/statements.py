@@ -223,7 +223,8 @@ class Statement(Interruptible):
                 self.traceback = format_exception(error, self.sources)
             finally:
                 if frames is not None:
-                    self.namespace.frames = None
+                    if self.namespace.frames is frames:  # an abandoned statement ends after the next began
+                        self.namespace.frames = None
                     namespace = self.namespace
                     bound = frames.new_names | set(frames.bindings)
                     values = {
