@@ -18,7 +18,8 @@ from .spec import RANKS, timeout
 @click.argument("code")
 @click.option(
     "--frame", metavar="THREAD:FUNCTION",
-    help="Run with that frame's locals over its globals (e.g. MainThread:train).",
+    help="Run over a copy of that frame's locals and its globals (e.g. MainThread:train); "
+    "no other frame is searched.",
 )  # fmt: skip
 @apply(timeout(10.0, "Seconds the code may run; then it is interrupted."), RANKS)
 @click.option(
@@ -32,6 +33,9 @@ def eval_command(
     """Run CODE in the process's __main__ namespace ('-' reads it from stdin).
 
     What the code prints comes back; a final expression's value is shown as the REPL would.
+    A name __main__ lacks (`loss`, a local of the training function) is read from the job's
+    frames, and stderr says which; several frames with different values: nothing runs, and the
+    error lists the --frame that picks each.
     With --ranks, on every rank at once; the same output from several ranks is shown once.
     """
     source = read_argument(code, "code")

@@ -79,8 +79,16 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
     if is_record_path(text):
         # Whatever asks for a process to reach (a Target) cannot have a record: see engine/record.py.
         raise NotLive(f"{text} is a record of a job that has ended: this needs a live process")
+    host, _, port = text.rpartition(":")
+    if host and port.isdigit() and os.sep not in text and not os.path.exists(text):
+        # HOST:PORT as the anchor tool writes it: a PID is digits and a path exists, so no
+        # other reading of it is possible.
+        from ..client.tcp import endpoint_url, split_endpoint
+
+        return None, endpoint_url(*split_endpoint(text))
     raise UsageError(
-        f"TARGET must be a PID, the path of an agent socket, tcp://HOST:PORT or a record file, not {text!r}"
+        "TARGET must be a PID, the path of an agent socket, HOST:PORT, tcp://HOST:PORT or a record "
+        f"file, not {text!r}"
     )
 
 

@@ -28,8 +28,10 @@ from ..lifecycle import WORK, on_stop
 from ..output import CaptureBuffer, captured, release
 from ..requests import ErrorKind, RequestError
 from ..stacks import ThreadStack, thread_stacks
-from . import exitguard
+from . import exitguard, framelocals
+from .framenames import AmbiguousName, FrameNames, frames_for
 from .interrupts import Interruptible
+from .namespace import EvalNamespace
 
 # How long the request waits, past its timeout, for interrupted code to end.
 INTERRUPT_GRACE_S = 1.0
@@ -92,7 +94,8 @@ def _describe_stack(stack: ThreadStack) -> str:
 
 
 def frame_namespace(own_threads: Any, spec: str) -> Tuple[Dict[str, Any], Any]:
-    """Globals and locals of the innermost frame named by `THREAD:FUNCTION` (or `FUNCTION`)."""
+    """Globals of the innermost frame named by `THREAD:FUNCTION` (or `FUNCTION`), and a copy of
+    its locals: the code's assignments never reach the frame (framelocals.py)."""
     thread_part, _, function = spec.rpartition(":")
     if not function:
         raise RequestError(ErrorKind.BAD_REQUEST, f"--frame {spec!r}: expected THREAD:FUNCTION")
@@ -105,7 +108,7 @@ def frame_namespace(own_threads: Any, spec: str) -> Tuple[Dict[str, Any], Any]:
         for frame in stack.frames():
             code = frame.f_code
             if function in (code.co_name, getattr(code, "co_qualname", None)):
-                return frame.f_globals, frame.f_locals
+                return frame.f_globals, framelocals.snapshot(frame)
     where = "; ".join(f"{stack.name}: {_describe_stack(stack)}" for stack in stacks)
     raise RequestError(ErrorKind.NOT_FOUND, f"no frame of function {function!r} is running ({where})")
 
@@ -143,12 +146,14 @@ class EvalJob(Interruptible):
         filename: str,
         source: str,
         allow_exit: bool,
+        frames: Optional[FrameNames] = None,
     ) -> None:
         self.own_threads = own_threads
         self.body, self.tail = body, tail
         self.globals, self.locals = namespace
         self.filename, self.source = filename, source
         self.allow_exit = allow_exit
+        self.frames = frames
         self.done = threading.Event()
         self.value: Optional[str] = None
         self.error: Optional[BaseException] = None
@@ -175,6 +180,8 @@ class EvalJob(Interruptible):
             self.error = error
 
     def _execute(self, ident: int) -> None:
+        if self.frames is not None:
+            self.frames.start(self.err.write)
         with captured(ident, self.out, self.err):
             try:
                 if self.body is not None:
@@ -186,6 +193,9 @@ class EvalJob(Interruptible):
             except BaseException as error:  # noqa: BLE001 - SystemExit too: report, don't exit
                 self.error = error
                 self.traceback = _format_exception(error, self.filename, self.source)
+            finally:
+                if self.frames is not None:
+                    self.frames.close()
 
     def running_ident(self) -> Optional[int]:
         return self.ident
@@ -266,10 +276,12 @@ def _params(params: Dict[str, Any]) -> Tuple[str, float, Optional[str], bool]:
     return source, float(timeout), frame, allow_exit
 
 
-def _texts(job: Optional[EvalJob], traceback_text: Optional[str]) -> Tuple[Dict[str, Any], List[Any]]:
+def _texts(
+    job: Optional[EvalJob], traceback_text: Optional[str], notes: str = ""
+) -> Tuple[Dict[str, Any], List[Any]]:
     from ... import protocol
 
-    texts: Dict[str, Optional[str]] = {"stdout": "", "stderr": "", "value": None}
+    texts: Dict[str, Optional[str]] = {"stdout": "", "stderr": notes, "value": None}
     if job is not None:
         # The capture buffers (output.py) stop keeping output at their own cap and end it with
         # a line that says how much they dropped; the value has no such cap until here.
@@ -299,12 +311,24 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
             cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS, "the message") or "",
             exception=type(error).__name__, texts=layout, payload=payload,
         ) from None  # fmt: skip
+    frames: Optional[FrameNames] = None
     if frame:
         namespace = frame_namespace(own_threads, frame)
     else:
         main = sys.modules["__main__"].__dict__
         namespace = (main, main)
-    job = EvalJob(own_threads, body, tail, namespace, filename, source, allow_exit)
+        try:
+            frames = frames_for(own_threads, main.__contains__, (body, tail))
+        except AmbiguousName as error:
+            layout, payload = _texts(None, f"NameError: {error}\n", error.notes)
+            raise RequestError(
+                ErrorKind.REMOTE_ERROR, cut(f"NameError: {error}", MAX_MESSAGE_CHARS, "the message") or "",
+                exception="NameError", texts=layout, payload=payload,
+            ) from None  # fmt: skip
+        if frames is not None:
+            names = EvalNamespace(main, frames)
+            namespace = (names, names)
+    job = EvalJob(own_threads, body, tail, namespace, filename, source, allow_exit, frames)
     name = f"probing-eval-{number}"
     worker = threading.Thread(target=job.run, name=name, daemon=True)
     started = time.perf_counter()

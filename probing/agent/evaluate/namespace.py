@@ -16,13 +16,19 @@ That builtins dict also holds the session's display function and replaces four b
 that would reach outside the session: `exit()`/`quit()` would close the job's stdin,
 `help()` would read the job's stdin or start a pager on its terminal, `input()` would
 read the job's stdin.
+
+Names neither the session nor `__main__` nor the builtins hold are looked up in the job's
+frames while a statement runs (framenames.py): `loss`, a local of the training function, reads
+as it would there. EvalNamespace does the same for `eval`, whose assignments go to `__main__`.
 """
 
 from __future__ import annotations
 
 import builtins
 import sys
-from typing import Any
+from typing import Any, Dict, Optional
+
+from .framenames import FrameNames
 
 # The name the compiled statements call to show an expression's value (see repl.py).
 DISPLAY_NAME = "__probing_display__"
@@ -40,14 +46,80 @@ def _from_main(name: str) -> Any:
     return names[name]
 
 
+def _from_frames(frames: Optional[FrameNames], name: str, builtin_names: Dict[str, Any]) -> Any:
+    """`name` from the job's frames, while the code of `frames` runs in this thread. KeyError lets
+    the interpreter go on to the builtins; a name found nowhere is a NameError saying where
+    similar names live."""
+    if frames is None or name in builtin_names or not frames.active():
+        raise KeyError(name)
+    try:
+        return frames.value(name)
+    except KeyError:
+        main = sys.modules.get("__main__")
+        raise frames.missing(name, list(getattr(main, "__dict__", {}))) from None
+
+
 class SessionNamespace(dict):  # type: ignore[type-arg]
-    """The session's globals; names it does not hold are read from the live __main__."""
+    """The session's globals; names it does not hold are read from the live __main__, then
+    (while a statement runs) from the job's frames."""
 
     def __init__(self) -> None:
-        super().__init__(__name__="__main__", __builtins__=BuiltinsOfSession(self))
+        self.builtins = BuiltinsOfSession(self)
+        self.frames: Optional[FrameNames] = None  # those of the running statement
+        super().__init__(__name__="__main__", __builtins__=self.builtins)
 
     def __missing__(self, name: str) -> Any:
-        return _from_main(name)
+        try:
+            return _from_main(name)
+        except KeyError:
+            return _from_frames(self.frames, name, self.builtins)
+
+
+class EvalNamespace(dict):  # type: ignore[type-arg]
+    """The globals of an eval whose code names something `__main__` lacks: reads see the live
+    `__main__`, then the job's frames; assignments go to `__main__` as in any eval, but for a
+    name read from a frame, or one a frame of the job's code holds (in `__main__` it would hide
+    the frame's value from later evals): that stays in the eval, and stderr says so."""
+
+    def __init__(self, main: Dict[str, Any], frames: FrameNames) -> None:
+        self.main = main
+        self.frames = frames
+        self.builtins = BuiltinsOfEval(self, main)
+        dict.__setitem__(self, "__builtins__", self.builtins)
+        # Read without __missing__ by class bodies and new functions (their __module__).
+        dict.__setitem__(self, "__name__", main.get("__name__", "__main__"))
+
+    def __missing__(self, name: str) -> Any:
+        try:
+            return self.main[name]
+        except KeyError:
+            return _from_frames(self.frames, name, self.builtins)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        # Names the eval keeps are found before __main__'s (a plain dict lookup comes first).
+        if self.frames.active() and self.frames.keeps(name, value, self.main):
+            dict.__setitem__(self, name, value)
+        else:
+            self.main[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        if dict.__contains__(self, name):
+            dict.__delitem__(self, name)
+        else:
+            del self.main[name]
+
+
+class BuiltinsOfEval(dict):  # type: ignore[type-arg]
+    """An EvalNamespace's `__builtins__`: the builtins, `globals()` meaning `__main__`'s as in
+    any eval, and (for class bodies) the names the eval itself sees."""
+
+    def __init__(self, namespace: EvalNamespace, main: Dict[str, Any]) -> None:
+        super().__init__(builtins.__dict__)
+        self.namespace = namespace
+        self["globals"] = lambda: main
+
+    def __missing__(self, name: str) -> Any:
+        return self.namespace.__missing__(name)
 
 
 class BuiltinsOfSession(dict):  # type: ignore[type-arg]
@@ -61,9 +133,10 @@ class BuiltinsOfSession(dict):  # type: ignore[type-arg]
         self["quit"] = _Quitter("quit")
         self["help"] = _Helper()
         self["input"] = _no_input
+        self.namespace = namespace
 
     def __missing__(self, name: str) -> Any:
-        return _from_main(name)
+        return self.namespace.__missing__(name)
 
 
 class _Display:

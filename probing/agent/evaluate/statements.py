@@ -14,6 +14,7 @@ import ast
 import builtins
 import importlib.util
 import linecache
+import sys
 import threading
 import traceback
 from types import CodeType
@@ -21,8 +22,9 @@ from typing import Any, Dict, Optional, Set
 
 from ..output import CaptureBuffer, captured, release
 from . import exitguard
+from .framenames import FrameNames
 from .interrupts import Interruptible
-from .namespace import DISPLAY_NAME, LeaveRepl
+from .namespace import DISPLAY_NAME, LeaveRepl, SessionNamespace
 
 # Output a statement may have waiting for the client; beyond it, text is counted, not kept.
 MAX_PENDING_CHARS = 4 << 20
@@ -169,11 +171,12 @@ class Statement(Interruptible):
     """One complete input, running in its own thread."""
 
     def __init__(
-        self, code: CodeType, namespace: Dict[str, Any], sources: Dict[str, str], own_threads: Set[int],
-        number: int, owner: int,
+        self, code: CodeType, namespace: SessionNamespace, sources: Dict[str, str], own_threads: Set[int],
+        number: int, owner: int, frames: Optional[FrameNames] = None,
     ) -> None:  # fmt: skip
         self.code = code
         self.namespace = namespace
+        self.frames = frames  # the job's frames, when the statement names what nothing else holds
         self.sources = sources  # the session's earlier statements, for tracebacks
         self.own_threads = own_threads
         self.owner = owner  # the connection thread waiting on it
@@ -206,6 +209,10 @@ class Statement(Interruptible):
             exitguard.release(ident)
 
     def _execute_guarded(self, ident: int) -> None:
+        frames = self.frames
+        if frames is not None:
+            frames.start(self.err.write)
+            self.namespace.frames = frames
         with captured(ident, self.out, self.err):
             try:
                 exec(self.code, self.namespace)
@@ -214,6 +221,19 @@ class Statement(Interruptible):
             except BaseException as error:  # noqa: BLE001 - SystemExit too: report it, never exit
                 self.exception = type(error).__name__
                 self.traceback = format_exception(error, self.sources)
+            finally:
+                if frames is not None:
+                    if self.namespace.frames is frames:  # an abandoned statement ends after the next began
+                        self.namespace.frames = None
+                    namespace = self.namespace
+                    bound = frames.new_names | set(frames.bindings)
+                    values = {
+                        name: dict.get(namespace, name)
+                        for name in bound
+                        if dict.__contains__(namespace, name)
+                    }
+                    frames.assigned(values, getattr(sys.modules.get("__main__"), "__dict__", {}))
+                    frames.close()
 
     def running_ident(self) -> Optional[int]:
         return self.thread.ident

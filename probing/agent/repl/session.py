@@ -26,6 +26,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..evaluate.framenames import AmbiguousName, FrameNames, frames_for
 from ..evaluate.namespace import SessionNamespace
 from ..evaluate.statements import (
     FUTURE_FLAGS,
@@ -113,8 +114,12 @@ class Session:
             self._reset()
             if code is None:
                 return _finished_reply(None, "")
+            try:
+                frames = self._frames(code)
+            except AmbiguousName as error:
+                return dict(_finished_reply("NameError", f"NameError: {error}\n"), stderr=error.notes)
             self._remember(filename, source)
-            statement = Statement(code, self.namespace, self.sources, self.own_threads, number, owner)
+            statement = Statement(code, self.namespace, self.sources, self.own_threads, number, owner, frames)
             if warnings:
                 statement.err.write(warnings)
             try:
@@ -124,6 +129,17 @@ class Session:
             self.running = statement
             self.backlog = {"stdout": "", "stderr": ""}
         return self.collect(statement, owner)
+
+    def _frames(self, code: Any) -> Optional[FrameNames]:
+        """The job's frames, for a statement naming what neither the session, __main__ nor the
+        builtins hold."""
+        namespace = self.namespace
+        main = getattr(sys.modules.get("__main__"), "__dict__", {})
+
+        def present(name: str) -> bool:
+            return dict.__contains__(namespace, name) or name in main or name in namespace.builtins
+
+        return frames_for(self.own_threads, present, [code])
 
     def _flags(self) -> int:
         return int(getattr(self.compiler.compiler, "flags", 0)) & FUTURE_FLAGS
