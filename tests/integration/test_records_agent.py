@@ -159,7 +159,8 @@ def test_an_unusable_record_directory_leaves_the_job_exactly_as_it_was(tmp_path:
     loose.chmod(0o755)
     for directory in (loose, tmp_path / "a-file" / "records"):
         (tmp_path / "a-file").write_text("")
-        with Target("dies.py", via="env", args=["--torch", "--raise-at", "3"], env=record_env(directory)) as job:
+        args = ["--torch", "--raise-at", "3"]
+        with Target("dies.py", via="env", args=args, env=record_env(directory)) as job:
             assert job.process.wait(60) == 1
             assert "ValueError: diverged at step 3" in job.output()
         assert records_in(directory) == []
@@ -222,14 +223,12 @@ def test_the_hang_watchdog_asks_for_a_record_before_ending_the_job(tmp_path: Pat
     assert f"record written to {record.path}" in result.stderr
     assert json.loads(report.read_text())["records"][0]["path"] == record.path
     assert record.header["reason"]["kind"] == "watchdog"
-    innermost = {
-        row["thread_name"]: row for row in table(record, "python.backtrace") if row["depth"] == 0
-    }
+    innermost = {row["thread_name"]: row for row in table(record, "python.backtrace") if row["depth"] == 0}
     assert innermost["takes-first"]["func"] == "take" and innermost["takes-second"]["func"] == "take"
 
 
 def test_detach_gives_the_job_back_its_own_hooks_exactly(tmp_path: Path) -> None:
-    script = f"""
+    script = """
 import faulthandler, signal, sys, threading
 def job_hook(*args): pass
 sys.excepthook = job_hook
@@ -280,3 +279,18 @@ def test_exit_with_a_status_is_not_a_record(tmp_path: Path) -> None:
         assert job.process.wait(30) == 3
     assert records_in(tmp_path / "records") == []
     assert sys.executable  # the test process itself is untouched
+
+
+def test_an_attached_agent_hooks_sigterm_from_the_main_thread(tmp_path: Path) -> None:
+    note = tmp_path / "handler-ran"
+    env = record_env(tmp_path / "records")
+    with Target("dies.py", via="plain", args=["--torch", "--handler", str(note)], env=env) as job:
+        # Attached from the helper's thread: the handler goes in at the main thread's next bytecode.
+        probe = "import signal; print(signal.signal.__qualname__)"
+        assert wait_until(
+            lambda: probing(str(job.pid), "eval", probe).stdout.strip() == "SignalHooks.job_signal", 30, 0.2
+        )
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.process.wait(30) == 7
+    assert note.read_text() == "job handler ran for 15\n"
+    assert only_record(tmp_path / "records").header["reason"]["kind"] == "signal"

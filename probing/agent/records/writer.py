@@ -147,13 +147,12 @@ def _chunk_bytes(chunks: Sequence[Any]) -> int:
 
 
 def _newest_blocks(ring: Ring, blocks: int) -> Ring:
-    """A view of `ring` holding only its newest `blocks` frozen blocks and none being filled."""
+    """A view of `ring` holding only its newest `blocks` blocks: the one being filled (it
+    holds the newest rows) and the newest frozen ones. It shares the ring's lock, words and
+    block being filled, so the job's threads may go on appending meanwhile."""
     view = copy.copy(ring)
-    view.lock = threading.Lock()
     with ring.lock:
-        view.frozen = list(ring.frozen)[-blocks:] if blocks > 0 else []
-        view.words = list(ring.words)
-    view.current = type(ring.current)(ring.typecodes)
+        view.frozen = list(ring.frozen)[-(blocks - 1) :] if blocks > 1 else []
     return view
 
 
