@@ -25,7 +25,7 @@ from ..lifecycle import JOB_HOOKS, on_fork_in_child, on_stop
 from . import settings
 from .fatal import FatalFile, open_fatal_file
 from .hooks import ExceptionHooks, SignalHooks, mark, marked
-from .writer import RecordFailed, Trigger, write
+from .trigger import Trigger
 
 # A SIGTERM this soon after a watchdog's record is the watchdog ending the job: one record.
 AFTER_WATCHDOG_S = 60.0
@@ -58,6 +58,10 @@ class Records:
         """One record; RecordFailed when none was written. Records are written one at a time,
         and a hook that fires inside a write (a signal while the excepthook writes) gets none."""
         me = threading.get_ident()
+        # The writer (tables, the protocol's encoders) is loaded when a record is written: a job
+        # that never dies never loads it.
+        from .writer import RecordFailed, write
+
         if self.writing_thread == me:
             raise RecordFailed("a record is being written by this very thread")
         if not self.lock.acquire(timeout=30.0):
@@ -76,10 +80,10 @@ class Records:
         """From a hook inside the job: never raises, whatever happened."""
         try:
             self.write(trigger)
-        except RecordFailed as error:
-            self._failed(str(error))
         except Exception as error:  # noqa: BLE001 - a hook of the job's must never fail it
-            self._failed(f"{type(error).__name__}: {error}")
+            # RecordFailed says why in its message; anything else is a bug of ours, named.
+            message = str(error) if type(error).__name__ == "RecordFailed" else ""
+            self._failed(message or f"{type(error).__name__}: {error}")
 
     def _failed(self, why: str) -> None:
         if len(self.failures) < MAX_FAILURES:
@@ -148,7 +152,7 @@ class Records:
         except settings.RecordDirRefused as error:
             self.notes.append(f"fatal signals: no .fatal file (record directory refused: {error})")
         else:
-            from .writer import header
+            from .header import header
 
             fatal_header = header(Trigger("fatal_signal", "a fatal signal"), [], time.time())
             self.fatal = open_fatal_file(directory, fatal_header, self.notes)
@@ -212,6 +216,8 @@ def record_now(server: Any, kind: str, message: str) -> Dict[str, Any]:
     records = _records
     trigger = Trigger(kind, message or ("asked by the watchdog" if kind == "watchdog" else "asked for"))
     if records is None:
+        from .writer import write
+
         return write(server, trigger)
     records.server = server
     return records.write(trigger)

@@ -12,25 +12,21 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 import sys
 import threading
 import time
 from types import FrameType, TracebackType
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ... import __version__
-from ...procfs import process_start_time
 from ...protocol.records import write_record
 from ...schema.tables import BACKTRACE
-from ..identity import python_version, working_directory
-from ..listener.rank import rank_identity
 from ..reprs import BoundedRepr
 from ..ring import Ring
 from ..stacks import frame_locals_json, thread_stacks
 from ..tables import BUILDERS, new_builder
 from . import settings
-from .classify import describe, exit_status, headline, reason_kind
+from .header import header
+from .trigger import Trigger
 
 # Locals are taken for this many innermost frames of each thread: where it is stuck or failed.
 LOCALS_FRAMES = 3
@@ -52,40 +48,6 @@ class RecordFailed(Exception):
     def __init__(self, message: str, refused: bool = False) -> None:
         super().__init__(message)
         self.refused = refused
-
-
-class Trigger:
-    """What makes a record: its reason, and where the thread that met it was."""
-
-    def __init__(
-        self,
-        kind: str,
-        message: str = "",
-        signum: Optional[int] = None,
-        error: Optional[BaseException] = None,
-        thread: Optional[threading.Thread] = None,
-        frame: Optional[FrameType] = None,
-        training_thread: bool = False,
-        status: Optional[int] = None,
-    ) -> None:
-        self.kind = kind
-        self.message = message
-        self.signum = signum
-        self.error = error
-        # The thread the exception ended (threading.excepthook), else the writing thread.
-        self.thread = thread
-        # Where the writing thread was when the signal came (the handler's frame argument).
-        self.frame = frame
-        self.training_thread = training_thread
-        self.status = status
-
-    @classmethod
-    def from_exception(cls, error: BaseException, thread: threading.Thread, training_thread: bool) -> Trigger:
-        main = thread is threading.main_thread()
-        return cls(
-            reason_kind(error), headline(error), error=error, thread=thread,
-            training_thread=training_thread, status=exit_status(error) if main else None,
-        )  # fmt: skip
 
 
 def _frames_of(
@@ -241,45 +203,6 @@ def build_tables(server: Any, trigger: Trigger, budget: int) -> Tuple[List[Encod
         budget -= _chunk_bytes(encoded[1])
         tables.append(encoded)
     return tables, notes
-
-
-def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, Any]:
-    error = trigger.error
-    thread = trigger.thread or threading.current_thread()
-    rank = rank_identity()
-    hostname = socket.gethostname()
-    return {
-        "probing_version": __version__,
-        "pid": os.getpid(),
-        "ppid": os.getppid(),
-        "uid": os.geteuid(),
-        "hostname": hostname,
-        "argv": list(sys.argv),
-        "cwd": working_directory(),
-        "executable": sys.executable,
-        "python_version": python_version(),
-        "started_at": process_start_time(),
-        "written_at": written_at,
-        "reason": {
-            "kind": trigger.kind,
-            "message": trigger.message,
-            "signal": trigger.signum,
-            "exit_status": trigger.status,
-        },
-        "exception": describe(error, thread.name) if error is not None else None,
-        "rank": None
-        if rank is None
-        else {
-            "rank": rank.get("rank"),
-            "local_rank": rank.get("local_rank"),
-            "world_size": rank.get("world_size"),
-            "node": hostname,
-            "run_id": rank.get("run_id"),
-        },  # fmt: skip
-        "tables": [],
-        "notes": notes,
-        "write_seconds": 0.0,
-    }
 
 
 def write(server: Any, trigger: Trigger, extra_notes: Sequence[str] = ()) -> Dict[str, Any]:
