@@ -294,3 +294,35 @@ def test_an_attached_agent_hooks_sigterm_from_the_main_thread(tmp_path: Path) ->
         assert job.process.wait(30) == 7
     assert note.read_text() == "job handler ran for 15\n"
     assert only_record(tmp_path / "records").header["reason"]["kind"] == "signal"
+
+
+def test_a_collective_timeout_is_recorded_as_one(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from support import free_port
+
+    port = free_port("127.0.0.1")
+    env = dict(os.environ, PROBING="1", **record_env(tmp_path / "records"))
+    ranks = [
+        subprocess.Popen(
+            [VENV_PYTHON, str(TARGETS / "gloo_timeout.py"), str(rank), str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    try:
+        _, errors = ranks[0].communicate(timeout=90)
+        assert ranks[0].returncode == 1, errors
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait(30)
+    (path,) = records_in(tmp_path / "records")
+    record = read_record(str(path))
+    reason = record.header["reason"]
+    assert reason["kind"] == "collective_timeout" and "Timed out" in reason["message"], reason
+    assert record.header["pid"] == ranks[0].pid
+    assert "reduce_gradients" in [row["func"] for row in main_stack(record)]
+    assert "python.process_groups" in record.header["tables"]

@@ -65,6 +65,8 @@ class ExceptionHooks:
         try:
             if self.active and value is not None and not marked(value):
                 self.on_exception(value, threading.current_thread())
+        except Exception:  # noqa: BLE001, S110 - the job's exception is reported as ever, whatever ours did
+            pass
         finally:
             # The job's hook (or Python's) prints the traceback as it always did.
             (self.previous_excepthook or sys.__excepthook__)(kind, value, tb)
@@ -75,6 +77,8 @@ class ExceptionHooks:
             thread = args.thread if args.thread is not None else threading.current_thread()
             if self.active and value is not None and not isinstance(value, SystemExit) and not marked(value):
                 self.on_exception(value, thread)
+        except Exception:  # noqa: BLE001, S110 - as above
+            pass
         finally:
             (self.previous_thread_hook or threading.__excepthook__)(args)
 
