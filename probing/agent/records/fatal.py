@@ -16,10 +16,12 @@ taking it would silence the job's own dump; no .fatal file is made and the recor
 from __future__ import annotations
 
 import faulthandler
+import fcntl
 import json
 import os
+import resource
 import sys
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 from . import settings
 
@@ -33,6 +35,8 @@ class FatalFile:
         self.path = path
         self.stream = stream
         self.pid = pid
+        self.fd = stream.fileno()
+        self.identity = _identity(self.fd)
 
     def ours(self) -> bool:
         """Whether faulthandler still writes into our file: it holds a reference to the file
@@ -45,9 +49,16 @@ class FatalFile:
         if self.ours():
             faulthandler.disable()
         try:
-            self.stream.close()
-        except OSError:
+            self.stream.close()  # opened with closefd=False: the descriptor is closed below
+        except (OSError, ValueError):
             pass
+        # A job that closed every descriptor (os.closerange) may have this number for a file of
+        # its own by now: closed only while it is still our file.
+        if _identity(self.fd) == self.identity:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
         if remove and os.getpid() == self.pid:
             try:
                 os.unlink(self.path)
@@ -57,6 +68,28 @@ class FatalFile:
 
 # References to the stream when only FatalFile (its attribute) and getrefcount's argument hold it.
 _BASE_REFERENCES = 2
+
+
+def _identity(fd: int) -> Optional[Tuple[int, int]]:
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _high_descriptor(fd: int) -> int:
+    """`fd` moved to a high number: new descriptors take the lowest free one, so a job that
+    closes every descriptor and opens files again is unlikely to be handed this one (after
+    which a fault would write into the job's file)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        floor = max(3, min(soft, 1 << 16) // 2)
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except (OSError, ValueError):
+        return fd
+    os.close(fd)
+    return high
 
 
 def open_fatal_file(directory: str, header: Dict[str, Any], notes: List[str]) -> Optional[FatalFile]:
@@ -78,7 +111,7 @@ def open_fatal_file(directory: str, header: Dict[str, Any], notes: List[str]) ->
             # kept under a name of its own.
             os.rename(path, f"{path[: -len(settings.FATAL_SUFFIX)]}-{int(os.lstat(path).st_mtime)}.fatal")
             fd = os.open(path, flags, 0o600)
-        stream = os.fdopen(fd, "w", encoding="utf-8", errors="replace")
+        stream = os.fdopen(_high_descriptor(fd), "w", encoding="utf-8", errors="replace", closefd=False)
         stream.write(FATAL_LINE_PREFIX + json.dumps(header, default=str) + "\n")
         stream.flush()
         fatal = FatalFile(path, stream, os.getpid())
