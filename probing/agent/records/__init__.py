@@ -33,6 +33,8 @@ AFTER_WATCHDOG_S = 60.0
 AFTER_SIGNAL_S = 60.0
 # How many failures are kept to say why records are missing.
 MAX_FAILURES = 20
+# A job whose worker threads keep dying (and being restarted) gets one thread record this often.
+THREAD_RECORD_EVERY_S = 10.0
 
 
 class Records:
@@ -47,6 +49,8 @@ class Records:
         self.writing_thread: Optional[int] = None
         self.last_kind: Optional[str] = None
         self.last_at = 0.0
+        self.last_thread_record_at: Optional[float] = None
+        self.thread_records_skipped = 0
         self.exceptions = ExceptionHooks(self.on_exception)
         self.signals = SignalHooks(self.on_signal)
         self.fatal: Optional[FatalFile] = None
@@ -99,6 +103,19 @@ class Records:
             return
         mark(error)
         main = thread is threading.main_thread()
+        if not main:
+            now = time.monotonic()
+            last = self.last_thread_record_at
+            if last is not None and now - last < THREAD_RECORD_EVERY_S:
+                self.thread_records_skipped += 1
+                return
+            self.last_thread_record_at = now
+            if self.thread_records_skipped:
+                self.notes.append(
+                    f"{self.thread_records_skipped} earlier thread exceptions were not recorded "
+                    f"(one thread record every {THREAD_RECORD_EVERY_S:g} s)"
+                )
+                self.thread_records_skipped = 0
         self.write_quietly(Trigger.from_exception(error, thread, training_thread=main))
 
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
