@@ -17,7 +17,7 @@ import pytest
 from probing.protocol import decode_table
 from probing.protocol.records import RecordFile, read_record
 
-from support import PROBING, TARGETS, VENV_PYTHON, Target, probing, wait_until
+from support import PROBING, TARGETS, VENV_PYTHON, Target, interpreter_params, probing, wait_until
 
 
 def record_env(directory: Path, **more: str) -> Dict[str, str]:
@@ -326,3 +326,28 @@ def test_a_collective_timeout_is_recorded_as_one(tmp_path: Path) -> None:
     assert record.header["pid"] == ranks[0].pid
     assert "reduce_gradients" in [row["func"] for row in main_stack(record)]
     assert "python.process_groups" in record.header["tables"]
+
+
+@pytest.mark.parametrize("python", interpreter_params())
+def test_records_on_every_interpreter(tmp_path: Path, python: str) -> None:
+    directory = tmp_path / "records"
+    note = tmp_path / "handler-ran"
+    with Target("dies.py", python=python, args=["--handler", str(note)], env=record_env(directory)) as job:
+        send(job, "thread-raise")
+        assert wait_until(lambda: "thread died" in job.stdout_lines, 30), job.output()
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.process.wait(30) == 7  # probing run passes the job's own status on
+    assert note.exists()
+    kinds = sorted(read_record(str(path)).header["reason"]["kind"] for path in records_in(directory))
+    assert kinds == ["exception", "signal"]
+    assert not list(directory.glob("*.fatal"))
+
+
+@pytest.mark.parametrize("python", interpreter_params())
+def test_fatal_files_on_every_interpreter(tmp_path: Path, python: str) -> None:
+    directory = tmp_path / "records"
+    with Target("dies.py", python=python, env=record_env(directory)) as job:
+        send(job, "segv")
+        assert job.process.wait(30) == 128 + signal.SIGSEGV  # probing run: 128 + N
+    (fatal,) = directory.glob("*.fatal")
+    assert "in read_address" in fatal.read_text()
