@@ -25,6 +25,7 @@ from ..lifecycle import JOB_HOOKS, on_fork_in_child, on_stop
 from . import settings
 from .fatal import FatalFile, open_fatal_file
 from .hooks import ExceptionHooks, SignalHooks, mark, marked
+from .mainthread import forget_after_fork
 from .trigger import Trigger
 
 # A SIGTERM this soon after a watchdog's record is the watchdog ending the job: one record.
@@ -219,6 +220,7 @@ def uninstall() -> None:
 def _drop_in_child() -> None:
     # A forked child (a DataLoader worker) is not the job: the parent's record covers it.
     global _records
+    forget_after_fork()
     records, _records = _records, None
     if records is not None:
         records.uninstall(in_child=True)

@@ -22,7 +22,7 @@ import threading
 from types import FrameType, TracebackType
 from typing import Any, Callable, Dict, List, Optional, Type
 
-from .mainthread import in_main_thread
+from .mainthread import cancel, in_main_thread
 
 HOOKED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _MARK = "_probing_record"
@@ -170,6 +170,8 @@ class SignalHooks:
             signal.signal = self.original_signal
         if signal.getsignal == self.job_getsignal:
             signal.getsignal = self.original_getsignal
+        if cancel(self._install_here):
+            return  # the main thread never got to install them: nothing to put back
         if in_child:
             self._restore_here()  # after fork the forking thread is the child's main thread
         elif self.job_handlers:
