@@ -120,11 +120,25 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
         path = tmp_path / f"job-{index}.probing"
         path.write_bytes(b"")
         os.utime(path, (1000 + index, 1000 + index))
-    (tmp_path / "job-1.fatal").write_bytes(b"")
+    # .fatal files of processes that are gone (PIDs over pid_max, renamed ones) are kept the
+    # same way; a live process's own is never touched.
+    for index, name in enumerate(["job-4999999.fatal", "job-4999998.fatal", "job-1-1700000000.fatal"]):
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (1000 + index, 1000 + index))
+    (tmp_path / f"job-{os.getpid()}.fatal").write_bytes(b"")
+    os.utime(tmp_path / f"job-{os.getpid()}.fatal", (1, 1))
     removed = settings.prune(str(tmp_path), 2)
     names = sorted(os.path.basename(path) for path in removed)
-    assert names == ["job-0.probing", "job-1.probing", "job-2.probing"]
-    assert sorted(os.listdir(tmp_path)) == ["job-1.fatal", "job-3.probing", "job-4.probing"]
+    assert names == ["job-0.probing", "job-1.probing", "job-2.probing", "job-4999999.fatal"]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [
+            "job-1-1700000000.fatal",
+            "job-4999998.fatal",
+            f"job-{os.getpid()}.fatal",
+            "job-3.probing",
+            "job-4.probing",
+        ]
+    )
 
 
 def test_a_ring_over_the_budget_is_cut_to_its_newest_rows() -> None:

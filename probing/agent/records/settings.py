@@ -129,30 +129,46 @@ def unique_path(directory: str, name: str) -> str:
 
 
 def prune(directory: str, keep: int) -> List[str]:
-    """Remove this uid's oldest `.probing` files beyond the newest `keep`; what it removed."""
+    """Remove this uid's oldest `.probing` files beyond the newest `keep`, and the oldest `.fatal`
+    files of processes that are gone beyond the newest `keep` too (a live job's is its own);
+    what it removed."""
     uid = os.geteuid()
-    found = []
+    records = []
+    fatal = []
     try:
         names = os.listdir(directory)
     except OSError:
         return []
     for name in names:
-        if not name.endswith(SUFFIX) or name.startswith("."):
+        if name.startswith("."):
+            continue
+        is_record, is_fatal = name.endswith(SUFFIX), name.endswith(FATAL_SUFFIX)
+        if not is_record and not is_fatal:
             continue
         path = os.path.join(directory, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISREG(info.st_mode) and info.st_uid == uid:
-            found.append((info.st_mtime, name, path))
-    found.sort(reverse=True)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != uid:
+            continue
+        if is_record:
+            records.append((info.st_mtime, name, path))
+        elif not _alive(name[: -len(FATAL_SUFFIX)].rsplit("-", 1)[-1]):
+            fatal.append((info.st_mtime, name, path))
     removed = []
-    for _, _, path in found[keep:]:
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError as error:
-            if error.errno != errno.ENOENT:
-                continue
+    for found in (records, fatal):
+        found.sort(reverse=True)
+        for _, _, path in found[keep:]:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError as error:
+                if error.errno != errno.ENOENT:
+                    continue
     return removed
+
+
+def _alive(pid_text: str) -> bool:
+    """Whether the PID a `.fatal` name ends with runs (a renamed one ends with a time: never)."""
+    return pid_text.isdigit() and os.path.exists(f"/proc/{int(pid_text)}")
