@@ -351,3 +351,23 @@ def test_fatal_files_on_every_interpreter(tmp_path: Path, python: str) -> None:
         assert job.process.wait(30) == 128 + signal.SIGSEGV  # probing run: 128 + N
     (fatal,) = directory.glob("*.fatal")
     assert "in read_address" in fatal.read_text()
+
+
+def test_sigint_makes_one_record_and_the_job_still_dies_of_keyboardinterrupt(tmp_path: Path) -> None:
+    with Target("dies.py", via="env", env=record_env(tmp_path / "records")) as job:
+        os.kill(job.pid, signal.SIGINT)
+        assert job.process.wait(30) == -signal.SIGINT  # Python ends an uncaught Ctrl-C by SIGINT
+        assert "KeyboardInterrupt" in job.output()
+    assert only_record(tmp_path / "records").header["reason"]["signal"] == signal.SIGINT
+
+
+def test_a_record_over_its_size_bound_keeps_the_newest_rows_and_says_so(tmp_path: Path) -> None:
+    env = record_env(tmp_path / "records", PROBING_TORCH_TRACE="1", PROBING_RECORD_MAX_MB="0.02")
+    with Target("dies.py", via="env", args=["--torch", "--raise-at", "300"], env=env) as job:
+        assert job.process.wait(120) == 1
+    record = only_record(tmp_path / "records")
+    assert sum(len(payload) for _, payload in record.tables) <= 0.02 * (1 << 20) + 4096 * len(record.tables)
+    notes = " ".join(record.header["notes"])
+    assert "python.torch_trace: cut to its newest" in notes, notes
+    assert table(record, "python.torch_trace")[-1]["step"] >= 298
+    assert "python.backtrace" in record.header["tables"]

@@ -118,6 +118,24 @@ def _newest_blocks(ring: Ring, blocks: int) -> Ring:
     return view
 
 
+def _newest_rows(ring: Ring, rows: int) -> Ring:
+    """A view of `ring` holding only the newest `rows` rows of its newest block."""
+    view = copy.copy(ring)
+    view.lock = threading.Lock()
+    view.frozen = []
+    block = type(ring.current)(ring.typecodes)
+    with ring.lock:
+        current = ring.current if ring.current.rows or not ring.frozen else ring.frozen[-1]
+        end = current.rows
+        start = max(0, end - rows)
+        block.columns = [column[start:end] for column in current.columns]
+        block.valid = [None if valid is None else valid[start:end] for valid in current.valid]
+        block.rows = end - start
+        view.words = list(ring.words)
+    view.current = block
+    return view
+
+
 def _bounded(name: str, source: Any, budget: int, notes: List[str]) -> Optional[Tuple[Dict[str, Any], Any]]:
     """The table encoded within `budget` bytes: a ring cut to its newest blocks, a table that
     still does not fit left out; what was cut goes into `notes`."""
@@ -128,17 +146,21 @@ def _bounded(name: str, source: Any, budget: int, notes: List[str]) -> Optional[
     rows = descriptor.get("rows") or 0
     if isinstance(source, Ring) and rows:
         per_row = max(1.0, size / rows)
-        blocks = int(budget / per_row) // source.block_rows
-        while blocks > 0:
-            descriptor, chunks = _newest_blocks(source, blocks).encode()
-            if _chunk_bytes(chunks) <= budget:
+        # At least the block being filled: the newest rows, often far fewer than a block's.
+        blocks = max(1, int(budget / per_row) // source.block_rows)
+        # Then rows of the newest block, fewer each time (padding and dictionaries are not per row).
+        newest = int(budget / per_row)
+        views = [_newest_blocks(source, count) for count in range(blocks, 0, -1)]
+        views += [_newest_rows(source, newest * 3**tries // 4**tries) for tries in range(6)]
+        for view in views:
+            descriptor, chunks = view.encode()
+            if _chunk_bytes(chunks) <= budget and descriptor.get("rows"):
                 kept = descriptor.get("rows") or 0
                 notes.append(
                     f"{name}: cut to its newest {kept} of {rows} rows to stay under "
                     f"PROBING_RECORD_MAX_MB ({size} bytes whole)"
                 )
                 return descriptor, chunks
-            blocks -= 1
     notes.append(f"{name}: left out: {size} bytes, more than the {budget} left under PROBING_RECORD_MAX_MB")
     return None
 
