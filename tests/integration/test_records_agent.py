@@ -371,3 +371,14 @@ def test_a_record_over_its_size_bound_keeps_the_newest_rows_and_says_so(tmp_path
     assert "python.torch_trace: cut to its newest" in notes, notes
     assert table(record, "python.torch_trace")[-1]["step"] >= 298
     assert "python.backtrace" in record.header["tables"]
+
+
+def test_a_job_that_replaced_the_excepthook_is_recorded_at_exit(tmp_path: Path) -> None:
+    with Target("dies.py", via="env", args=["--own-excepthook"], env=record_env(tmp_path / "records")) as job:
+        send(job, "raise")
+        assert job.process.wait(30) == 1
+        assert "job hook: ValueError: diverged at step 0" in job.output()
+        assert "Traceback" not in job.output()  # only the job's hook spoke
+    record = only_record(tmp_path / "records")
+    assert record.header["exception"]["frames"][-1]["func"] == "check_step"
+    assert any("recorded at exit" in note for note in record.header["notes"])

@@ -5,6 +5,8 @@
     --handler FILE      a SIGTERM handler of the job's own, installed after the agent started:
                         it writes FILE and exits with status 7
     --faulthandler      the job enables faulthandler on stderr itself
+    --own-excepthook    the job replaces sys.excepthook (after the agent started) with one that
+                        prints `job hook: <exception>` and calls no other hook
 
 Prints `ready` once the state under test exists (torch: after the first step), then reads
 commands from stdin, one a line: `segv` (ctypes.string_at(0) inside `read_address`), `raise`
@@ -25,11 +27,19 @@ parser.add_argument("--torch", action="store_true")
 parser.add_argument("--raise-at", type=int, default=-1)
 parser.add_argument("--handler")
 parser.add_argument("--faulthandler", action="store_true")
+parser.add_argument("--own-excepthook", action="store_true")
 parser.add_argument("--pause", type=float, default=0.002)
 options = parser.parse_args()
 
 if options.faulthandler:
     faulthandler.enable(sys.stderr)
+
+if options.own_excepthook:
+
+    def job_hook(kind, value, tb):  # type: ignore[no-untyped-def]
+        print(f"job hook: {kind.__name__}: {value}", file=sys.stderr, flush=True)
+
+    sys.excepthook = job_hook
 
 if options.handler:
 

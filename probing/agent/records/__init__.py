@@ -143,7 +143,10 @@ class Records:
         if self.pid != _own_pid():
             return
         value = getattr(sys, "last_value", None)
-        if self.exceptions.active and isinstance(value, BaseException) and not marked(value):
+        # With ours still in place every uncaught exception went through it: a sys.last_value
+        # it did not mark was left by an interactive console (code, IPython), not by a death.
+        replaced = sys.excepthook != self.exceptions.excepthook
+        if self.exceptions.active and replaced and isinstance(value, BaseException) and not marked(value):
             interrupted = isinstance(value, KeyboardInterrupt) and self._recent("signal", AFTER_SIGNAL_S)
             if not interrupted:
                 mark(value)
