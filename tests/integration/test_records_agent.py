@@ -186,7 +186,7 @@ def test_a_record_on_demand_leaves_the_job_running_and_keeps_the_newest(tmp_path
         record = read_record(results[-1]["path"])
         assert record.header["reason"]["kind"] == "on_demand"
         assert record.header["reason"]["message"] == "from the test"
-        assert "python.torch_trace" in results[-1]["tables"]
+        assert "python.torch_trace" in results[-1]["tables"] and results[-1]["failures"] == []
         # Built by the agent's thread: the tables that read tensor data are left out, said so.
         assert "python.modules" not in results[-1]["tables"]
         assert any("python.modules" in note for note in results[-1]["notes"])
@@ -382,3 +382,19 @@ def test_a_job_that_replaced_the_excepthook_is_recorded_at_exit(tmp_path: Path) 
     record = only_record(tmp_path / "records")
     assert record.header["exception"]["frames"][-1]["func"] == "check_step"
     assert any("recorded at exit" in note for note in record.header["notes"])
+
+
+def test_a_refused_directory_is_named_by_the_record_method(tmp_path: Path) -> None:
+    from probing.errors import ProbingError
+
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o755)
+    with Target("dies.py", via="env", env=record_env(loose)) as job:
+        send(job, "thread-raise")  # its record is refused too: kept as a failure
+        assert wait_until(lambda: "thread died" in job.stdout_lines, 30), job.output()
+        with pytest.raises(ProbingError) as caught:
+            ask_for_record(job.pid)
+        assert f"{loose} has mode 755, not 700" in caught.value.message
+        assert job.finish() == 0
+    assert os.listdir(loose) == []

@@ -15,6 +15,7 @@ probing (hooks.py). PROBING_RECORD=0 installs nothing.
 from __future__ import annotations
 
 import atexit
+import signal
 import sys
 import threading
 import time
@@ -122,8 +123,6 @@ class Records:
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self._recent("watchdog", AFTER_WATCHDOG_S):
             return
-        import signal
-
         name = signal.Signals(signum).name
         self.write_quietly(Trigger(
             "signal", f"{name} received", signum=signum, frame=frame, training_thread=True,
@@ -242,7 +241,10 @@ def record_now(server: Any, kind: str, message: str) -> Dict[str, Any]:
 
         return write(server, trigger)
     records.server = server
-    return records.write(trigger)
+    result = records.write(trigger)
+    # Why earlier records of this process are missing (a refused directory, a full disk).
+    result["failures"] = list(records.failures)
+    return result
 
 
 def before_nonfinite_raise(error: BaseException) -> None:
