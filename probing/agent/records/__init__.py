@@ -204,10 +204,10 @@ def install(server: Any) -> Optional[Records]:
     if not settings.enabled():
         return None
     records = Records(server)
-    records.install()
-    _records = records
+    _records = records  # set first: a failure below still leaves it to uninstall at detach
     on_stop(uninstall, JOB_HOOKS)
     on_fork_in_child(_drop_in_child)
+    records.install()
     return records
 
 
