@@ -142,6 +142,13 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
         _server = server
         _path_identity = path_identity
         last_error = sampling_error
+    try:
+        # Hooks only (excepthook, signals, faulthandler): a job that never ends pays nothing.
+        from .records import install as install_records
+
+        install_records(server)
+    except Exception as error:  # noqa: BLE001 - records are optional, the agent is not
+        last_error = f"records: {type(error).__name__}: {error}"
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
         try:

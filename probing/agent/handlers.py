@@ -257,6 +257,23 @@ def _ping(server: Any, params: Dict[str, Any]) -> Any:
     return {"pong": True}
 
 
+def _record(server: Any, params: Dict[str, Any]) -> Any:
+    from .records import record_now
+    from .records.writer import RecordFailed
+
+    kind = str_param(params, "kind") or "on_demand"
+    if kind not in ("on_demand", "watchdog"):
+        raise RequestError(
+            ErrorKind.BAD_REQUEST, f"record kind must be on_demand or watchdog, not {kind!r:.80}"
+        )
+    try:
+        return record_now(server, kind, str_param(params, "reason") or "")
+    except RecordFailed as error:
+        raise RequestError(
+            ErrorKind.PERMISSION_DENIED if error.refused else ErrorKind.INTERNAL_ERROR, f"no record: {error}"
+        ) from None
+
+
 def _detach(server: Any, params: Dict[str, Any]) -> Any:
     # Stopping closes this very connection: it happens once the reply is out (server.py).
     server.stop_after_reply = True
@@ -276,6 +293,7 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "nan": _nan,
     "memory": _memory,
     "detach": _detach,
+    "record": _record,
     "listen": _listen,
     "endpoints": _endpoints,
 }

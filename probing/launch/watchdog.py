@@ -9,8 +9,10 @@ is stuck, and the verdict (which rank is behind, who waits in what) goes into th
 
 The watchdog samples the stacks through the engine (the agent, or py-spy when it
 cannot answer); after S seconds without progress it reads every stack of the process tree,
-hands them to its caller (`on_hung`: cli/run.py prints them and writes the JSON report), then
-terminates the tree (SIGTERM, then SIGKILL after 5 s) and makes `probing run` exit 11.
+asks every agent of the tree for a record (the job's tables and stacks, kept in a file after it
+is gone: docs/records.md), hands stacks and record paths to its caller (`on_hung`: cli/run.py
+prints them and writes the JSON report), then terminates the tree (SIGTERM, then SIGKILL after
+5 s) and makes `probing run` exit 11.
 
 It never prints.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -31,13 +34,24 @@ from ..engine.job_hang import collectives_of, judge
 from ..engine.processes import descendants, first_python
 from ..engine.sources import SourceLines
 from ..engine.target import Target
-from ..errors import ExitCode, ProbingError
+from ..errors import ExitCode, NoAgent, ProbingError
 from ..procfs import process_alive
 
 # Seconds each look at the stacks may wait for the agent before reading from outside.
 SAMPLE_TIMEOUT_S = 2.0
 # After SIGTERM, how long the tree has to exit before SIGKILL.
 TERMINATE_GRACE_S = 5.0
+# How long the agents of the tree, together, may take to write their records before the tree
+# is ended anyway (a record of a 1 M-row trace takes about a second).
+RECORD_TIMEOUT_S = 10.0
+
+
+class RecordOutcome(NamedTuple):
+    """What one process's agent answered when asked for a record before the end."""
+
+    pid: int
+    path: Optional[str]
+    error: Optional[str]
 
 
 class HungJob(NamedTuple):
@@ -48,6 +62,8 @@ class HungJob(NamedTuple):
     # error that kept them from being read).
     processes: List[Tuple[int, Optional[Stacks], Optional[ProbingError]]]
     job: Optional[JobVerdict] = None  # a distributed job's verdict (which rank is behind)
+    # The record each agent of the tree wrote (or why not); processes without an agent left out.
+    records: Tuple[RecordOutcome, ...] = ()
 
 
 class Watchdog:
@@ -113,7 +129,8 @@ class Watchdog:
         if not report.hung or stalled < self.timeout:
             return None
         tree = [self.pid] + [child for child, _ in descendants(self.pid)]
-        self.on_hung(HungJob(stalled, [self._last_look(each) for each in tree]))
+        looks = [self._last_look(each) for each in tree]
+        self.on_hung(HungJob(stalled, looks, None, self._records(tree, stalled)))
         self._end(tree)
         return ExitCode.HUNG
 
@@ -169,7 +186,8 @@ class Watchdog:
                 tracker.progressed()
             return None
         tree = [self.pid] + [child for child, _ in descendants(self.pid)]
-        self.on_hung(HungJob(stalled, [self._last_look(each) for each in tree], verdict))
+        looks = [self._last_look(each) for each in tree]
+        self.on_hung(HungJob(stalled, looks, verdict, self._records(tree, stalled)))
         self._end(tree)
         return ExitCode.HUNG
 
@@ -181,6 +199,38 @@ class Watchdog:
         # Locals of the innermost frame of each thread only: what it is stuck on.
         stacks.rows = [dict(row, locals=row["locals"] if row["depth"] == 0 else None) for row in stacks.rows]
         return pid, stacks, None
+
+    def _records(self, tree: List[int], stalled: float) -> Tuple[RecordOutcome, ...]:
+        """Ask every agent of the tree for a record, in parallel, within RECORD_TIMEOUT_S in all;
+        the SIGTERM that follows then writes none of its own (the agent knows it was asked)."""
+        outcomes: Dict[int, RecordOutcome] = {}
+        reason = f"probing run --hang-timeout: no progress for {stalled:.0f} s"
+
+        def ask(pid: int) -> None:
+            try:
+                with self._target(pid).connect(RECORD_TIMEOUT_S) as client:
+                    result, _ = client.call(
+                        "record", {"kind": "watchdog", "reason": reason}, timeout=RECORD_TIMEOUT_S
+                    )
+                path = result.get("path") if isinstance(result, dict) else None
+                outcomes[pid] = RecordOutcome(pid, path if isinstance(path, str) else None, None)
+            except NoAgent:
+                return  # a shell, or a process started without the agent: nothing to record
+            except ProbingError as error:
+                outcomes[pid] = RecordOutcome(pid, None, error.message)
+
+        threads = [threading.Thread(target=ask, args=(pid,), daemon=True) for pid in tree]
+        deadline = time.monotonic() + RECORD_TIMEOUT_S + 1.0
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        late = RecordOutcome(0, None, f"no record within {RECORD_TIMEOUT_S:g} s")
+        found = [
+            outcomes.get(pid) or (late._replace(pid=pid) if thread.is_alive() else None)
+            for pid, thread in zip(tree, threads)
+        ]
+        return tuple(outcome for outcome in found if outcome is not None)
 
     @staticmethod
     def _end(tree: List[int]) -> None:

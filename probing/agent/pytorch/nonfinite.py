@@ -14,6 +14,7 @@ diagnostic mode, off by default. The one exception a hook raises on purpose is
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -110,7 +111,13 @@ class NanChecks:
             if stop:
                 self.stopped_at = step
         if stop:
-            raise NonFiniteError(
+            error = NonFiniteError(
                 f"probing: {nans} NaN and {infs} Inf in the {stage} {tensor.split(' ')[0]} of {traced.name} "
                 f"({traced.type_name}) at step {step}; stopped by `probing nan on --stop`"
             )
+            # A record of the moment, written here in the training thread (records/), even when
+            # the job catches the error to checkpoint and exit.
+            records = sys.modules.get(__package__.rsplit(".", 1)[0] + ".records")
+            if records is not None:
+                records.before_nonfinite_raise(error)
+            raise error

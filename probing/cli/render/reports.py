@@ -139,11 +139,20 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
             continue
         write_stacks_to_stderr(stacks)
         reports.append({"pid": pid, "frames": stacks.rows})
+    records = getattr(job, "records", ())
+    for outcome in records:
+        if outcome.path is not None:
+            err.write(f"probing: PID {outcome.pid}: record written to {inert(outcome.path)}\n")
+        else:
+            err.write(f"probing: PID {outcome.pid}: no record ({inert(outcome.error or '')})\n")
     err.flush()
     if report_path:
         document: Dict[str, Any] = {"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": reports}
         if job.job is not None:
             document["job"] = job.job.to_json()
+        document["records"] = [
+            {"pid": outcome.pid, "path": outcome.path, "error": outcome.error} for outcome in records
+        ]
         with open(report_path, "w") as handle:
             write_json(document, handle)
 

@@ -1,0 +1,254 @@
+"""Records: what the agent knew, written to a file when the job ends (issue 15).
+
+When an uncaught exception ends a thread, when SIGTERM, SIGINT or SIGHUP arrives, when
+`nan on --stop` stops the job, and when asked (`record`: `probing PID record`, the
+`run --hang-timeout` watchdog), the agent writes every table it holds, with the stacks at that
+moment and why, into PROBING_RECORD_DIR (protocol/records.py is the format, writer.py what goes
+in). Fatal signals leave the `.fatal` file that faulthandler writes into (fatal.py).
+
+Hooks only: a job that never ends costs nothing (no thread, no timer). Nothing here ever
+changes the job's exception, exit status or signal behaviour: a record that cannot be written
+becomes a note (`failures`), and the job's own hooks and handlers run as they would without
+probing (hooks.py). PROBING_RECORD=0 installs nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any, Dict, List, Optional
+
+from ..lifecycle import JOB_HOOKS, on_fork_in_child, on_stop
+from . import settings
+from .fatal import FatalFile, open_fatal_file
+from .hooks import ExceptionHooks, SignalHooks, mark, marked
+from .mainthread import forget_after_fork
+from .trigger import Trigger
+
+# A SIGTERM this soon after a watchdog's record is the watchdog ending the job: one record.
+AFTER_WATCHDOG_S = 60.0
+# A KeyboardInterrupt this soon after a SIGINT record is that SIGINT: one record.
+AFTER_SIGNAL_S = 60.0
+# How many failures are kept to say why records are missing.
+MAX_FAILURES = 20
+# A job whose worker threads keep dying (and being restarted) gets one thread record this often.
+THREAD_RECORD_EVERY_S = 10.0
+
+
+class Records:
+    """The hooks of one process and what they need to write."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.notes: List[str] = []  # about the hooks themselves, copied into every record
+        self.failures: List[str] = []
+        self.written: List[str] = []
+        self.lock = threading.Lock()
+        self.writing_thread: Optional[int] = None
+        self.last_kind: Optional[str] = None
+        self.last_at = 0.0
+        self.last_thread_record_at: Optional[float] = None
+        self.thread_records_skipped = 0
+        self.exceptions = ExceptionHooks(self.on_exception)
+        self.signals = SignalHooks(self.on_signal)
+        self.fatal: Optional[FatalFile] = None
+        self.pid = 0
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def write(self, trigger: Trigger) -> Dict[str, Any]:
+        """One record; RecordFailed when none was written. Records are written one at a time,
+        and a hook that fires inside a write (a signal while the excepthook writes) gets none."""
+        me = threading.get_ident()
+        # The writer (tables, the protocol's encoders) is loaded when a record is written: a job
+        # that never dies never loads it.
+        from .writer import RecordFailed, write
+
+        if self.writing_thread == me:
+            raise RecordFailed("a record is being written by this very thread")
+        if not self.lock.acquire(timeout=30.0):
+            raise RecordFailed("another record took more than 30 s")
+        self.writing_thread = me
+        try:
+            result = write(self.server, trigger, self.notes + self.signals.notes)
+        finally:
+            self.writing_thread = None
+            self.lock.release()
+        self.written.append(result["path"])
+        self.last_kind, self.last_at = trigger.kind, time.monotonic()
+        return result
+
+    def write_quietly(self, trigger: Trigger) -> None:
+        """From a hook inside the job: never raises, whatever happened."""
+        try:
+            self.write(trigger)
+        except Exception as error:  # noqa: BLE001 - a hook of the job's must never fail it
+            # RecordFailed says why in its message; anything else is a bug of ours, named.
+            message = str(error) if type(error).__name__ == "RecordFailed" else ""
+            self._failed(message or f"{type(error).__name__}: {error}")
+
+    def _failed(self, why: str) -> None:
+        if len(self.failures) < MAX_FAILURES:
+            self.failures.append(why)
+
+    def _recent(self, kind: str, within: float) -> bool:
+        return self.last_kind == kind and time.monotonic() - self.last_at < within
+
+    # --- what the hooks call -------------------------------------------------------------------
+
+    def on_exception(self, error: BaseException, thread: threading.Thread) -> None:
+        if isinstance(error, KeyboardInterrupt) and self._recent("signal", AFTER_SIGNAL_S):
+            return
+        mark(error)
+        main = thread is threading.main_thread()
+        if not main:
+            now = time.monotonic()
+            last = self.last_thread_record_at
+            if last is not None and now - last < THREAD_RECORD_EVERY_S:
+                self.thread_records_skipped += 1
+                return
+            self.last_thread_record_at = now
+            if self.thread_records_skipped:
+                self.notes.append(
+                    f"{self.thread_records_skipped} earlier thread exceptions were not recorded "
+                    f"(one thread record every {THREAD_RECORD_EVERY_S:g} s)"
+                )
+                self.thread_records_skipped = 0
+        self.write_quietly(Trigger.from_exception(error, thread, training_thread=main))
+
+    def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self._recent("watchdog", AFTER_WATCHDOG_S):
+            return
+        name = signal.Signals(signum).name
+        self.write_quietly(Trigger(
+            "signal", f"{name} received", signum=signum, frame=frame, training_thread=True,
+            status=-signum,
+        ))  # fmt: skip
+
+    def on_nonfinite(self, error: BaseException) -> None:
+        """`nan on --stop` is about to raise `error` in the training thread."""
+        mark(error)
+        self.write_quietly(
+            Trigger("nan", str(error), error=error, thread=threading.current_thread(), training_thread=True)
+        )
+
+    def at_exit(self) -> None:
+        """An uncaught exception the job's own sys.excepthook took (it replaced ours): Python
+        left it in sys.last_value before calling that hook. Then the .fatal file goes."""
+        if self.pid != _own_pid():
+            return
+        value = getattr(sys, "last_value", None)
+        # With ours still in place every uncaught exception went through it: a sys.last_value
+        # it did not mark was left by an interactive console (code, IPython), not by a death.
+        replaced = sys.excepthook != self.exceptions.excepthook
+        if self.exceptions.active and replaced and isinstance(value, BaseException) and not marked(value):
+            interrupted = isinstance(value, KeyboardInterrupt) and self._recent("signal", AFTER_SIGNAL_S)
+            if not interrupted:
+                mark(value)
+                trigger = Trigger.from_exception(value, threading.main_thread(), training_thread=True)
+                self.notes.append("recorded at exit: the job's own sys.excepthook had replaced probing's")
+                self.write_quietly(trigger)
+        self.close_fatal(remove=True)
+
+    def close_fatal(self, remove: bool) -> None:
+        fatal, self.fatal = self.fatal, None
+        if fatal is not None:
+            fatal.close(remove)
+
+    # --- installing ------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        self.pid = _own_pid()
+        self.exceptions.install()
+        how = self.signals.install()
+        if how not in ("now", "scheduled"):
+            self.notes.append(f"SIGTERM, SIGINT, SIGHUP: not hooked ({how}); no record for them")
+        try:
+            directory = settings.prepare_dir(settings.record_dir())
+        except settings.RecordDirRefused as error:
+            self.notes.append(f"fatal signals: no .fatal file (record directory refused: {error})")
+        else:
+            from .header import header
+
+            fatal_header = header(Trigger("fatal_signal", "a fatal signal"), [], time.time())
+            self.fatal = open_fatal_file(directory, fatal_header, self.notes)
+        atexit.register(self.at_exit)
+
+    def uninstall(self, in_child: bool = False) -> None:
+        self.exceptions.uninstall()
+        self.signals.uninstall(in_child)
+        atexit.unregister(self.at_exit)
+        self.close_fatal(remove=not in_child)
+
+
+def _own_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+_records: Optional[Records] = None
+
+
+def install(server: Any) -> Optional[Records]:
+    """Install the hooks once per process (an agent started again only gets the new server);
+    None when PROBING_RECORD=0."""
+    global _records
+    if _records is not None:
+        _records.server = server
+        return _records
+    if not settings.enabled():
+        return None
+    records = Records(server)
+    _records = records  # set first: a failure below still leaves it to uninstall at detach
+    on_stop(uninstall, JOB_HOOKS)
+    on_fork_in_child(_drop_in_child)
+    records.install()
+    return records
+
+
+def uninstall() -> None:
+    """Detach: every hook off, the job's own back."""
+    global _records
+    records, _records = _records, None
+    if records is not None:
+        records.uninstall()
+
+
+def _drop_in_child() -> None:
+    # A forked child (a DataLoader worker) is not the job: the parent's record covers it.
+    global _records
+    forget_after_fork()
+    records, _records = _records, None
+    if records is not None:
+        records.uninstall(in_child=True)
+
+
+def current() -> Optional[Records]:
+    return _records
+
+
+def record_now(server: Any, kind: str, message: str) -> Dict[str, Any]:
+    """The `record` method: a record of the live job, now. RecordFailed says why not."""
+    records = _records
+    trigger = Trigger(kind, message or ("asked by the watchdog" if kind == "watchdog" else "asked for"))
+    if records is None:
+        from .writer import write
+
+        return write(server, trigger)
+    records.server = server
+    result = records.write(trigger)
+    # Why earlier records of this process are missing (a refused directory, a full disk).
+    result["failures"] = list(records.failures)
+    return result
+
+
+def before_nonfinite_raise(error: BaseException) -> None:
+    """Called by `nan on --stop` (pytorch/nonfinite.py) in the training thread before it raises."""
+    records = _records
+    if records is not None:
+        records.on_nonfinite(error)

@@ -1,0 +1,62 @@
+"""The header of a record (records-contract.md): who the process is, when, and why."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from typing import Any, Dict, List
+
+from ... import __version__
+from ...procfs import process_start_time
+from ..identity import python_version, working_directory
+from ..listener.rank import rank_identity
+from .trigger import Trigger
+
+
+def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, Any]:
+    error = trigger.error
+    thread = trigger.thread or threading.current_thread()
+    rank = rank_identity()
+    hostname = socket.gethostname()
+    return {
+        "probing_version": __version__,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "uid": os.geteuid(),
+        "hostname": hostname,
+        "argv": list(sys.argv),
+        "cwd": working_directory(),
+        "executable": sys.executable,
+        "python_version": python_version(),
+        "started_at": process_start_time(),
+        "written_at": written_at,
+        "reason": {
+            "kind": trigger.kind,
+            "message": trigger.message,
+            "signal": trigger.signum,
+            "exit_status": trigger.status,
+        },
+        "exception": _described(error, thread.name),
+        "rank": None
+        if rank is None
+        else {
+            "rank": rank.get("rank"),
+            "local_rank": rank.get("local_rank"),
+            "world_size": rank.get("world_size"),
+            "node": hostname,
+            "run_id": rank.get("run_id"),
+        },  # fmt: skip
+        "tables": [],
+        "notes": notes,
+        "write_seconds": 0.0,
+    }
+
+
+def _described(error: Any, thread_name: str) -> Any:
+    if error is None:
+        return None
+    from .classify import describe  # only when a job dies: it imports traceback
+
+    return describe(error, thread_name)
