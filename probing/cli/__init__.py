@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ExitCode, ProbingError
+from ..outside.spawn import HandOverScope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,6 +17,13 @@ if TYPE_CHECKING:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    # The native front end's py-spy (PROBING_PYSPY) is this command's alone: taken out of the
+    # environment before anything runs, and its pipes and process released if nothing read them.
+    with HandOverScope():
+        return _run(args)
+
+
+def _run(args: List[str]) -> int:
     from . import render
 
     try:
