@@ -189,6 +189,21 @@ def test_gil_held_job_answered_natively(front_alone: str) -> None:
         assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
 
 
+def test_a_py_spy_that_cannot_start_is_given_up(front_alone: str) -> None:
+    """posix_spawn fails (ENOEXEC: a broken py-spy file): no PID came back, so none is killed
+    or waited for; the command goes to the Python CLI (none beside this copy: exit 1)."""
+    broken = Path(front_alone).parent / "py-spy"
+    broken.write_bytes(b"\x00\x01 not a program\n")
+    broken.chmod(0o755)
+    with Target("gil_holder.py") as target:
+        socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
+        assert wait_until(socket.exists)
+        handed = run([front_alone, str(target.pid), "backtrace"], env={"PATH": "/nonexistent"})
+        assert handed.returncode == 1 and b"cannot run the Python CLI" in handed.stderr, handed.stderr
+        assert handed.stdout == b""
+        assert target.process.poll() is None
+
+
 def test_stopped_job_hands_the_dump_over(logged_py_spy: Dict[str, Path]) -> None:
     """Stopped, no thread runs and none holds the GIL: the Python CLI waits on for the agent,
     with the front end's py-spy output handed over rather than run again."""
@@ -272,6 +287,7 @@ def test_an_unused_hand_over_is_released_when_the_command_ends(tmp_path: Path) -
     and they do not outlive the command, nor does py-spy stay a zombie."""
     child = _handed_child(tmp_path, b"[]", 4242)
     pipes = _pipes()
+    assert spawn.HANDED_OVER == "PROBING_PYSPY"  # the name cli/__init__.py looks for
     assert main(["--version"]) == 0
     assert spawn.HANDED_OVER not in os.environ
     assert _released(child, pipes)
