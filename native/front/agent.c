@@ -21,16 +21,6 @@
 #include "front_tables.h"
 #include "table.h"
 
-/* Replies bigger than this (a backtrace is a few KiB) are the Python CLI's to read. */
-#define MAX_REPLY (64u << 20)
-
-static long long now_us(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
-}
-
 /* A field of /proc/PID/status: the `word`-th number after `key`, or -1. */
 static long long status_number(int pid, const char *key, int word)
 {

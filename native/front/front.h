@@ -23,6 +23,9 @@ int buf_add(buf_t *buf, const void *data, size_t size);
 int buf_str(buf_t *buf, const char *text);
 int buf_int(buf_t *buf, long long value);
 
+/* CLOCK_MONOTONIC in microseconds: every deadline of this program. */
+long long now_us(void);
+
 /* json.c: a strict reader of the small JSON headers an agent sends. Strings are UTF-8; a lone
  * surrogate from a \u escape is kept as its three-byte form (ED A0..BF xx), which inert()
  * knows. */
@@ -64,7 +67,7 @@ typedef struct {
 } answer_t;
 int ask_agent(int pid, answer_t *answer);
 
-/* procfs.c */
+/* sources.c: /proc, and files the job names (regular files only, never a device opened). */
 int process_alive(int pid);
 int running_threads(int pid);
 int read_whole(const char *path, char **data, size_t *size, size_t cap);

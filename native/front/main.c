@@ -25,7 +25,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "front.h"
@@ -153,22 +152,15 @@ static int pipe_of(const buf_t *bytes)
     return ends[0];
 }
 
-static long long now_ms(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
-}
-
 /* py-spy's stdout and stderr to their ends, within `timeout_ms`: 0, or -1 when it took longer. */
 static int read_both(int out, int err, buf_t *out_bytes, buf_t *err_bytes, long long timeout_ms)
 {
     struct pollfd ends[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
     buf_t *into[2] = {out_bytes, err_bytes};
-    long long deadline = now_ms() + timeout_ms;
+    long long deadline = now_us() / 1000 + timeout_ms;
     char chunk[65536];
     while (ends[0].fd >= 0 || ends[1].fd >= 0) {
-        long long left = deadline - now_ms();
+        long long left = deadline - now_us() / 1000;
         if (left <= 0 || poll(ends, 2, (int)left) < 0)
             return -1;
         for (int i = 0; i < 2; i++) {
@@ -196,7 +188,7 @@ static void from_outside(const place_t *place, int pid)
 {
     char py_spy[PATH_MAX + 16], pid_text[16], handed[96];
     int out[2], err[2];
-    pid_t child;
+    pid_t child = -1; /* posix_spawn sets it only when it succeeds */
     if (find_py_spy(place, py_spy, sizeof(py_spy)) < 0 || pipe2(out, O_CLOEXEC) < 0)
         return;
     if (pipe2(err, O_CLOEXEC) < 0) {
@@ -210,14 +202,15 @@ static void from_outside(const place_t *place, int pid)
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
     posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-    int failed = posix_spawn(&child, py_spy, &actions, NULL, command, environ);
+    int spawned = posix_spawn(&child, py_spy, &actions, NULL, command, environ) == 0 && child > 0;
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]), close(err[1]);
     buf_t out_bytes = {0}, err_bytes = {0}, note = {0}, text = {0};
-    failed = failed || read_both(out[0], err[0], &out_bytes, &err_bytes, GIL_LOOK_TIMEOUT_MS) < 0;
+    int failed = !spawned || read_both(out[0], err[0], &out_bytes, &err_bytes, GIL_LOOK_TIMEOUT_MS) < 0;
     close(out[0]), close(err[0]);
     if (failed) { /* as the Python CLI's own look would, it is given up: the Python CLI looks again */
-        if (child > 0 && kill(child, SIGKILL) == 0)
+        /* Only a child this program started: a PID it never got may be any process's. */
+        if (spawned && kill(child, SIGKILL) == 0)
             waitpid(child, NULL, 0);
         return;
     }

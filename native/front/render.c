@@ -37,12 +37,31 @@ static int header(int pid, const jval *hello, buf_t *out)
     return failed ? -1 : 0;
 }
 
-static int by_depth(const void *left, const void *right)
+/* Each thread's rows together, by depth, equal depths in the order sent (Python's sort is
+ * stable): a thread's frames are then one run of the sorted rows. */
+static int by_thread(const void *left, const void *right)
 {
     const row_t *a = *(const row_t *const *)left, *b = *(const row_t *const *)right;
+    if (a->pid != b->pid)
+        return a->pid < b->pid ? -1 : 1;
+    if (a->thread_id != b->thread_id)
+        return a->thread_id < b->thread_id ? -1 : 1;
     if (a->depth != b->depth)
         return a->depth < b->depth ? -1 : 1;
-    return a < b ? -1 : a > b; /* stable, as Python's sort */
+    return a < b ? -1 : a > b;
+}
+
+/* One thread: its run in the sorted rows, and where its first row was sent. */
+typedef struct {
+    size_t start, count;
+    const row_t *first;
+} thread_t;
+
+/* Threads in the order of their first row, as a Python dict keeps its keys. */
+static int by_first_row(const void *left, const void *right)
+{
+    const thread_t *a = left, *b = right;
+    return a->first < b->first ? -1 : a->first > b->first;
 }
 
 static int frame_line(int pid, const row_t *frame, buf_t *out)
@@ -84,27 +103,30 @@ int render_backtrace(int pid, const answer_t *answer, buf_t *out)
         return -1;
     if (header(pid, &answer->hello, out) < 0)
         return -1;
+    /* Sorted, not scanned once per thread: a job (or a hostile agent) may send a million. */
     size_t count = answer->count, threads = 0;
     const row_t **frames = malloc((count + 1) * sizeof(row_t *));
-    char *done = calloc(count + 1, 1);
+    thread_t *thread = malloc((count + 1) * sizeof(thread_t));
     buf_t state = {0};
-    if (frames == NULL || done == NULL)
+    if (frames == NULL || thread == NULL)
         return -1;
-    for (size_t first = 0; first < count; first++) {
-        if (done[first])
-            continue;
-        const row_t *lead = &answer->rows[first];
-        size_t n = 0;
-        for (size_t i = first; i < count; i++) {
-            if (!done[i] && answer->rows[i].pid == lead->pid && answer->rows[i].thread_id == lead->thread_id) {
-                done[i] = 1;
-                frames[n++] = &answer->rows[i];
-            }
-        }
-        threads++;
-        qsort(frames, n, sizeof(row_t *), by_depth);
-        const row_t *innermost = frames[0];
-        if (thread_state(frames, n, pid, &state) < 0)
+    for (size_t i = 0; i < count; i++)
+        frames[i] = &answer->rows[i];
+    qsort(frames, count, sizeof(row_t *), by_thread);
+    for (size_t i = 0; i < count; i++) {
+        if (i == 0 || frames[i]->pid != frames[i - 1]->pid || frames[i]->thread_id != frames[i - 1]->thread_id)
+            thread[threads++] = (thread_t){i, 0, frames[i]};
+        thread_t *current = &thread[threads - 1];
+        current->count++;
+        if (frames[i] < current->first)
+            current->first = frames[i];
+    }
+    qsort(thread, threads, sizeof(thread_t), by_first_row);
+    for (size_t t = 0; t < threads; t++) {
+        const row_t *const *own = frames + thread[t].start;
+        size_t n = thread[t].count;
+        const row_t *innermost = own[0];
+        if (thread_state(own, n, pid, &state) < 0)
             return -1;
         str_t state_text = {state.data, state.len};
         if (buf_str(out, "\nThread ") < 0 ||
@@ -114,11 +136,11 @@ int render_backtrace(int pid, const answer_t *answer, buf_t *out)
             buf_str(out, " (most recent call last):\n") < 0)
             return -1;
         for (size_t i = n; i-- > 0;)
-            if (frame_line(pid, frames[i], out) < 0)
+            if (frame_line(pid, own[i], out) < 0)
                 return -1;
     }
     free(frames);
-    free(done);
+    free(thread);
     free(state.data);
     return threads ? 0 : buf_str(out, "\n(no Python threads)\n");
 }

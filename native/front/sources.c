@@ -17,19 +17,23 @@
 int read_whole(const char *path, char **data, size_t *size, size_t cap)
 {
     struct stat info;
-    /* O_NONBLOCK: a path the job names may be a FIFO, which must not hold this program. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    char reopen[64];
+    /* The job names the path, and this program may run as root: O_PATH looks at what the path
+     * is without opening it (a device's open may act: /dev/watchdog arms, a tape rewinds; a
+     * FIFO's would wait for a writer). Only a regular file is then opened, through the same
+     * inode (engine/sources.py _read_regular_file does the same). /proc files are regular. */
+    int where = open(path, O_PATH | O_CLOEXEC);
+    if (where < 0)
+        return -1;
+    if (fstat(where, &info) < 0 || !S_ISREG(info.st_mode) || (size_t)info.st_size > cap) {
+        close(where);
+        return -1;
+    }
+    snprintf(reopen, sizeof(reopen), "/proc/self/fd/%d", where);
+    int fd = open(reopen, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    close(where);
     if (fd < 0)
         return -1;
-    if (fstat(fd, &info) < 0) {
-        close(fd);
-        return -1;
-    }
-    /* Only a regular file has lines: a FIFO, a device or a directory shows none (as in Python). */
-    if (!S_ISREG(info.st_mode) || (size_t)info.st_size > cap) {
-        close(fd);
-        return -1;
-    }
     buf_t buf = {0};
     char chunk[65536];
     for (;;) {
@@ -105,9 +109,56 @@ typedef struct {
     size_t lines;
 } source_t;
 
-/* The files read so far: one command reads a handful. */
+/* The files read so far, found by name through `slots` (each a source's index + 1, 0 when
+ * free): a job may name a different file in each of a million frames. */
 static source_t *sources;
-static size_t source_count;
+static size_t source_count, source_cap, *slots, slot_count;
+
+static size_t hash_of(str_t name)
+{
+    uint64_t hash = 14695981039346656037ull; /* FNV-1a */
+    for (size_t i = 0; i < name.n; i++)
+        hash = (hash ^ (unsigned char)name.p[i]) * 1099511628211ull;
+    return (size_t)hash;
+}
+
+/* The slot of `name`: where it is, or the free one where it goes. */
+static size_t *slot_of(str_t name)
+{
+    size_t at = hash_of(name) & (slot_count - 1);
+    while (slots[at]) {
+        const source_t *source = &sources[slots[at] - 1];
+        if (source->name_size == name.n && memcmp(source->name, name.p, name.n) == 0)
+            break;
+        at = (at + 1) & (slot_count - 1);
+    }
+    return &slots[at];
+}
+
+/* Room for one more source, the slots at most half full. */
+static int make_room(void)
+{
+    if (source_count == source_cap) {
+        size_t cap = source_cap ? 2 * source_cap : 16;
+        source_t *more = realloc(sources, cap * sizeof(source_t));
+        if (more == NULL)
+            return -1;
+        sources = more, source_cap = cap;
+    }
+    if (2 * (source_count + 1) <= slot_count)
+        return 0;
+    size_t *old = slots, old_count = slot_count, *fresh = calloc(old_count ? 2 * old_count : 64, sizeof(size_t));
+    if (fresh == NULL)
+        return -1;
+    slots = fresh, slot_count = old_count ? 2 * old_count : 64;
+    for (size_t i = 0; i < old_count; i++)
+        if (old[i]) {
+            str_t name = {sources[old[i] - 1].name, sources[old[i] - 1].name_size};
+            *slot_of(name) = old[i];
+        }
+    free(old);
+    return 0;
+}
 
 static int split_lines(source_t *source)
 {
@@ -149,13 +200,11 @@ static int split_lines(source_t *source)
 
 static source_t *load(int pid, str_t file)
 {
-    for (size_t i = 0; i < source_count; i++)
-        if (sources[i].name_size == file.n && memcmp(sources[i].name, file.p, file.n) == 0)
-            return &sources[i];
-    source_t *more = realloc(sources, (source_count + 1) * sizeof(source_t));
-    if (more == NULL)
+    if (make_room() < 0)
         return NULL;
-    sources = more;
+    size_t *slot = slot_of(file);
+    if (*slot)
+        return &sources[*slot - 1];
     source_t *source = &sources[source_count];
     memset(source, 0, sizeof(*source));
     if ((source->name = malloc(file.n + 1)) == NULL)
@@ -180,7 +229,7 @@ static source_t *load(int pid, str_t file)
     free(root);
     if (source->data != NULL && split_lines(source) < 0)
         return NULL;
-    source_count++;
+    *slot = ++source_count;
     return source;
 }
 

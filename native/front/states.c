@@ -1,7 +1,7 @@
 /* analysis/states.py thread_state, for rows from the agent (no view from outside). The tables
  * (native names, library files and calls, wrappers) are generated from that module
  * (front_tables.h); the rules in code here are checked against it case by case by
- * tests/unit/test_front_parity.py. */
+ * tests/integration/test_front_rules.py. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>

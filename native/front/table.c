@@ -14,9 +14,10 @@
 #include "front_tables.h"
 #include "table.h"
 
+/* Replies bigger than this (a backtrace is a few KiB) are the Python CLI's to read. */
 #define MAX_REPLY (64u << 20)
 
-static long long now_us(void)
+long long now_us(void)
 {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
@@ -104,16 +105,16 @@ typedef struct {
 static int decode_column(const jval *entry, const unsigned char *payload, size_t size, long long rows,
                          column_t *column)
 {
-    /* protocol/tables.py ENCODING_OF_TYPE; tests/unit/test_front_parity.py keeps them equal. */
-    static const char *const types[][2] = {
-        {"BIGINT", "i64"}, {"DOUBLE", "f64"},  {"TIMESTAMP", "f64"}, {"BOOLEAN", "bool"},
-        {"VARCHAR", "dict"}, {"JSON", "dict"}, {"VARCHAR[]", "dict"}, {"BIGINT[]", "dict"}, {NULL, NULL}};
     const jval *type = json_get(entry, "type"), *encoding = json_get(entry, "encoding");
     long long offset, length, width;
     int known = 0;
-    for (int i = 0; types[i][0] && type && encoding && type->type == J_STR && encoding->type == J_STR; i++)
-        known |= type->str.n == strlen(types[i][0]) && !memcmp(type->str.p, types[i][0], type->str.n) &&
-                 encoding->str.n == strlen(types[i][1]) && !memcmp(encoding->str.p, types[i][1], encoding->str.n);
+    /* protocol/tables.py ENCODING_OF_TYPE (front_tables.h COLUMN_TYPES): any other pair is
+     * a table the Python CLI reads or refuses. */
+    for (const struct column_type *known_type = COLUMN_TYPES;
+         known_type->type && type && encoding && type->type == J_STR && encoding->type == J_STR; known_type++)
+        known |= type->str.n == strlen(known_type->type) && !memcmp(type->str.p, known_type->type, type->str.n) &&
+                 encoding->str.n == strlen(known_type->encoding) &&
+                 !memcmp(encoding->str.p, known_type->encoding, encoding->str.n);
     if (!known)
         return -1;
     column->kind = encoding->str.p[0] == 'i' ? 'q' : encoding->str.p[0] == 'f' ? 'd'

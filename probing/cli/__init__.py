@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import ExitCode, ProbingError
@@ -16,6 +17,18 @@ if TYPE_CHECKING:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    # The native front end's py-spy (outside/spawn.py HANDED_OVER) is this command's alone:
+    # taken out of the environment before anything runs, and its pipes and process released if
+    # nothing read them. Without one, spawn (and its imports) stays off the fast path.
+    if "PROBING_PYSPY" not in os.environ:
+        return _run(args)
+    from ..outside.spawn import HandOverScope
+
+    with HandOverScope():
+        return _run(args)
+
+
+def _run(args: List[str]) -> int:
     from . import render
 
     try:

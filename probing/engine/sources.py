@@ -46,13 +46,19 @@ class SourceLines:
 def _read_regular_file(path: str) -> Optional[bytes]:
     """The bytes of `path` if it is a regular file of at most MAX_SOURCE_BYTES, else None.
 
-    The job names the path, and a job may be hostile: a FIFO would hold the CLI forever, and
-    /dev/zero or /proc/self/fd/0 would fill its memory or wait for a terminal."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    The job names the path, a job may be hostile, and the CLI may run as root. O_PATH looks at
+    what the path is without opening it: a device's open may act (/dev/watchdog arms, a tape
+    rewinds, /dev/tty takes a terminal), a FIFO's would wait for a writer. Only a regular file
+    is then opened, through the same inode (native/front/sources.c read_whole does the same)."""
+    where = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
-        info = os.fstat(fd)
+        info = os.fstat(where)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SOURCE_BYTES:
             return None
+        fd = os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(where)
+    try:
         chunks: List[bytes] = []
         total = 0
         while True:

@@ -1,8 +1,9 @@
 """Run a short helper program (py-spy) and collect what it prints, within a time limit.
 
 The native front end (native/front/main.c) may have started py-spy already, for a job stuck
-on its GIL, and handed its pipes over in PROBING_PYSPY: `handed_over` takes them, and
-`collect` reads them as `run` reads its own.
+on its GIL, and handed its pipes over in PROBING_PYSPY: the Python CLI's `main` takes them at
+once (`HandOverScope`), `handed_over` gives them to pyspy.dump, and `collect`
+reads them as `run` reads its own.
 
 `subprocess` is not used here: importing it (with selectors, signal and threading) costs
 `probing PID backtrace` a few milliseconds on the path where a stuck job is read from outside,
@@ -11,6 +12,7 @@ where py-spy itself takes little more than ten. posix_spawn, two pipes and poll 
 
 from __future__ import annotations
 
+import contextvars
 import os
 import select
 import stat
@@ -75,30 +77,96 @@ def _is_pipe(descriptor: int) -> bool:
         return False
 
 
-def handed_over(target: int, usable: bool) -> Optional[Child]:
-    """The py-spy dump of `target` that the native front end started (same arguments as
-    pyspy.dump's without --native or --locals), if it did and `usable`; taken once. Its output
-    is read exactly as that of a py-spy started here: untrusted. Anything that does not fit
-    (another target, descriptors that are not pipes, a process that is not our child) is
-    closed and ignored."""
+class HandedOver:
+    """The py-spy dump of `target` that the native front end started, until a reading takes
+    it (`child` is then None)."""
+
+    __slots__ = ("target", "child")
+
+    def __init__(self, target: int, child: Child) -> None:
+        self.target = target
+        self.child: Optional[Child] = child
+
+    def release(self) -> None:
+        """Nothing read it: its pipes closed, and py-spy (done printing, or killed) reaped."""
+        child, self.child = self.child, None
+        if child is None:
+            return
+        os.close(child.out_read)
+        os.close(child.err_read)
+        if child.status is not None:
+            return
+        try:
+            reaped, _ = os.waitpid(child.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: the PID may be another's now
+            return
+        if reaped == 0:  # still ours, unreaped: the PID is py-spy's
+            os.kill(child.pid, SIGKILL)
+            os.waitpid(child.pid, 0)
+
+
+# The hand-over of the command now running: set by `HandOverScope` for the
+# length of `main` only (a context, not a global: CLI code keeps no module state).
+_HANDED: contextvars.ContextVar[Optional[HandedOver]] = contextvars.ContextVar("probing_pyspy", default=None)
+
+
+def _taken_from_environment() -> Optional[HandedOver]:
+    """PROBING_PYSPY, removed from the environment (no program this CLI starts sees it), its
+    pipes made close-on-exec (none inherits them). Anything that does not fit (descriptors
+    that are not pipes, a process that is not our child) is closed and ignored."""
     text = os.environ.pop(HANDED_OVER, None)
     if text is None:
         return None
     try:
-        target_pid, pid, out_read, err_read = (int(part) for part in text.split(":"))
+        target, pid, out_read, err_read = (int(part) for part in text.split(":"))
     except ValueError:
         return None
     pipes = [descriptor for descriptor in (out_read, err_read) if _is_pipe(descriptor)]
-    child = None
-    if usable and target_pid == target and len(pipes) == 2 and out_read != err_read and pid > 0:
+    handed = None
+    if len(pipes) == 2 and out_read != err_read and pid > 0:
         try:
             reaped, status = os.waitpid(pid, os.WNOHANG)
-            child = Child(pid, out_read, err_read, status if reaped == pid else None)
+            handed = HandedOver(target, Child(pid, out_read, err_read, status if reaped == pid else None))
         except ChildProcessError:  # not ours: its pipes are not py-spy's
-            child = None
-    if child is None:
-        for descriptor in pipes:
+            handed = None
+    for descriptor in pipes:
+        if handed is None:
             os.close(descriptor)
+        else:
+            os.set_inheritable(descriptor, False)
+    return handed
+
+
+class HandOverScope:
+    """`with HandOverScope():` around a whole command: the native front end's py-spy, taken
+    from the environment at once for `handed_over`, and released at the end if nothing took
+    it."""
+
+    __slots__ = ("handed", "token")
+
+    def __enter__(self) -> Optional[HandedOver]:
+        self.handed = _taken_from_environment()
+        self.token = _HANDED.set(self.handed)
+        return self.handed
+
+    def __exit__(self, *exception: object) -> None:
+        _HANDED.reset(self.token)
+        if self.handed is not None:
+            self.handed.release()
+
+
+def handed_over(target: int, usable: bool) -> Optional[Child]:
+    """The py-spy dump of `target` that the native front end started (same arguments as
+    pyspy.dump's without --native or --locals), if it did and `usable`; taken once. Its output
+    is read exactly as that of a py-spy started here: untrusted. One for another target, or
+    not usable, is released at once: its py-spy has nothing this command reads."""
+    handed = _HANDED.get()
+    if handed is None or handed.child is None:
+        return None
+    if not usable or handed.target != target:
+        handed.release()
+        return None
+    child, handed.child = handed.child, None
     return child
 
 

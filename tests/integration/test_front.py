@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from probing.cli import main
 from probing.outside import pyspy, spawn
 
 from support import BIN, PROBING, Target, wait_until
@@ -188,6 +189,21 @@ def test_gil_held_job_answered_natively(front_alone: str) -> None:
         assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
 
 
+def test_a_py_spy_that_cannot_start_is_given_up(front_alone: str) -> None:
+    """posix_spawn fails (ENOEXEC: a broken py-spy file): no PID came back, so none is killed
+    or waited for; the command goes to the Python CLI (none beside this copy: exit 1)."""
+    broken = Path(front_alone).parent / "py-spy"
+    broken.write_bytes(b"\x00\x01 not a program\n")
+    broken.chmod(0o755)
+    with Target("gil_holder.py") as target:
+        socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
+        assert wait_until(socket.exists)
+        handed = run([front_alone, str(target.pid), "backtrace"], env={"PATH": "/nonexistent"})
+        assert handed.returncode == 1 and b"cannot run the Python CLI" in handed.stderr, handed.stderr
+        assert handed.stdout == b""
+        assert target.process.poll() is None
+
+
 def test_stopped_job_hands_the_dump_over(logged_py_spy: Dict[str, Path]) -> None:
     """Stopped, no thread runs and none holds the GIL: the Python CLI waits on for the agent,
     with the front end's py-spy output handed over rather than run again."""
@@ -206,11 +222,14 @@ def test_stopped_job_hands_the_dump_over(logged_py_spy: Dict[str, Path]) -> None
         assert logged_py_spy["log"].read_text() == f"dump --pid {target.pid} --json\n"
 
 
-def _handed_child(tmp_path: Path, output: bytes, target: int) -> None:
+def _handed_child(tmp_path: Path, output: bytes, target: int) -> int:
+    """A child whose pipes are handed over as the front end hands py-spy's; its PID."""
     dump = tmp_path / "dump.json"
     dump.write_bytes(output)
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
+    os.set_inheritable(out_read, True)  # as the front end leaves them, across its exec
+    os.set_inheritable(err_read, True)
     child = os.posix_spawn(
         "/bin/cat",
         ["cat", str(dump)],
@@ -220,19 +239,66 @@ def _handed_child(tmp_path: Path, output: bytes, target: int) -> None:
     os.close(out_write)
     os.close(err_write)
     os.environ[spawn.HANDED_OVER] = f"{target}:{child}:{out_read}:{err_read}"
+    return child
+
+
+def _released(child: int, descriptors: List[int]) -> bool:
+    """The hand-over's pipes are closed and its process reaped."""
+    for descriptor in descriptors:
+        try:
+            os.fstat(descriptor)
+            return False
+        except OSError:
+            pass
+    try:
+        os.waitpid(child, os.WNOHANG)
+        return False
+    except ChildProcessError:
+        return True
+
+
+def _pipes() -> List[int]:
+    return [int(part) for part in os.environ[spawn.HANDED_OVER].split(":")[2:]]
 
 
 def test_python_side_reads_the_handed_over_dump(tmp_path: Path) -> None:
     threads = [{"thread_id": 1, "os_thread_id": 4242, "thread_name": "MainThread", "frames": []}]
-    _handed_child(tmp_path, json.dumps(threads).encode(), 4242)
-    assert pyspy.dump(4242, timeout=5.0) == threads
-    assert spawn.HANDED_OVER not in os.environ
+    child = _handed_child(tmp_path, json.dumps(threads).encode(), 4242)
+    pipes = _pipes()
+    with spawn.HandOverScope():
+        # Out of the environment, and no program the CLI starts inherits the pipes.
+        assert spawn.HANDED_OVER not in os.environ
+        assert not any(os.get_inheritable(descriptor) for descriptor in pipes)
+        assert pyspy.dump(4242, timeout=5.0) == threads
+    assert _released(child, pipes)
 
 
 def test_python_side_ignores_a_hand_over_for_another_target(tmp_path: Path) -> None:
-    _handed_child(tmp_path, b"[]", 4242)
-    out_read = int(os.environ[spawn.HANDED_OVER].split(":")[2])
-    assert spawn.handed_over(4243, usable=True) is None
+    child = _handed_child(tmp_path, b"[]", 4242)
+    pipes = _pipes()
+    with spawn.HandOverScope():
+        assert spawn.handed_over(4243, usable=True) is None
+        assert _released(child, pipes)
     assert spawn.HANDED_OVER not in os.environ
-    with pytest.raises(OSError):
-        os.fstat(out_read)  # closed
+
+
+def test_an_unused_hand_over_is_released_when_the_command_ends(tmp_path: Path) -> None:
+    """The agent answered after all (or the command attached): nothing read py-spy's pipes,
+    and they do not outlive the command, nor does py-spy stay a zombie."""
+    child = _handed_child(tmp_path, b"[]", 4242)
+    pipes = _pipes()
+    assert spawn.HANDED_OVER == "PROBING_PYSPY"  # the name cli/__init__.py looks for
+    assert main(["--version"]) == 0
+    assert spawn.HANDED_OVER not in os.environ
+    assert _released(child, pipes)
+
+
+def test_a_hand_over_outside_a_command_is_not_read(tmp_path: Path) -> None:
+    """Only `main` takes PROBING_PYSPY: a reading outside a command starts its own py-spy."""
+    _handed_child(tmp_path, b"[]", 4242)
+    try:
+        assert spawn.handed_over(4242, usable=True) is None
+        assert spawn.HANDED_OVER in os.environ
+    finally:
+        with spawn.HandOverScope():
+            pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from probing.engine import sources
@@ -42,3 +43,35 @@ def test_a_file_too_big_has_no_lines(tmp_path: Path) -> None:
         assert SourceLines(None).line(str(path), 1) == ""
     finally:
         sources.MAX_SOURCE_BYTES = 64 << 20
+
+
+def test_a_fifo_is_looked_at_not_opened(tmp_path: Path) -> None:
+    """O_PATH: what the path is, seen without an open (a device's open may act: /dev/watchdog
+    arms). A writer waiting in open() on a FIFO wakes when any reader opens it; it waits on."""
+    fifo = tmp_path / "job.py"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def write() -> None:
+        os.close(os.open(fifo, os.O_WRONLY))
+        opened.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    calls = Path(f"/proc/self/task/{writer.native_id}/syscall")
+    try:
+        # In open() (openat, x86_64 257 or aarch64 56) before the read, or the test proves nothing.
+        deadline = time.monotonic() + 10
+        while calls.read_text().split()[0] not in ("257", "56") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert SourceLines(None).line(str(fifo), 1) == ""
+        assert not opened.is_set()
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(10)
+
+
+def test_proc_files_are_regular_files_that_read() -> None:
+    """/proc files say size 0; reopened through /proc/self/fd they read whole."""
+    status = sources._read_regular_file("/proc/self/status")
+    assert status is not None and b"\nPid:" in status
