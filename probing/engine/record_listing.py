@@ -100,11 +100,20 @@ def list_records(directories: List[str], given: bool = False) -> List[RecordEntr
         for name in names:
             if name.startswith(".") or not name.endswith((SUFFIX, FATAL_SUFFIX)):
                 continue  # a record being written is a hidden temporary file
+            if not _regular_entry(os.path.join(directory, name)):
+                continue  # the agent writes files, never links: a link points elsewhere
             entry = _entry(os.path.join(directory, name))
             if entry is not None:
                 entries.append(entry)
     entries.sort(key=lambda entry: entry.written_at or 0.0, reverse=True)
     return entries
+
+
+def _regular_entry(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _entry(path: str) -> Optional[RecordEntry]:

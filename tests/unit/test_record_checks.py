@@ -250,3 +250,34 @@ def test_the_header_reader_of_the_listing_is_the_protocols(tmp_path: Path) -> No
     cut.write_bytes(Path(path).read_bytes()[:20])
     with pytest.raises(BadRecord, match="cut short"):
         read_header(str(cut))
+
+
+def test_a_record_path_is_looked_at_before_it_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device whose open has effects of its own (root opening /dev/watchdog arms it) is never
+    opened for reading, not even to be closed again."""
+    from probing.engine import record_path
+
+    opened: List[Any] = []
+    real_open = os.open
+
+    def spying_open(path: Any, flags: int, *args: Any) -> int:
+        opened.append((str(path), flags & os.O_PATH))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(record_path.os, "open", spying_open)
+    with pytest.raises(OSError, match="not a regular file"):
+        record_path.open_regular("/dev/null")
+    assert opened == [("/dev/null", os.O_PATH)]
+    good = tmp_path / "a.probing"
+    good.write_bytes(b"x")
+    os.close(record_path.open_regular(str(good)))
+
+
+def test_a_link_in_a_records_directory_is_not_listed(tmp_path: Path) -> None:
+    path = write_record(str(tmp_path), "a.probing", {"pid": 7}, [good_backtrace()])
+    os.symlink(path, tmp_path / "b.probing")
+    os.symlink("/dev/null", tmp_path / "c.fatal")
+    os.chmod(tmp_path, 0o700)
+    assert [Path(entry.path).name for entry in list_records([str(tmp_path)])] == ["a.probing"]
