@@ -7,17 +7,19 @@ faulthandler writes when a target segfaults (tests/targets/segfaults_to_file.py)
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from probing import __version__
 from probing.client.connection import Client
 from probing.client.discovery import locate_socket
+from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record
 
 from support import TARGETS, VENV_PYTHON
@@ -90,3 +92,56 @@ def write_fatal_header(path: str, pid: int, argv: List[str]) -> None:
     head = header(pid, argv, {"kind": "fatal_signal"})
     with open(path, "w") as out:
         out.write("#probing-fatal 1 " + json.dumps(head) + "\n")
+
+
+# Hand-made tables (descriptor, payload chunks), as write_record takes them.
+TableFrame = Tuple[Dict[str, Any], List[Any]]
+
+
+def _doubles(values: List[float]) -> bytes:
+    return array.array("d", values).tobytes()
+
+
+def _ints(values: List[int]) -> bytes:
+    return array.array("q", values).tobytes()
+
+
+def _words(codes: List[int]) -> bytes:
+    return array.array("i", codes).tobytes()
+
+
+def memory_with_text_rss() -> TableFrame:
+    """process.memory whose rss_mb is VARCHAR (the schema says DOUBLE): the reviewer's case."""
+    columns = [
+        ColumnBuffers("ts", "TIMESTAMP", _doubles([1.0, 2.0]), None, None),
+        ColumnBuffers("rss_mb", "VARCHAR", _words([0, 1]), None, ["big", "bigger"]),
+    ]
+    descriptor, chunks = encode_table("process.memory", 2, columns)
+    return descriptor, chunks
+
+
+def backtrace_with_numeric_file() -> TableFrame:
+    """python.backtrace whose file is BIGINT (the schema says VARCHAR)."""
+    columns = [
+        ColumnBuffers("thread_id", "BIGINT", _ints([1]), None, None),
+        ColumnBuffers("depth", "BIGINT", _ints([0]), None, None),
+        ColumnBuffers("func", "VARCHAR", _words([0]), None, ["main"]),
+        ColumnBuffers("file", "BIGINT", _ints([42]), None, None),
+        ColumnBuffers("lineno", "BIGINT", _ints([3]), None, None),
+    ]
+    descriptor, chunks = encode_table("python.backtrace", 1, columns)
+    return descriptor, chunks
+
+
+def good_backtrace() -> TableFrame:
+    columns = [
+        ColumnBuffers("thread_id", "BIGINT", _ints([1]), None, None),
+        ColumnBuffers("thread_name", "VARCHAR", _words([0]), None, ["MainThread"]),
+        ColumnBuffers("depth", "BIGINT", _ints([0]), None, None),
+        ColumnBuffers("func", "VARCHAR", _words([0]), None, ["main"]),
+        ColumnBuffers("file", "VARCHAR", _words([0]), None, ["/nowhere/job.py"]),
+        ColumnBuffers("lineno", "BIGINT", _ints([3]), None, None),
+        ColumnBuffers("locals", "JSON", _words([0]), None, ['{"token": "secret"}']),
+    ]
+    descriptor, chunks = encode_table("python.backtrace", 1, columns)
+    return descriptor, chunks

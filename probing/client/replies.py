@@ -33,6 +33,7 @@ from ..errors import (
     SessionGone,
 )
 from ..protocol.messages import ErrorKind
+from ..schema.column_check import mismatched_column
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -205,11 +206,16 @@ def check_error(error: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.DecodedTable:
-    """The table of a `table` or `backtrace` reply, checked: a malformed one is a BadReply."""
+    """The table of a `table` or `backtrace` reply, checked: a malformed one, or a known table
+    with a column of another type than its schema's, is a BadReply."""
     try:
-        return protocol.decode_table(result["table"], payload)
+        table = protocol.decode_table(result["table"], payload)
     except protocol.FrameError as error:
         raise BadReply(str(error)) from None
+    mismatch = mismatched_column(table.name, ((column.name, column.type) for column in table.columns))
+    if mismatch is not None:
+        raise BadReply(f"the agent's reply: {mismatch}")
+    return table
 
 
 def decode_reply_texts(result: Dict[str, Any], payload: protocol.ByteChunk) -> Dict[str, Any]:

@@ -22,15 +22,20 @@ from typing import Any, Dict, List, Optional
 from ..errors import BadRecord, ProbingError
 from ..protocol import DecodedTable, FrameError, decode_table
 from ..protocol.frames import MAX_HEADER_BYTES
-from ..protocol.records import RecordFormatError, read_record
+from ..protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
+from ..schema.column_check import mismatched_column
 from ..schema.tables import AGENT_TABLES, BACKTRACE
 from .fatal_text import parse_faulthandler
+from .record_fields import integer, number, text, texts
 from .record_path import FATAL_MAGIC, FATAL_SUFFIX, open_regular
 
 # A .fatal file is a header line and faulthandler's text (at most 100 threads of 100 frames):
 # anything past this is not faulthandler's, and is left unread.
 MAX_FATAL_BYTES = 16 << 20
 FATAL_VERSION = 1
+# Raises the size of a .probing file read (protocol.records.MAX_RECORD_BYTES, 1 GiB), for a record
+# written with a PROBING_RECORD_MAX_MB above it.
+READ_MAX_MB_VARIABLE = "PROBING_RECORD_READ_MAX_MB"
 # Table names a record may hold: `schema.table`, as the agent names them. Anything else (a
 # path, a quote) is left out: names become SQL identifiers and file names in `export`.
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\.[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -43,24 +48,6 @@ _FATAL_SIGNALS = {
     "Illegal instruction": signal.SIGILL,
 }
 NO_TRACE = "ended without a trace (SIGKILL, os._exit, or faulthandler taken by the job)"
-
-
-def _int(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _text(value: Any) -> Optional[str]:
-    return value if isinstance(value, str) else None
-
-
-def _texts(value: Any) -> List[str]:
-    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
 class Record:
@@ -92,14 +79,14 @@ class Record:
 
     @property
     def pid(self) -> Optional[int]:
-        return _int(self.header.get("pid"))
+        return integer(self.header.get("pid"))
 
     def info(self) -> Dict[str, Any]:
         """What the renderers show of the process (as a live agent's hello gives it)."""
         return {
             "pid": self.pid,
-            "python_version": _text(self.header.get("python_version")),
-            "argv": _texts(self.header.get("argv")),
+            "python_version": text(self.header.get("python_version")),
+            "argv": texts(self.header.get("argv")),
         }
 
     @property
@@ -108,17 +95,17 @@ class Record:
         # at the fault, which the file's modification time tells.
         if self.kind == "fatal":
             return self.modified
-        return _float(self.header.get("written_at"))
+        return number(self.header.get("written_at"))
 
     def reason(self) -> Dict[str, Any]:
         """Why it was written: kind, message, signal, exit_status (each None where unknown)."""
         reason = self.header.get("reason")
         reason = reason if isinstance(reason, dict) else {}
         return {
-            "kind": _text(reason.get("kind")),
-            "message": _text(reason.get("message")) or "",
-            "signal": _int(reason.get("signal")),
-            "exit_status": _int(reason.get("exit_status")),
+            "kind": text(reason.get("kind")),
+            "message": text(reason.get("message")) or "",
+            "signal": integer(reason.get("signal")),
+            "exit_status": integer(reason.get("exit_status")),
         }
 
     def exception(self) -> Optional[Dict[str, Any]]:
@@ -126,13 +113,13 @@ class Record:
         exception = self.header.get("exception")
         if not isinstance(exception, dict):
             return None
-        return {key: _text(exception.get(key)) for key in ("type", "message", "text", "thread")}
+        return {key: text(exception.get(key)) for key in ("type", "message", "text", "thread")}
 
     def rank(self) -> Optional[Dict[str, Any]]:
         rank = self.header.get("rank")
         if not isinstance(rank, dict):
             return None
-        return {key: _int(rank.get(key)) for key in ("rank", "local_rank", "world_size", "node")}
+        return {key: integer(rank.get(key)) for key in ("rank", "local_rank", "world_size", "node")}
 
     def table_names(self) -> List[str]:
         names = [table.name for table in self.tables]
@@ -181,8 +168,9 @@ def open_record(path: str) -> Record:
     return record
 
 
-def read_any(path: str) -> Record:
-    """A .probing or .fatal file (by its first bytes), without judging an empty .fatal file."""
+def read_any(path: str, fatal_text_bytes: int = MAX_FATAL_BYTES) -> Record:
+    """A .probing or .fatal file (by its first bytes), without judging an empty .fatal file;
+    of a .fatal file's text, no more than `fatal_text_bytes` are read."""
     try:
         fd = open_regular(path)
     except OSError as error:
@@ -191,7 +179,7 @@ def read_any(path: str) -> Record:
         with os.fdopen(fd, "rb") as handle:
             start = handle.read(len(FATAL_MAGIC))
             if start == FATAL_MAGIC or (not start and path.endswith(FATAL_SUFFIX)):
-                return _read_fatal(path, handle)
+                return _read_fatal(path, handle, fatal_text_bytes)
             # Reopened through the descriptor: the file checked above, whatever the path is now.
             return _read_probing(path, f"/proc/self/fd/{handle.fileno()}", os.fstat(handle.fileno()))
     except OSError as error:
@@ -200,20 +188,23 @@ def read_any(path: str) -> Record:
 
 def _read_probing(path: str, opened: str, status: os.stat_result) -> Record:
     try:
-        read = read_record(opened)
+        read = read_record(opened, _read_max_bytes())
     except RecordFormatError as error:
         raise BadRecord(f"{path}: {error}", hint=_hint_for(str(error))) from None
     except (SystemError, RecursionError):
         # protocol.json_loads's C scanner fails this way on some malformed JSON (not ValueError),
         # and on JSON nested deeper than the interpreter's stack.
         raise BadRecord(f"{path}: a frame whose header is not JSON", hint="") from None
-    notes = _texts(read.header.get("notes"))
+    notes = texts(read.header.get("notes"))
     tables: List[DecodedTable] = []
     for index, (descriptor, payload) in enumerate(read.tables):
         try:
             table = decode_table(descriptor, payload)
         except FrameError as error:
             raise BadRecord(f"{path}: table {index + 1}: {error}", hint="") from None
+        mismatch = mismatched_column(table.name, ((column.name, column.type) for column in table.columns))
+        if mismatch is not None:
+            raise BadRecord(f"{path}: {mismatch}", hint="") from None
         if not _TABLE_NAME.match(table.name):
             notes.append(f"a table named {table.name!r} was left out: not a table name")
         elif any(seen.name == table.name for seen in tables):
@@ -223,7 +214,14 @@ def _read_probing(path: str, opened: str, status: os.stat_result) -> Record:
     return Record(path, "record", read.header, tables, [], notes, status.st_size, status.st_mtime)
 
 
+def _read_max_bytes() -> int:
+    given = os.environ.get(READ_MAX_MB_VARIABLE, "")
+    return int(given) << 20 if given.isdigit() else MAX_RECORD_BYTES
+
+
 def _hint_for(reason: str) -> Optional[str]:
+    if "a record may hold" in reason:
+        return f"{READ_MAX_MB_VARIABLE}=MB raises the limit, if the file is a record you trust"
     if "version" in reason:
         return "read it with the probing version that wrote it (`probing_version` in its header)"
     if "cut short" in reason:
@@ -231,10 +229,10 @@ def _hint_for(reason: str) -> Optional[str]:
     return ""
 
 
-def _read_fatal(path: str, handle: Any) -> Record:
+def _read_fatal(path: str, handle: Any, text_bytes: int) -> Record:
     status = os.fstat(handle.fileno())
     line = handle.readline(MAX_HEADER_BYTES + 64)
-    version, _, text = line.partition(b" ")
+    version, _, header_text = line.partition(b" ")
     if not line.endswith(b"\n"):
         raise BadRecord(f"{path}: a fatal-signal file whose header line is cut short or too long", hint="")
     if version != str(FATAL_VERSION).encode():
@@ -244,16 +242,16 @@ def _read_fatal(path: str, handle: Any) -> Record:
             hint=_hint_for("version"),
         )
     try:
-        header = json.loads(text.decode("utf-8"))
+        header = json.loads(header_text.decode("utf-8"))
     except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict):
         raise BadRecord(f"{path}: a fatal-signal file whose header is not a JSON object", hint="")
-    rest = handle.read(MAX_FATAL_BYTES)
+    rest = handle.read(text_bytes)
     notes = []
     if handle.read(1):
-        notes.append(f"only the first {MAX_FATAL_BYTES >> 20} MB of faulthandler's text were read")
-    pid = _int(header.get("pid"))
+        notes.append(f"only the first {text_bytes >> 20} MB of faulthandler's text were read")
+    pid = integer(header.get("pid"))
     message, rows = parse_faulthandler(rest.decode("utf-8", "replace"), pid)
     given = header.get("reason")
     reason: Dict[str, Any] = dict(given) if isinstance(given, dict) else {}
@@ -289,7 +287,7 @@ def backtrace_rows(record: Record) -> List[Dict[str, Any]]:
     rows = []
     for row in record.rows(BACKTRACE.name):
         row = {name: row.get(name) for name in names}
-        row["depth"] = _int(row["depth"]) or 0
-        row["lineno"] = _int(row["lineno"])
+        row["depth"] = integer(row["depth"]) or 0
+        row["lineno"] = integer(row["lineno"])
         rows.append(row)
     return rows

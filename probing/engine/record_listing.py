@@ -4,22 +4,24 @@ header (a record may hold a million-row table; a listing reads a few kilobytes o
 Where: PROBING_RECORD_DIR, else `<socket dir>/records` (PROBING_SOCKET_DIR or
 /tmp/probing-UID). Run as root with neither set, every user's default directory
 (/tmp/probing-*/records) is read too: root inspects other users' jobs, as `probing list` does.
-A directory is read only if it is a real directory (not a symlink) of its owner, mode 0700,
-as the agent creates it; the files in it are untrusted all the same.
+A directory is read only if it is a real directory (not a symlink), mode 0700, as the agent
+creates it; under /tmp/probing-UID, that directory must be a real one too, and both must be
+UID's (a user could otherwise point root at any directory, or name another user's); the files
+in it are untrusted all the same.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
+import re
 import stat
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import BadRecord
 from ..procfs import process_alive, start_time
-from ..protocol.frames import MAGIC, MAX_HEADER_BYTES, PREFIX
-from ..protocol.records import RECORD_MAGIC, RECORD_VERSION, SUFFIX
+from ..protocol.records import SUFFIX, RecordFormatError
+from ..protocol.records import read_header as read_record_header
 from .record import NO_TRACE, Record, read_any
 from .record_path import FATAL_SUFFIX, open_regular
 
@@ -28,6 +30,11 @@ MAX_FILES = 1000
 # A process whose start time differs from the record's by more than this is another process
 # that was given the same PID.
 START_TIME_SLACK_S = 2.0
+# Of a .fatal file, a listing reads the header line and this much of faulthandler's text: enough
+# for the fatal error's line and the first frames (whether it holds a trace at all).
+LISTED_FATAL_BYTES = 64 << 10
+# The socket directory the agent makes for user UID (PROBING_SOCKET_DIR unset).
+_SOCKET_DIR_OF_UID = re.compile(r"^probing-([0-9]+)$")
 
 
 class RecordEntry(NamedTuple):
@@ -49,16 +56,34 @@ def record_directories() -> List[str]:
     socket_dir = os.environ.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
     directories = [os.path.join(socket_dir, "records")]
     if os.geteuid() == 0 and not os.environ.get("PROBING_SOCKET_DIR"):
-        directories += sorted(path for path in glob.glob("/tmp/probing-*/records") if path not in directories)
+        found = [
+            path
+            for path in glob.glob("/tmp/probing-*/records")
+            if _SOCKET_DIR_OF_UID.match(os.path.basename(os.path.dirname(path)))
+        ]
+        directories += sorted(path for path in found if path not in directories)
     return directories
 
 
 def _trusted(directory: str) -> bool:
+    """A real directory of mode 0700; under a socket directory named for a UID, both real
+    directories (lstat: neither a symlink) owned by that UID."""
     try:
         status = os.lstat(directory)
     except OSError:
         return False
-    return stat.S_ISDIR(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o700
+    if not stat.S_ISDIR(status.st_mode) or stat.S_IMODE(status.st_mode) != 0o700:
+        return False
+    parent = os.path.dirname(os.path.normpath(directory))
+    named = _SOCKET_DIR_OF_UID.match(os.path.basename(parent))
+    if named is None:
+        return True
+    try:
+        parent_status = os.lstat(parent)
+    except OSError:
+        return False
+    uid = int(named.group(1))
+    return stat.S_ISDIR(parent_status.st_mode) and parent_status.st_uid == uid == status.st_uid
 
 
 def list_records(directories: List[str], given: bool = False) -> List[RecordEntry]:
@@ -75,11 +100,20 @@ def list_records(directories: List[str], given: bool = False) -> List[RecordEntr
         for name in names:
             if name.startswith(".") or not name.endswith((SUFFIX, FATAL_SUFFIX)):
                 continue  # a record being written is a hidden temporary file
+            if not _regular_entry(os.path.join(directory, name)):
+                continue  # the agent writes files, never links: a link points elsewhere
             entry = _entry(os.path.join(directory, name))
             if entry is not None:
                 entries.append(entry)
     entries.sort(key=lambda entry: entry.written_at or 0.0, reverse=True)
     return entries
+
+
+def _regular_entry(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _entry(path: str) -> Optional[RecordEntry]:
@@ -116,7 +150,7 @@ def _from_record(record: Record, kind: str) -> RecordEntry:
 
 
 def _fatal_entry(path: str) -> Optional[RecordEntry]:
-    record = read_any(path)
+    record = read_any(path, LISTED_FATAL_BYTES)
     if record.pid is not None and _same_process_alive(record.pid, record.header.get("started_at")):
         return None  # its armed fault handler: the job is running
     if record.backtrace_rows:
@@ -134,25 +168,12 @@ def _same_process_alive(pid: int, started_at: Any) -> bool:
 
 
 def read_header(path: str) -> Tuple[Dict[str, Any], os.stat_result]:
-    """A .probing file's header (its first frame) and its stat, reading no further."""
+    """A .probing file's header (its first frame) and its stat, reading no further; BadRecord
+    (the message says why) for a file that is not a record this probing reads."""
     fd = open_regular(path)
     with os.fdopen(fd, "rb") as handle:
         status = os.fstat(handle.fileno())
-        magic = handle.read(len(RECORD_MAGIC))
-        if magic != RECORD_MAGIC:
-            other = magic[:6] == RECORD_MAGIC[:6]
-            raise BadRecord("a record of another format version" if other else "not a probing record")
-        prefix = handle.read(PREFIX.size)
-        if len(prefix) < PREFIX.size:
-            raise BadRecord("cut short")
-        frame_magic, header_length, _ = PREFIX.unpack(prefix)
-        if frame_magic != MAGIC or header_length > MAX_HEADER_BYTES:
-            raise BadRecord("a damaged frame")
-        data = handle.read(header_length)
-    try:
-        header = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        raise BadRecord("a header that is not JSON") from None
-    if not isinstance(header, dict) or header.get("record") != RECORD_VERSION:
-        raise BadRecord("a header of another format version")
-    return header, status
+        try:
+            return read_record_header(handle, status.st_size), status
+        except RecordFormatError as error:
+            raise BadRecord(str(error)) from None

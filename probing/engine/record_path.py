@@ -39,10 +39,16 @@ def is_record_path(text: str) -> bool:
 
 
 def open_regular(path: str) -> int:
-    """A descriptor of `path` for reading, only if it is a regular file: a FIFO or a device put
-    in its place after a stat would block the reader or never end (OSError otherwise)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path} is not a regular file")
-    return fd
+    """A descriptor of `path` for reading, only if it is a regular file (OSError otherwise).
+
+    Looked at before it is opened: an O_PATH descriptor opens nothing, so a FIFO that would
+    block the reader, or a device whose open has effects of its own (root opening
+    /dev/watchdog arms it), is never opened; only a regular file is reopened, through that
+    descriptor, for reading."""
+    probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(probe).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    finally:
+        os.close(probe)

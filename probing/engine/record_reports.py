@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..analysis.states import thread_state
 from .fatal_text import FAULTING_THREAD
 from .record import Record, backtrace_rows
+from .record_fields import number
 
 # How many of the last memory samples the report lists.
 LAST_SAMPLES = 10
@@ -26,15 +27,11 @@ STUCK_REASONS = {
 }
 
 
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def record_memory(record: Record, last: int = LAST_SAMPLES) -> Dict[str, Any]:
     """The memory history a record holds: first, peak and last sample, the last `last`
     samples, and the torch allocator's numbers of the last traced step."""
     samples = sorted(
-        (row for row in record.rows("process.memory") if _number(row.get("ts")) is not None),
+        (row for row in record.rows("process.memory") if number(row.get("ts")) is not None),
         key=lambda row: row["ts"],
     )
     answer: Dict[str, Any] = {
@@ -43,7 +40,7 @@ def record_memory(record: Record, last: int = LAST_SAMPLES) -> Dict[str, Any]:
         "written_at": record.written_at,
         "samples": len(samples),
         "first": samples[0] if samples else None,
-        "peak": max(samples, key=lambda row: _number(row.get("rss_mb")) or 0.0) if samples else None,
+        "peak": max(samples, key=lambda row: number(row.get("rss_mb")) or 0.0) if samples else None,
         "last": samples[-1] if samples else None,
         "history": samples[-last:],
         "torch": _torch_memory(record),
@@ -70,7 +67,7 @@ def _torch_memory(record: Record) -> Optional[Dict[str, Any]]:
             answer[name] = None
             continue
         values = table.column(name).to_pylist()
-        seen = [_number(value) for step, value in zip(steps, values) if step == last_step]
+        seen = [number(value) for step, value in zip(steps, values) if step == last_step]
         present = [value for value in seen if value is not None]
         answer[name] = max(present) if present else None
     return answer

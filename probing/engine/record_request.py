@@ -6,6 +6,7 @@ import time
 from typing import Any, Dict, Optional
 
 from ..errors import BadReply
+from .record_fields import integer, is_texts, number
 from .target import Target
 
 # Beyond --timeout: a record holding a million-row torch_trace takes the agent about a second.
@@ -22,6 +23,20 @@ def request_record(target: Target, reason: Optional[str], timeout: float) -> Dic
     with target.connect(timeout) as client:
         result, _ = client.call("record", params, timeout=timeout + RECORD_WRITE_S)
         pid = target.pid or client.info.get("pid")
+    check_recorded(result)
+    return dict(result, pid=pid, waited=time.monotonic() - started)
+
+
+def check_recorded(result: Dict[str, Any]) -> None:
+    """The agent's answer to `record`, each field the CLI prints of the type it prints it as
+    (BadReply otherwise): a hostile or older agent's answer is never a traceback."""
     if not isinstance(result.get("path"), str):
         raise BadReply("the agent's answer to 'record' names no file")
-    return dict(result, pid=pid, waited=time.monotonic() - started)
+    size, seconds = result.get("bytes"), result.get("seconds")
+    if size is not None and (integer(size) is None or size < 0):
+        raise BadReply(f"the agent's answer to 'record' has bytes {size!r}, not a count of bytes")
+    if seconds is not None and number(seconds) is None:
+        raise BadReply(f"the agent's answer to 'record' has seconds {seconds!r}, not a number")
+    for key in ("tables", "notes", "failures"):
+        if result.get(key) is not None and not is_texts(result[key]):
+            raise BadReply(f"the agent's answer to 'record' has {key} that are not a list of strings")

@@ -17,7 +17,11 @@ from .record import Record
 
 # The name of the file `export` writes the record's header into, beside the tables.
 HEADER_FILE = "record.json"
-EXPORT_FORMATS = {"parquet": "(FORMAT parquet)", "csv": "(FORMAT csv, HEADER true)"}
+# USE_TMP_FILE false: DuckDB writes straight into the file export made (see export_record).
+EXPORT_FORMATS = {
+    "parquet": "(FORMAT parquet, USE_TMP_FILE false)",
+    "csv": "(FORMAT csv, HEADER true, USE_TMP_FILE false)",
+}
 LIVE_ONLY_HINT = (
     "{table} is read from a live process with psutil, so a record cannot hold it; "
     "process.memory holds the job's memory over time and process.info the process"
@@ -76,8 +80,13 @@ class Exported(NamedTuple):
 
 def export_record(record: Record, directory: str, format: str, force: bool) -> Exported:
     """Every table of the record as DIRECTORY/TABLE.parquet (or .csv) through DuckDB's COPY, and
-    its header as record.json. The directory is created if missing; files that exist are
-    replaced only with `force` (checked for all before any is written)."""
+    its header as record.json. The directory is created (0700) if missing; files that exist are
+    replaced only with `force` (checked for all before any is written).
+
+    A record may hold secrets (locals, argv, exception text) and root exports other users'
+    records, so every file is made 0600, under a temporary name created with O_EXCL|O_NOFOLLOW,
+    written through its descriptor, and renamed onto its name: no write goes through a symlink
+    or into a FIFO planted at a final name, and an entry in the way is replaced, never opened."""
     suffix = "." + format
     names = record.table_names()
     paths = {name: os.path.join(directory, name + suffix) for name in names}
@@ -90,33 +99,71 @@ def export_record(record: Record, directory: str, format: str, force: bool) -> E
                 hint="--force replaces them, or export into another directory",
             )
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError as error:
         raise ProbingError(f"cannot create {directory}: {error.strerror or error}", hint="") from None
     session = record_session(record)
     files: List[Dict[str, Any]] = []
     for name, path in paths.items():
         qualified = ".".join(f'"{part}"' for part in name.split("."))
-        literal = path.replace("'", "''")
-        _replace_link(path)
-        try:
-            session.connection.execute(
-                f"COPY (SELECT * FROM {qualified}) TO '{literal}' {EXPORT_FORMATS[format]}"
-            )
-            count = session.connection.execute(f"SELECT count(*) FROM {qualified}").fetchone()
-        except duckdb.Error as error:
-            raise ProbingError(f"writing {path}: {str(error).splitlines()[0]}", hint="") from None
+        with _PrivateFile(path) as written:
+            try:
+                # DuckDB opens the path it is given: our own descriptor's, so the file made
+                # above whatever the directory holds by now (and no tmp_ file of DuckDB's beside it).
+                session.connection.execute(
+                    f"COPY (SELECT * FROM {qualified}) TO '/proc/self/fd/{written.fd}' "
+                    f"{EXPORT_FORMATS[format]}"
+                )
+                count = session.connection.execute(f"SELECT count(*) FROM {qualified}").fetchone()
+            except duckdb.Error as error:
+                raise ProbingError(f"writing {path}: {str(error).splitlines()[0]}", hint="") from None
         rows = int(count[0]) if count else 0
-        files.append({"table": name, "path": path, "rows": rows, "bytes": os.path.getsize(path)})
-    _replace_link(header_path)
-    with open(header_path, "w", encoding="utf-8") as out:
-        json.dump(dict(record.header, source_file=record.path), out, indent=2, sort_keys=True, default=str)
-        out.write("\n")
-    files.append({"table": None, "path": header_path, "rows": None, "bytes": os.path.getsize(header_path)})
+        files.append({"table": name, "path": path, "rows": rows, "bytes": written.size})
+    header = json.dumps(dict(record.header, source_file=record.path), indent=2, sort_keys=True, default=str)
+    with _PrivateFile(header_path) as written:
+        with os.fdopen(os.dup(written.fd), "w", encoding="utf-8") as out:
+            out.write(header + "\n")
+    files.append({"table": None, "path": header_path, "rows": None, "bytes": written.size})
     return Exported(directory, files)
 
 
-def _replace_link(path: str) -> None:
-    """With --force, a symlink in the way is removed rather than written through."""
-    if os.path.islink(path):
+class _PrivateFile:
+    """A new 0600 file under a temporary name beside `path`, renamed onto `path` when the block
+    ends without an error (os.replace: a symlink, FIFO or file in the way is replaced, not
+    written through), removed when it ends with one. `size`: its size once written."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        directory, name = os.path.split(path)
+        self.temporary = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+        self.fd = -1
+        self.size = 0
+
+    def __enter__(self) -> _PrivateFile:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self.fd = os.open(self.temporary, flags, 0o600)
+        except OSError as error:
+            raise ProbingError(f"cannot write {self.temporary}: {error.strerror or error}", hint="") from None
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        try:
+            self.size = os.fstat(self.fd).st_size
+        finally:
+            os.close(self.fd)
+        if kind is not None:
+            _remove(self.temporary)
+            return
+        try:
+            os.replace(self.temporary, self.path)
+        except OSError as failure:
+            _remove(self.temporary)
+            raise ProbingError(f"cannot write {self.path}: {failure.strerror or failure}", hint="") from None
+
+
+def _remove(path: str) -> None:
+    try:
         os.unlink(path)
+    except OSError:
+        pass

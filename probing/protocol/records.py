@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 RECORD_MAGIC = b"PRBREC\x00\x01"
 RECORD_VERSION = 1
 SUFFIX = ".probing"
-# A record bigger than this is not read (the rings are bounded far below it).
-MAX_RECORD_BYTES = 4 << 30
+# A record bigger than this is not read by default: the agent caps its records at 256 MB
+# (PROBING_RECORD_MAX_MB), and reading one builds a Python row per table row.
+MAX_RECORD_BYTES = 1 << 30
 
 
 class RecordFormatError(Exception):
@@ -90,22 +91,12 @@ def read_record(path: str, max_bytes: int = MAX_RECORD_BYTES) -> RecordFile:
         size = os.fstat(handle.fileno()).st_size
         if size > max_bytes:
             raise RecordFormatError(f"{size} bytes, more than the {max_bytes} a record may hold")
-        magic = handle.read(len(RECORD_MAGIC))
-        if magic != RECORD_MAGIC:
-            if magic[:6] == RECORD_MAGIC[:6]:
-                raise RecordFormatError("a record of another format version than this probing reads")
-            raise RecordFormatError("not a probing record")
-        header, _ = _read_frame(handle, size)
-        version = header.get("record")
-        if version != RECORD_VERSION:
-            raise RecordFormatError(
-                f"a record of format version {version!r}; this probing reads version {RECORD_VERSION}"
-            )
+        header = read_header(handle, size)
         tables: List[Tuple[Dict[str, Any], bytes]] = []
         while True:
             frame, payload = _read_frame(handle, size)
             if "end" in frame:
-                if frame["end"] != len(tables):
+                if not _is_int(frame["end"]) or frame["end"] != len(tables):
                     raise RecordFormatError(f"it says {frame['end']!r} tables but holds {len(tables)}")
                 break
             descriptor = frame.get("table")
@@ -117,16 +108,46 @@ def read_record(path: str, max_bytes: int = MAX_RECORD_BYTES) -> RecordFile:
     return RecordFile(path, header, tables)
 
 
-def _read_frame(handle: BinaryIO, size: int) -> Tuple[Dict[str, Any], bytes]:
+def read_header(handle: BinaryIO, size: int) -> Dict[str, Any]:
+    """The header of the record `handle` reads from its start (`size`: the file's size),
+    reading no further than its first frame; RecordFormatError as `read_record` says."""
+    magic = handle.read(len(RECORD_MAGIC))
+    if magic != RECORD_MAGIC:
+        if magic[:6] == RECORD_MAGIC[:6]:
+            raise RecordFormatError("a record of another format version than this probing reads")
+        raise RecordFormatError("not a probing record")
+    header, _ = _read_frame(handle, size, with_payload=False)
+    version = header.get("record")
+    if not _is_int(version) or version != RECORD_VERSION:
+        raise RecordFormatError(
+            f"a record of format version {version!r}; this probing reads version {RECORD_VERSION}"
+        )
+    return header
+
+
+def _is_int(value: Any) -> bool:
+    # True == 1: a header saying {"record": true} is not a version-1 record.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_CUT_SHORT = "cut short: the file ends before the record does (the job died writing it?)"
+
+
+def _read_frame(handle: BinaryIO, size: int, with_payload: bool = True) -> Tuple[Dict[str, Any], bytes]:
     prefix = handle.read(PREFIX.size)
     if len(prefix) < PREFIX.size:
-        raise RecordFormatError("cut short: the file ends before the record does (the job died writing it?)")
+        raise RecordFormatError(_CUT_SHORT)
     magic, header_length, payload_length = PREFIX.unpack(prefix)
-    if magic != MAGIC or header_length > MAX_HEADER_BYTES or header_length + payload_length > size:
+    if magic != MAGIC or header_length > MAX_HEADER_BYTES:
         raise RecordFormatError("a damaged frame")
-    header_bytes, payload = handle.read(header_length), handle.read(payload_length)
-    if len(header_bytes) < header_length or len(payload) < payload_length:
-        raise RecordFormatError("cut short: the file ends before the record does (the job died writing it?)")
+    # Lengths that pass the end of the file: what a kill during the write leaves (the agent
+    # writes into a temporary name, but a copied or salvaged file may still end early).
+    if header_length + payload_length > size - handle.tell():
+        raise RecordFormatError(_CUT_SHORT)
+    header_bytes = handle.read(header_length)
+    payload = handle.read(payload_length) if with_payload else b""
+    if len(header_bytes) < header_length or len(payload) < (payload_length if with_payload else 0):
+        raise RecordFormatError(_CUT_SHORT)
     try:
         header = json_loads(header_bytes.decode("utf-8"))
     except ValueError:

@@ -187,9 +187,9 @@ def test_truncated_foreign_and_other_version_files_are_bad_records(records: Path
         result = probing(str(path), "backtrace")
         assert result.returncode == ExitCode.BAD_RECORD, (name, result.stderr)
         assert str(path) in result.stderr and "Traceback" not in result.stderr, name
-    # protocol/records.py calls a frame that runs past the end of the file "damaged".
+    # A frame whose lengths run past the end of the file: what a kill during the write leaves.
     cut = probing(str(tmp_path / "cut.probing"), "query", "SELECT 1")
-    assert "cut short" in cut.stderr or "damaged frame" in cut.stderr
+    assert "cut short: " in cut.stderr and "damaged" not in cut.stderr
     cut_in_a_prefix = tmp_path / "cut-prefix.probing"
     cut_in_a_prefix.write_bytes(data[:10])
     assert "cut short" in probing(str(cut_in_a_prefix), "backtrace").stderr

@@ -86,7 +86,10 @@ def write_heading(record: Record, out: IO[str]) -> None:
 def write_record_stacks(record: Record, rows: List[Dict[str, Any]], format: str) -> None:
     """`probing FILE backtrace`: the heading and the exception with its traceback (text), then
     the stacks at the end as the live command prints them."""
-    stacks = Stacks(record.pid, rows, record.info(), [])
+    # No PID for the renderer to look up source lines under /proc/PID/root: the job that wrote
+    # the record is gone, and its PID (from the untrusted header) may be another process's by now.
+    info = dict(record.info(), pid=str(record.pid) if record.pid is not None else "?")
+    stacks = Stacks(None, rows, info, [])
     tree = TreeStacks()
     tree.processes.append(stacks)
     if format != "text":
