@@ -4,7 +4,7 @@ and what of its output is kept.
 The core and every file its notes name are the input of a parser written in C and C++ (pystack,
 elfutils), and root may read any user's core. So the reader runs in a session of its own (no
 controlling terminal), with stdin on /dev/null, the core open on descriptor 3 (opened and
-checked here), a limit on its address space and none on its core size, no way to gain
+checked here), a limit on the memory it allocates and none on its core size, no way to gain
 privileges by exec, and, when root reads the core of another user, as that user: what a
 hostile core makes the parser do, it does with its owner's rights only.
 
@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 # may point somewhere else between the check and the read.
 CORE_DESCRIPTOR = 3
 CORE_IN_READER = f"/proc/self/fd/{CORE_DESCRIPTOR}"
-# The parser maps the core and the files it names, and builds its tables from them: four times
-# the core, and never less than 2 GiB, is room for a real core and a ceiling for a hostile one.
-MIN_ADDRESS_SPACE = 2 << 30
+# What the parser may allocate (RLIMIT_DATA; core_reader.limit says why not RLIMIT_AS): it
+# builds its tables from the core (45 MB for a 163 MB core), so four times the core, and never
+# less than 2 GiB, is room for a real core and a ceiling for a hostile one.
+MIN_MEMORY = 2 << 30
 MAX_STDERR_BYTES = 1 << 20
 SIGKILL = 9  # the module `signal` imports enum
 
@@ -55,14 +56,14 @@ def run_as_of(core: CoreFile) -> Optional[Tuple[int, int]]:
     return core.status.st_uid, core.status.st_gid
 
 
-def address_space_of(core: CoreFile) -> int:
-    return max(MIN_ADDRESS_SPACE, 4 * core.status.st_size)
+def memory_limit_of(core: CoreFile) -> int:
+    return max(MIN_MEMORY, 4 * core.status.st_size)
 
 
 def confinement_arguments(core: CoreFile) -> List[str]:
     """The reader's arguments that say how to confine itself (core_reader.confine does it)."""
     run_as = run_as_of(core)
-    arguments = ["--address-space", str(address_space_of(core))]
+    arguments = ["--memory", str(memory_limit_of(core))]
     return arguments + (["--run-as", f"{run_as[0]}:{run_as[1]}"] if run_as is not None else [])
 
 

@@ -78,9 +78,9 @@ def test_root_reads_another_users_core_as_that_user(tmp_path: Path, monkeypatch:
     with core_file(tmp_path, b"x" * 1000) as core:
         core.status = os.stat_result((0o100600, 0, 0, 1, 1000, 1001, 1 << 40, 0, 0, 0))
         monkeypatch.setattr(os, "geteuid", lambda: 0)
-        assert confinement_arguments(core) == ["--address-space", str(4 << 40), "--run-as", "1000:1001"]
+        assert confinement_arguments(core) == ["--memory", str(4 << 40), "--run-as", "1000:1001"]
         core.status = os.stat_result((0o100600, 0, 0, 1, 0, 0, 1000, 0, 0, 0))
-        assert confinement_arguments(core) == ["--address-space", str(2 << 30)]  # root's own core
+        assert confinement_arguments(core) == ["--memory", str(2 << 30)]  # root's own core
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
         core.status = os.stat_result((0o100600, 0, 0, 1, 1000, 1001, 1000, 0, 0, 0))
-        assert confinement_arguments(core) == ["--address-space", str(2 << 30)]  # a user's own
+        assert confinement_arguments(core) == ["--memory", str(2 << 30)]  # a user's own

@@ -80,11 +80,31 @@ def test_the_reader_drops_to_the_owner_for_good_and_gains_no_privileges() -> Non
     assert status["Groups"].split() == [] and status["NoNewPrivs"].strip() == "1"
 
 
+ALLOCATES = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import core_reader
+core_reader.limit(256 << 20)
+try:
+    bytearray(512 << 20)
+except MemoryError:
+    print("refused")
+"""
+
+
+def test_what_the_reader_may_allocate_is_bounded() -> None:
+    directory = os.path.dirname(core_reader.__file__)
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", ALLOCATES, directory], capture_output=True, text=True, timeout=30
+    )
+    assert (result.returncode, result.stdout) == (0, "refused\n"), result.stderr
+
+
 def test_arguments_it_cannot_parse_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     for arguments in (
         ["core", "--run-as", "65534"],
         ["core", "--run-as", "a:b"],
-        ["core", "--address-space", "x"],
+        ["core", "--memory", "x"],
     ):
         assert core_reader.main(arguments) == 2
     assert "usage: core_reader.py" in capsys.readouterr().err
