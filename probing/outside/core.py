@@ -9,20 +9,23 @@ JSON document; that document is read here as defensively as py-spy's (outside/py
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
-from ..errors import BadRecord, ProbingError, UsageError
+from ..errors import BadRecord, PermissionDenied, ProbingError, UsageError
 from ..protocol.frames import json_dumps, json_loads
-from . import spawn
-from .elf_core import check_core_file
+from .core_process import CORE_IN_READER, TooMuchOutput, confinement_arguments, run_as_of, run_reader
+from .elf_core import open_core_file
+from .spawn import TimedOut
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_reader.py")
 SOURCE = "pystack"
-# The reader bounds what it prints (core_reader.MAX_OUTPUT); more than this is not its output.
+# The reader bounds what it prints (core_reader.MAX_OUTPUT bytes, and the JSON around them); past
+# this the reader is killed: it is not printing what it was written to.
 MAX_READING_BYTES = 64 << 20
 _MAX_TEXT = 4000
 
@@ -35,7 +38,7 @@ class CoreReading:
     the GIL, if any."""
 
     __slots__ = ("path", "executable", "pid", "arguments", "signal", "fault_address", "python_version",
-                 "rows", "gil", "cut_short")  # fmt: skip
+                 "rows", "gil", "cut_short", "read_as")  # fmt: skip
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -48,14 +51,17 @@ class CoreReading:
         self.rows: List[Dict[str, Any]] = []
         self.gil: Optional[int] = None
         self.cut_short = False
+        # (uid, gid) the reader ran as, as it says.
+        self.read_as: Optional[Tuple[int, int]] = None
 
 
-def reader_command(core: str, executable: Optional[str], locals: bool) -> List[str]:
+def reader_command(executable: Optional[str], locals: bool, confinement: List[str]) -> List[str]:
     """`python -I`: neither the working directory (where a core may lie among the job's files)
-    nor PYTHON* variables decide what the reader imports."""
-    command = [sys.executable, "-I", READER, core]
+    nor PYTHON* variables decide what the reader imports. The reader reads the core from the
+    descriptor it is given (core_process.CORE_IN_READER)."""
+    command = [sys.executable, "-I", READER, CORE_IN_READER]
     command += [executable] if executable else []
-    return command + (["--locals"] if locals else [])
+    return command + (["--locals"] if locals else []) + confinement
 
 
 def read_core(
@@ -66,19 +72,38 @@ def read_core(
     log: Optional[Callable[[str], None]] = None,
 ) -> CoreReading:
     """The stacks in the core at `core`; raises BadRecord (exit 15) when it cannot be read."""
-    check_core_file(core)
     if executable is not None and not os.path.isfile(executable):
         raise UsageError(f"--exe {executable}: no such file")
-    command = reader_command(core, executable, locals)
-    if log is not None:
-        log(f"reading the core with pystack: {' '.join(command)}")
-    try:
-        status, stdout, stderr = spawn.run(command, timeout)
-    except spawn.TimedOut:
-        raise BadRecord(
-            f"pystack did not read {core} within {timeout:g} s", hint="raise --timeout for a very large core"
-        ) from None
-    return parse_reading(core, status, stdout, stderr)
+    with open_core_file(core) as opened:
+        run_as = run_as_of(opened)
+        if run_as is not None and not opened.status.st_mode & stat.S_IRUSR:
+            # The reader, run as the owner, reads the core through /proc/self/fd, which checks
+            # the owner's access to it.
+            raise PermissionDenied(
+                f"{core} is not readable by its owner (uid {run_as[0]}), as whom probing reads it",
+                hint=f"chmod u+r {core}",
+            )
+        # The reader may run as another user, in another working directory's stead.
+        exe = os.path.abspath(executable) if executable else None
+        command = reader_command(exe, locals, confinement_arguments(opened))
+        if log is not None:
+            log(f"reading the core with pystack: {' '.join(command)}")
+        try:
+            status, stdout, stderr = run_reader(command, opened, timeout, MAX_READING_BYTES)
+        except TimedOut:
+            raise BadRecord(
+                f"pystack did not read {core} within {timeout:g} s",
+                hint="raise --timeout for a very large core",
+            ) from None
+        except TooMuchOutput as error:
+            raise BadRecord(
+                f"pystack could not read {core}: the reader printed more than {error.cap >> 20} MiB on "
+                f"{error.stream}, more than it may (a core it cannot parse)"
+            ) from None
+    reading = parse_reading(core, status, stdout, stderr)
+    if log is not None and reading.read_as is not None:
+        log(f"the reader ran as uid {reading.read_as[0]}, gid {reading.read_as[1]}")
+    return reading
 
 
 def parse_reading(core: str, status: int, stdout: bytes, stderr: bytes) -> CoreReading:
@@ -90,7 +115,9 @@ def parse_reading(core: str, status: int, stdout: bytes, stderr: bytes) -> CoreR
         except ValueError:
             document = None
     if isinstance(document, dict) and isinstance(document.get("failure"), str):
-        raise _failure(core, document["failure"], _text(document.get("message")))
+        # The reader knows the core as the descriptor it was given; the user, by its path.
+        message = _text(document.get("message")).replace(CORE_IN_READER, core)
+        raise _failure(core, document["failure"], message)
     if not isinstance(document, dict) or not isinstance(document.get("reading"), dict):
         raise BadRecord(f"pystack could not read {core}: {_what_went_wrong(status, stderr)}")
     return reading_from_document(core, document["reading"])
@@ -114,6 +141,14 @@ def _failure(core: str, kind: str, message: str) -> ProbingError:
         )
     if kind == "not_python":
         return BadRecord(f"{core} is not the core of a Python process pystack can read: {message}")
+    if kind == "not_confined":
+        return BadRecord(f"probing could not confine the reader of {core}, so did not read it: {message}")
+    if kind == "not_allowed":
+        return PermissionDenied(
+            f"pystack could not read {core}: {message}",
+            hint="run as root, probing reads another user's core as that user, and the files it names "
+            "must be readable by them; to read one as root, read a copy owned by root",
+        )
     if kind == "not_core":
         return BadRecord(f"{core} is not a core file pystack can read ({message})")
     return BadRecord(f"pystack could not read the Python stacks in {core}: {message}", hint=_PASS_EXE)
@@ -138,6 +173,9 @@ def reading_from_document(core: str, document: Dict[str, Any]) -> CoreReading:
     reading.signal = _integer(document.get("signal"))
     reading.fault_address = _integer(document.get("fault_address"))
     reading.cut_short = document.get("cut_short") is True
+    read_as = document.get("read_as")
+    if isinstance(read_as, list) and len(read_as) == 2 and None not in map(_integer, read_as):
+        reading.read_as = (read_as[0], read_as[1])
     threads = document.get("threads")
     threads = [thread for thread in threads if isinstance(thread, dict)] if isinstance(threads, list) else []
     versions = [thread.get("python_version") for thread in threads]

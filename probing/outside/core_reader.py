@@ -1,8 +1,12 @@
 """Read the Python stacks of a core file with pystack and print them as one JSON document.
 
-Run as a program, by file path, in a process of its own (probing/outside/core.py starts it with
-a deadline): the core is untrusted input (root may read any user's core) and pystack parses it
-in native code, so a core made to crash or hang the parser ends this process, not the CLI.
+Run as a program, by file path, in a process of its own (probing/outside/core_process.py starts
+it with a deadline, in a session of its own, the core open on descriptor 3): the core is
+untrusted input (root may read any user's core) and pystack parses it in native code, so a core
+made to crash or hang the parser ends this process, not the CLI. Before the core is parsed this
+process confines itself (`limit`, `become`): no core of its own, a bound on the memory it
+allocates, no new
+privileges by exec, and with --run-as, the uid and gid of the core's owner.
 Standard library and pystack only: with `python -I` nothing beside this file is imported.
 
 Prints {"reading": {...}} on success (exit 0), or {"failure": KIND, "message": TEXT} (exit 3)
@@ -14,12 +18,16 @@ from __future__ import annotations
 import json
 import os
 import resource
+import stat
 import sys
+from json.encoder import encode_basestring_ascii  # what json.dump writes for a str
 from typing import Any, Dict, List, Optional, Tuple
 
 # Exit status of a failure this program understood (the CLI reads the JSON on stdout).
 FAILED = 3
-FAILURES = ("no_pystack", "not_core", "no_executable", "wrong_executable", "not_python", "unreadable")
+FAILURES = ("no_pystack", "not_confined", "not_allowed", "not_core", "no_executable", "wrong_executable",
+            "not_python", "unreadable")  # fmt: skip
+PR_SET_NO_NEW_PRIVS = 38
 
 # Bounds on what is printed: a core may hold any number of threads and frames, of any length.
 MAX_THREADS = 4096
@@ -27,7 +35,7 @@ MAX_FRAMES = 100_000  # in all threads together
 MAX_TEXT = 1000  # characters of a file or function name
 MAX_LOCALS = 64  # per frame
 MAX_REPR = 300  # characters of a local's repr
-MAX_OUTPUT = 32_000_000  # characters of names and reprs in all, about the size of what is printed
+MAX_OUTPUT = 32_000_000  # bytes of names and reprs as printed (JSON-escaped), and a little for the rest
 
 
 def cut(value: Any, limit: int = MAX_TEXT) -> str:
@@ -38,6 +46,15 @@ def cut(value: Any, limit: int = MAX_TEXT) -> str:
 def fail(kind: str, message: str) -> int:
     json.dump({"failure": kind, "message": cut(message, 4000)}, sys.stdout)
     return FAILED
+
+
+def fail_with(kind: str, error: Exception) -> int:
+    """A failure of `kind`, unless it is a file this process may not read (pystack says so in a
+    RuntimeError from std::filesystem): that is not the core's fault."""
+    said = str(error)
+    if "Permission denied" in said:
+        return fail("not_allowed", f"{said}, read as uid {os.getuid()}")
+    return fail(kind, said)
 
 
 def executable_of(analyzer: Any) -> Tuple[str, Optional[str]]:
@@ -57,11 +74,25 @@ def executable_of(analyzer: Any) -> Tuple[str, Optional[str]]:
 
 
 def is_elf(path: str) -> bool:
+    """Whether `path` is a regular file that starts as an ELF file does. The path comes from the
+    core: it may name a FIFO, a terminal or a device whose open does something (/dev/watchdog
+    arms the watchdog), so it is opened with O_PATH (which opens nothing) and only a regular
+    file is reopened, through /proc/self/fd, to be read."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(4) == b"\x7fELF"
+        anchor = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(anchor).st_mode):
+            return False
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        descriptor = os.open(f"/proc/self/fd/{anchor}", flags)
+    except OSError:
+        return False
+    finally:
+        os.close(anchor)
+    with open(descriptor, "rb") as handle:
+        return handle.read(4) == b"\x7fELF"
 
 
 def gone(named: str, process: Dict[str, Any]) -> str:
@@ -89,14 +120,18 @@ def frame_locals(frame: Any) -> Dict[str, str]:
 
 
 class Budget:
-    """What may still be printed: frames, and characters of names and reprs."""
+    """What may still be printed: frames, and bytes of names and reprs, counted as json.dump
+    writes them (a non-ASCII character takes 6 or 12)."""
 
     def __init__(self) -> None:
         self.frames = MAX_FRAMES
-        self.characters = MAX_OUTPUT
+        self.bytes = MAX_OUTPUT
+
+    def spend(self, *texts: str) -> None:
+        self.bytes -= sum(len(encode_basestring_ascii(text)) for text in texts)
 
     def spent(self) -> bool:
-        return self.frames <= 0 or self.characters <= 0
+        return self.frames <= 0 or self.bytes <= 0
 
 
 def thread_document(thread: Any, with_locals: bool, budget: Budget) -> Dict[str, Any]:
@@ -111,8 +146,9 @@ def thread_document(thread: Any, with_locals: bool, budget: Budget) -> Dict[str,
         file, func = cut(code.filename), cut(code.scope)
         frames.append({"file": file, "func": func, "lineno": int(code.location.lineno), "locals": values})
         budget.frames -= 1
-        budget.characters -= len(file) + len(func) + 50
-        budget.characters -= sum(len(name) + len(value) + 8 for name, value in (values or {}).items())
+        budget.bytes -= 70  # the keys, the line number and the punctuation of a frame
+        budget.spend(file, func, *(values or {}).keys(), *(values or {}).values())
+        budget.bytes -= 4 * len(values or {})
     return {
         "tid": int(thread.tid),
         "name": cut(thread.name) if thread.name else None,
@@ -122,7 +158,7 @@ def thread_document(thread: Any, with_locals: bool, budget: Budget) -> Dict[str,
     }
 
 
-def read(core: str, executable: Optional[str], with_locals: bool) -> int:
+def read(core: str, executable: Optional[str], with_locals: bool, run_as: Optional[Tuple[int, int]]) -> int:
     try:
         from pystack.engine import (
             CoreFileAnalyzer,
@@ -133,15 +169,23 @@ def read(core: str, executable: Optional[str], with_locals: bool) -> int:
         from pystack.errors import EngineError, NotEnoughInformation
     except ImportError as error:
         return fail("no_pystack", f"pystack cannot be imported here ({error})")
+    # pystack is imported (trusted code, from files the owner of the core may not be able to
+    # read); what it parses from here on is not trusted.
+    try:
+        become(run_as)
+    except OSError as error:
+        return fail("not_confined", str(error))
     try:
         analyzer = CoreFileAnalyzer(core)
         process = analyzer.extract_ps_info()
         failure = analyzer.extract_failure_info()
         found, missing = executable_of(analyzer) if executable is None else (executable, None)
     except RuntimeError as error:
-        return fail("not_core", str(error))
+        return fail_with("not_core", error)
     if not os.path.exists(found):
         return fail("no_executable", gone(found, process))
+    if not os.access(found, os.R_OK):
+        return fail("not_allowed", f"{found} cannot be read by uid {os.getuid()}, as whom the core is read")
     if not is_elf(found):
         return fail("no_executable", f"{found} is not an executable (no ELF header)")
     try:
@@ -166,7 +210,7 @@ def read(core: str, executable: Optional[str], with_locals: bool) -> int:
             return fail("no_executable", gone(missing, process))
         return fail("not_python", f"its executable is {found}, and {said[:1].lower()}{said[1:]}")
     except RuntimeError as error:
-        return fail("unreadable", str(error))
+        return fail_with("unreadable", error)
     reading = {
         "executable": cut(found),
         "pid": process.get("pid"),
@@ -178,21 +222,66 @@ def read(core: str, executable: Optional[str], with_locals: bool) -> int:
         "fault_address": failure.get("failed_addr"),
         "threads": documents,
         "cut_short": budget.spent() or len(documents) >= MAX_THREADS,
+        "read_as": [os.getuid(), os.getgid()],
     }
     json.dump({"reading": reading}, sys.stdout)
     return 0
 
 
-def main(argv: List[str]) -> int:
+def limit(memory: Optional[int]) -> None:
     # A parser that crashes on a hostile core must not write a core of its own (over the one
-    # being read, if the working directory is where that one lies).
+    # being read, if the working directory is where that one lies); one made to allocate must
+    # fail here, not make the machine run out of memory. RLIMIT_DATA, not RLIMIT_AS: the parser
+    # maps the core and every library it names read-only (a 163 MB core of a job that imported
+    # torch took 1.8 GB of address space, 45 MB of it resident), which costs the machine no
+    # memory, and a limit on the address space would refuse the cores of jobs with large
+    # libraries (CUDA's are gigabytes); what the parser allocates is what RLIMIT_DATA counts.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    with_locals = "--locals" in argv
-    positional = [arg for arg in argv if arg != "--locals"]
+    if memory is not None:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+
+
+def become(run_as: Optional[Tuple[int, int]]) -> None:
+    """Forbid gaining privileges by exec (a set-uid program) from here on, then drop to `run_as`
+    (uid, gid) for good, with no supplementary groups; raises OSError if any step fails."""
+    import ctypes  # before the drop: the owner of the core may not be allowed to read it
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if run_as is None:
+        return
+    uid, gid = run_as
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
+        raise OSError(f"still uid {os.getresuid()}, gid {os.getresgid()}, groups {os.getgroups()}")
+
+
+def main(argv: List[str]) -> int:
+    usage = "usage: core_reader.py CORE [EXECUTABLE] [--locals] [--memory BYTES] [--run-as UID:GID]\n"
+    options: Dict[str, str] = {}
+    positional: List[str] = []
+    arguments = iter(argv)
+    for argument in arguments:
+        if argument in ("--memory", "--run-as"):
+            options[argument] = next(arguments, "")
+        elif argument != "--locals":
+            positional.append(argument)
+    try:
+        memory = int(options["--memory"]) if "--memory" in options else None
+        run_as: Optional[Tuple[int, int]] = None
+        if "--run-as" in options:
+            uid, gid = (int(part) for part in options["--run-as"].split(":"))
+            run_as = (uid, gid)
+    except ValueError:
+        positional = []
     if len(positional) not in (1, 2):
-        sys.stderr.write("usage: core_reader.py CORE [EXECUTABLE] [--locals]\n")
+        sys.stderr.write(usage)
         return 2
-    return read(positional[0], positional[1] if len(positional) == 2 else None, with_locals)
+    limit(memory)
+    return read(positional[0], positional[1] if len(positional) == 2 else None, "--locals" in argv, run_as)
 
 
 if __name__ == "__main__":

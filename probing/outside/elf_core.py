@@ -16,7 +16,7 @@ from ..errors import BadRecord, PermissionDenied, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import BinaryIO
+    from typing import BinaryIO, Tuple
 
 ELF_MAGIC = b"\x7fELF"
 ELFCLASS64 = 2
@@ -30,30 +30,76 @@ MAX_PROGRAM_HEADERS = 1 << 20
 _ELF_TYPES = {1: "a relocatable object file", 2: "an executable", 3: "a shared library or executable"}
 
 
-def check_core_file(path: str) -> int:
-    """The size of the core at `path`, once its headers show a whole 64-bit little-endian ELF
-    core; raises UsageError (no such file), PermissionDenied, or BadRecord saying what is wrong."""
+class CoreFile:
+    """A core file open for reading (`descriptor`, which the reader process is given), whose
+    headers showed a whole 64-bit little-endian ELF core; `status`: its fstat."""
+
+    __slots__ = ("path", "descriptor", "status")
+
+    def __init__(self, path: str, descriptor: int, status: os.stat_result) -> None:
+        self.path = path
+        self.descriptor = descriptor
+        self.status = status
+
+    def close(self) -> None:
+        if self.descriptor >= 0:
+            os.close(self.descriptor)
+            self.descriptor = -1
+
+    def __enter__(self) -> CoreFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_core_file(path: str) -> CoreFile:
+    """The core at `path`, open, once its headers are checked; raises UsageError (no such file,
+    a directory), PermissionDenied, or BadRecord saying what is wrong."""
+    descriptor, status = _open_regular(path)
     try:
-        # O_NONBLOCK: a FIFO put where a core was expected must not hang the open.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(os.dup(descriptor), "rb") as handle:
+            _check_headers(path, handle, status.st_size)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return CoreFile(path, descriptor, status)
+
+
+def _open_regular(path: str) -> Tuple[int, os.stat_result]:
+    """`path` open for reading, if it is a regular file. Root may be handed a path where another
+    user put a FIFO or a link to a device (/dev/watchdog arms the watchdog when it is opened), so
+    the path is first opened with O_PATH, which opens nothing, and reopened for reading through
+    /proc/self/fd only when fstat shows a regular file."""
+    try:
+        anchor = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}") from None
     except PermissionError:
-        raise PermissionDenied(
-            f"not allowed to read {path}",
-            hint="a core file is readable by its owner only (mode 0600): read it as that user, or as root",
-        ) from None
+        raise _not_allowed(path) from None
     except OSError as error:
         raise BadRecord(f"cannot read {path}: {os.strerror(error.errno or errno.EIO)}") from None
-    status = os.fstat(descriptor)
-    if not stat.S_ISREG(status.st_mode):
-        os.close(descriptor)
+    try:
+        status = os.fstat(anchor)
         if stat.S_ISDIR(status.st_mode):
             raise UsageError(f"{path} is a directory, not a core file")
-        raise BadRecord(f"{path} is not a regular file, so not a core file")
-    with os.fdopen(descriptor, "rb") as handle:
-        _check_headers(path, handle, status.st_size)
-    return status.st_size
+        if not stat.S_ISREG(status.st_mode):
+            raise BadRecord(f"{path} is not a regular file, so not a core file")
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        return os.open(f"/proc/self/fd/{anchor}", flags), status
+    except PermissionError:
+        raise _not_allowed(path) from None
+    except OSError as error:
+        raise BadRecord(f"cannot read {path}: {os.strerror(error.errno or errno.EIO)}") from None
+    finally:
+        os.close(anchor)
+
+
+def _not_allowed(path: str) -> PermissionDenied:
+    return PermissionDenied(
+        f"not allowed to read {path}",
+        hint="a core file is readable by its owner only (mode 0600): read it as that user, or as root",
+    )
 
 
 def _check_headers(path: str, handle: BinaryIO, size: int) -> None:

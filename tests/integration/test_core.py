@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,15 @@ from typing import Any, Dict, List
 
 import pytest
 
-from support import TARGETS, Target, find_interpreter, interpreter_params, probing, wait_until
+from support import (
+    INTERPRETER_PATTERNS,
+    TARGETS,
+    Target,
+    find_interpreter,
+    interpreter_params,
+    probing,
+    wait_until,
+)
 
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 BAD_RECORD = 15
@@ -190,3 +199,38 @@ def test_a_core_whose_interpreter_is_gone_asks_for_exe(tmp_path: Path) -> None:
     assert any(row["func"] == "read_null" for row in found)
     wrong = probing("core", str(core), "--exe", shutil.which("sh") or "/bin/sh")
     assert wrong.returncode == BAD_RECORD and "--exe does not match the core" in wrong.stderr
+
+
+NOBODY = 65534
+
+
+def readable_by_anyone(path: str) -> bool:
+    """Whether a user with no rights of their own may read `path`."""
+    real = Path(os.path.realpath(path))
+    return bool(real.stat().st_mode & stat.S_IROTH) and all(
+        parent.stat().st_mode & stat.S_IXOTH for parent in real.parents
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root reads another user's core")
+def test_root_reads_another_users_core_as_that_user(tmp_path: Path) -> None:
+    """pystack parses an untrusted core in native code: run as root on a user's core, the reader
+    drops to that user (it says as whom it ran, from inside); on root's own core it stays root."""
+    candidates = [sys.executable, *(find_interpreter(pattern) for pattern in INTERPRETER_PATTERNS.values())]
+    python = next((each for each in candidates if each and readable_by_anyone(each)), None)
+    if python is None:
+        pytest.skip(f"no interpreter that uid {NOBODY} may read (the reader, run as them, reads it)")
+    core = crash_with_core([python, str(TARGETS / "segfaults.py")], tmp_path)
+    os.chown(core, NOBODY, NOBODY)
+    theirs = probing("--verbose", "core", str(core))
+    assert theirs.returncode == 0, theirs.stderr
+    assert f"--run-as {NOBODY}:{NOBODY}" in theirs.stderr
+    assert f"the reader ran as uid {NOBODY}, gid {NOBODY}" in theirs.stderr
+    assert "in read_null" in theirs.stdout
+    os.chown(core, 0, 0)
+    own = probing("--verbose", "core", str(core))
+    assert own.returncode == 0 and "the reader ran as uid 0, gid 0" in own.stderr, own.stderr
+    os.chown(core, NOBODY, NOBODY)
+    core.chmod(0)  # root could read it; its owner, as whom it is read, could not
+    closed = probing("core", str(core))
+    assert closed.returncode == 5 and f"is not readable by its owner (uid {NOBODY})" in closed.stderr

@@ -11,7 +11,7 @@ from typing import List, Tuple
 import pytest
 
 from probing.errors import BadRecord, UsageError
-from probing.outside.elf_core import PN_XNUM, check_core_file
+from probing.outside.elf_core import PN_XNUM, open_core_file
 
 EHDR_SIZE, PHDR_SIZE, SHDR_SIZE = 64, 56, 64
 
@@ -26,6 +26,13 @@ def elf(segments: List[Tuple[int, int]], e_type: int = 4, klass: int = 2, extend
     table = b"".join(struct.pack("<IIQQQQQQ", 4, 0, offset, 0, 0, size, size, 0) for offset, size in segments)
     section = struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, count, 0, 0) if extended else b""
     return header + table + section
+
+
+def check_core_file(path: str) -> int:
+    """The size of the core at `path`, once open_core_file has checked it."""
+    with open_core_file(path) as core:
+        assert core.descriptor >= 0
+        return core.status.st_size
 
 
 def written(tmp_path: Path, content: bytes, size: int = 0) -> str:
