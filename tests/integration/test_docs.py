@@ -5,7 +5,10 @@ A block is a list of `$ command` lines, each followed by the output it prints (s
 stderr). Matching normalises whitespace (runs of blanks become one, blank lines do not count);
 `...` within a line stands for any text on that line, a line that is only `...` for any
 number of lines, and a `...` that ends the block for the rest of the output. `echo $?`
-checks the exit status of the previous command.
+checks the exit status of the previous command. A command that only sets a variable
+(`$ RECORD=$(ls -t ... | head -1)`) prints nothing and sets it for the block's later commands.
+Records that jobs write when they end go to a directory of this module's own
+(PROBING_RECORD_DIR), which the docs' post-mortem blocks read.
 
 Which job a block runs against:
 
@@ -144,6 +147,23 @@ class Jobs:
             self.release(marker)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def record_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """PROBING_RECORD_DIR for every job and command of this module: the post-mortem blocks
+    list and read the records their jobs leave, and no other run's records are among them."""
+    directory = tmp_path_factory.mktemp("records")
+    directory.chmod(0o700)
+    before = os.environ.get("PROBING_RECORD_DIR")
+    os.environ["PROBING_RECORD_DIR"] = str(directory)
+    try:
+        yield directory
+    finally:
+        if before is None:
+            del os.environ["PROBING_RECORD_DIR"]
+        else:
+            os.environ["PROBING_RECORD_DIR"] = before
+
+
 @pytest.fixture(scope="module")
 def demo_jobs() -> Iterator[Dict[str, Target]]:
     """$PID: the demo job started with `probing run`; $PLAIN: one started plainly."""
@@ -163,6 +183,9 @@ def marked_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
         jobs.close()
 
 
+ASSIGNMENT = re.compile(r"^([A-Z_][A-Z0-9_]*)=(\S.*)$")
+
+
 def run_steps(example: Example, pids: Dict[str, int]) -> None:
     """Run a block's commands in order; fail at the first whose output differs from the docs."""
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
@@ -173,6 +196,14 @@ def run_steps(example: Example, pids: Dict[str, int]) -> None:
             expected = expected.replace(f"${name}", str(pid))
         if command == "echo $?":
             assert f"{last_status}\n" == expected, f"{example.where}: exit status of `{previous}`"
+            continue
+        assignment = ASSIGNMENT.match(command)
+        if assignment is not None and not expected:
+            shell = ["bash", "-c", 'eval "$1" && printf %s "${!2}"', "bash", command, assignment.group(1)]
+            value = subprocess.run(shell, capture_output=True, text=True, env=environment, cwd=ROOT,
+                                   timeout=COMMAND_TIMEOUT_S, check=True).stdout  # fmt: skip
+            assert value, f"{example.where}: `{command}` set nothing"
+            environment[assignment.group(1)] = value
             continue
         deadline = time.monotonic() + (RETRY_S if example.retry else 0.0)
         while True:
