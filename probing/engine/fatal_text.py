@@ -13,6 +13,10 @@ started, then whatever faulthandler wrote at the fault, without the GIL and with
       File "/job/ext.py", line 8 in crash
       File "/job/train.py", line 9 in <module>
 
+SIGTERM or SIGHUP with the default action (faulthandler.register, chained to that action) writes
+the same thread sections with no "Fatal Python error" line before them; its "Current thread" is
+the one the kernel handed the signal to.
+
 The text is the job's (untrusted): lines that do not fit are left out, never guessed at.
 Standard library only.
 """
@@ -31,6 +35,7 @@ _THREAD = re.compile(r"^(Current thread|Thread|Stack)(?: (0x[0-9a-fA-F]+))? \(mo
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _FATAL = re.compile(r"^Fatal Python error: (.*)$")
 FAULTING_THREAD = "faulting thread"
+SIGNALLED_THREAD = "signalled thread"
 # Where the agent's code lives in an installed probing: its threads' frames are there.
 AGENT_PATH = "/probing/agent/"
 OTHER_THREAD = "thread"
@@ -53,7 +58,8 @@ def _agent_thread(stack: List[Tuple[str, Optional[int], str]]) -> bool:
 def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
     """(the fatal error's message, python.backtrace rows) of faulthandler's text.
 
-    The faulting thread is named FAULTING_THREAD. faulthandler does not say which thread is
+    The faulting thread is named FAULTING_THREAD (SIGNALLED_THREAD in a dump with no fatal
+    error's line: a SIGTERM or SIGHUP's). faulthandler does not say which thread is
     the main one: a thread whose outermost frame is a module's top level (`<module>`) is taken
     for it, since threads that `threading` starts begin in `_bootstrap`.
     """
@@ -82,6 +88,7 @@ def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], Li
         if not line.startswith("  "):
             frames = None  # a blank line or another section ends the thread's frames
     rows: List[Dict[str, Any]] = []
+    current_name = FAULTING_THREAD if message is not None else SIGNALLED_THREAD
     # faulthandler lists the agent's own threads too, which a live backtrace leaves out.
     threads = [thread for thread in threads if thread[1] or not _agent_thread(thread[2])]
     # The faulting thread first: it is what the reader came for (faulthandler writes it last).
@@ -92,7 +99,7 @@ def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], Li
             rows.append(
                 {
                     "pid": pid, "thread_id": ident, "native_id": None,
-                    "thread_name": FAULTING_THREAD if faulting else OTHER_THREAD,
+                    "thread_name": (current_name if faulting else OTHER_THREAD),
                     "is_main": is_main, "depth": depth, "func": func, "file": file, "lineno": lineno,
                     "frame_type": "Python", "locals": None, "source": "faulthandler",
                 }

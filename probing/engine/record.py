@@ -47,6 +47,9 @@ _FATAL_SIGNALS = {
     "Floating point exception": signal.SIGFPE,
     "Illegal instruction": signal.SIGILL,
 }
+# A .fatal file with stacks and no fatal error's line: faulthandler.register's dump of SIGTERM or
+# SIGHUP, on its way to the default action (one file serves both, so it cannot say which).
+DEFAULT_ACTION_DEATH = "SIGTERM or SIGHUP (default action) ended the job: the stacks at that moment"
 NO_TRACE = "ended without a trace (SIGKILL, os._exit, or faulthandler taken by the job)"
 
 
@@ -259,6 +262,8 @@ def _read_fatal(path: str, handle: Any, text_bytes: int) -> Record:
     if message is not None:
         number = _FATAL_SIGNALS.get(message)
         reason.update(message=message, signal=int(number) if number is not None else None)
+    elif rows:
+        reason.update(kind="signal", message=DEFAULT_ACTION_DEATH, signal=None)
     header = dict(header, reason=reason, tables=[BACKTRACE.name] if rows else [])
     return Record(path, "fatal", header, [], rows, notes, status.st_size, status.st_mtime)
 

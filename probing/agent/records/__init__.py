@@ -1,15 +1,19 @@
 """Records: what the agent knew, written to a file when the job ends (issue 15).
 
-When an uncaught exception ends a thread, when SIGTERM, SIGINT or SIGHUP arrives, when
-`nan on --stop` stops the job, and when asked (`record`: `probing PID record`, the
-`run --hang-timeout` watchdog), the agent writes every table it holds, with the stacks at that
-moment and why, into PROBING_RECORD_DIR (protocol/records.py is the format, writer.py what goes
-in). Fatal signals leave the `.fatal` file that faulthandler writes into (fatal.py).
+When an uncaught exception ends a thread (a KeyboardInterrupt from SIGINT included), when a
+SIGTERM, SIGINT or SIGHUP arrives for a handler of the job's own, when `nan on --stop` stops
+the job, and when asked (`record`: `probing PID record`, the `run --hang-timeout` watchdog),
+the agent writes every table it holds, with the stacks at that moment and why, into
+PROBING_RECORD_DIR (protocol/records.py is the format, writer.py what goes in). Fatal signals,
+and SIGTERM or SIGHUP with their default action, leave the `.fatal` file that faulthandler
+writes into (fatal.py, hooks.py).
 
-Hooks only: a job that never ends costs nothing (no thread, no timer). Nothing here ever
-changes the job's exception, exit status or signal behaviour: a record that cannot be written
+Hooks only: no thread and no timer while the job runs (one open file, faulthandler's C
+handlers, and the wrapped `signal.signal` are what a job that never ends carries). The job's
+exception, exit status and signal behaviour stay its own: a record that cannot be written
 becomes a note (`failures`), and the job's own hooks and handlers run as they would without
-probing (hooks.py). PROBING_RECORD=0 installs nothing.
+probing, a handler of its own at most SIGNAL_RECORD_WAIT_S later (hooks.py). PROBING_RECORD=0
+installs nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from ..lifecycle import JOB_HOOKS, on_fork_in_child, on_stop
 from . import settings
 from .fatal import FatalFile, open_fatal_file
 from .hooks import ExceptionHooks, SignalHooks, mark, marked
-from .mainthread import forget_after_fork
 from .trigger import Trigger
 
 # A SIGTERM this soon after a watchdog's record is the watchdog ending the job: one record.
@@ -37,6 +40,13 @@ AFTER_SIGNAL_S = 60.0
 MAX_FAILURES = 20
 # A job whose worker threads keep dying (and being restarted) gets one thread record this often.
 THREAD_RECORD_EVERY_S = 10.0
+# A signal the job's own handler survives (SIGHUP to reload, SIGINT in a notebook) gets one
+# record this often, per signal.
+SIGNAL_RECORD_EVERY_S = 60.0
+# How long the job's signal handler waits for the record before it runs anyway.
+SIGNAL_RECORD_WAIT_S = 1.0
+# How long the exit waits for a signal's record still being written (the job's handler ended it).
+SIGNAL_RECORD_AT_EXIT_S = 2.0
 
 
 class Records:
@@ -53,6 +63,9 @@ class Records:
         self.last_at = 0.0
         self.last_thread_record_at: Optional[float] = None
         self.thread_records_skipped = 0
+        self.last_signal_record_at: Dict[int, float] = {}
+        self.signal_records_skipped: Dict[int, int] = {}
+        self.signal_writer: Optional[threading.Thread] = None
         self.exceptions = ExceptionHooks(self.on_exception)
         self.signals = SignalHooks(self.on_signal)
         self.fatal: Optional[FatalFile] = None
@@ -121,13 +134,53 @@ class Records:
         self.write_quietly(Trigger.from_exception(error, thread, training_thread=main))
 
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        """In the main thread, in front of the job's own handler: the record is written by a
+        thread of its own while this waits at most SIGNAL_RECORD_WAIT_S. The interrupted main
+        thread may hold a ring's lock the record needs, or be the one a device sync would block:
+        the job's handler must not wait on either. So this record reads no tensor data and runs
+        none of the job's __repr__ (no locals)."""
         if self._recent("watchdog", AFTER_WATCHDOG_S):
             return
+        now = time.monotonic()
+        last = self.last_signal_record_at.get(signum)
+        if last is not None and now - last < SIGNAL_RECORD_EVERY_S:
+            self.signal_records_skipped[signum] = self.signal_records_skipped.get(signum, 0) + 1
+            return
+        self.last_signal_record_at[signum] = now
+        # Set now, not when written: a KeyboardInterrupt the job's handler raises is this signal.
+        self.last_kind, self.last_at = "signal", now
         name = signal.Signals(signum).name
-        self.write_quietly(Trigger(
-            "signal", f"{name} received", signum=signum, frame=frame, training_thread=True,
-            status=-signum,
-        ))  # fmt: skip
+        skipped = self.signal_records_skipped.pop(signum, 0)
+        if skipped:
+            self.notes.append(
+                f"{skipped} earlier {name} were not recorded (one record per signal every "
+                f"{SIGNAL_RECORD_EVERY_S:g} s)"
+            )
+        trigger = Trigger(
+            "signal", f"{name} received", signum=signum, frame=frame, thread=threading.main_thread(),
+            locals=False, helper_thread=True,
+        )  # fmt: skip
+        written = threading.Event()
+
+        def write_record() -> None:
+            try:
+                self.write_quietly(trigger)
+            finally:
+                written.set()
+
+        writer = threading.Thread(target=write_record, name="probing-signal-record", daemon=True)
+        try:
+            writer.start()
+        except RuntimeError as error:  # the interpreter is shutting down
+            self._failed(f"{name}: no record ({error})")
+            return
+        self.signal_writer = writer
+        if not written.wait(SIGNAL_RECORD_WAIT_S):
+            # Read when the header is made, after the tables: the part that waits.
+            trigger.notes.append(
+                f"the job's own {name} handler was called after {SIGNAL_RECORD_WAIT_S:g} s, "
+                "while this record was being written: what follows may be from after it"
+            )
 
     def on_nonfinite(self, error: BaseException) -> None:
         """`nan on --stop` is about to raise `error` in the training thread."""
@@ -141,6 +194,9 @@ class Records:
         left it in sys.last_value before calling that hook. Then the .fatal file goes."""
         if self.pid != _own_pid():
             return
+        writer = self.signal_writer
+        if writer is not None and writer.is_alive():
+            writer.join(SIGNAL_RECORD_AT_EXIT_S)
         value = getattr(sys, "last_value", None)
         # With ours still in place every uncaught exception went through it: a sys.last_value
         # it did not mark was left by an interactive console (code, IPython), not by a death.
@@ -155,6 +211,7 @@ class Records:
         self.close_fatal(remove=True)
 
     def close_fatal(self, remove: bool) -> None:
+        self.signals.stop_dumping()  # faulthandler must never write into a closed descriptor
         fatal, self.fatal = self.fatal, None
         if fatal is not None:
             fatal.close(remove)
@@ -164,9 +221,6 @@ class Records:
     def install(self) -> None:
         self.pid = _own_pid()
         self.exceptions.install()
-        how = self.signals.install()
-        if how not in ("now", "scheduled"):
-            self.notes.append(f"SIGTERM, SIGINT, SIGHUP: not hooked ({how}); no record for them")
         try:
             directory = settings.prepare_dir(settings.record_dir())
         except settings.RecordDirRefused as error:
@@ -176,6 +230,7 @@ class Records:
 
             fatal_header = header(Trigger("fatal_signal", "a fatal signal"), [], time.time())
             self.fatal = open_fatal_file(directory, fatal_header, self.notes)
+        self.signals.install(self.fatal.fd if self.fatal is not None else None)
         atexit.register(self.at_exit)
 
     def uninstall(self, in_child: bool = False) -> None:
@@ -222,7 +277,6 @@ def uninstall() -> None:
 def _drop_in_child() -> None:
     # A forked child (a DataLoader worker) is not the job: the parent's record covers it.
     global _records
-    forget_after_fork()
     records, _records = _records, None
     if records is not None:
         records.uninstall(in_child=True)

@@ -1,30 +1,39 @@
 """The hooks that see a job end: sys.excepthook, threading.excepthook, and SIGTERM, SIGINT and
-SIGHUP. Each writes a record (through `on_exception` / `on_signal` of its owner), then does
-exactly what would have happened without probing: the job's own hook or handler, or Python's
-default. Nothing here runs while the job is healthy.
+SIGHUP. Each records (through `on_exception` / `on_signal` of its owner), then does what would
+have happened without probing: the job's own hook or handler, or Python's default. Nothing
+here runs while the job is healthy.
 
-Signals. Python runs a signal's handler in the main thread between bytecodes; ours records,
-then calls the job's handler, or for SIG_DFL restores the default action and sends the signal
-again, so the job dies of it as it would have (its exit status says so). A signal the job
-ignores (SIG_IGN) or handles in C (getsignal() is None) is left alone. A job that sets its own
-handler after the agent started must still have it run, and must still see it from
-getsignal(): `signal.signal` and `signal.getsignal` are wrapped for the three signals, so the
-job's handler is kept as the one ours hands over to, and getsignal() answers the job's. Code
-that calls the C `sigaction` directly bypasses this: its handler runs alone, with no record.
+Signals, by what the job has for them:
+- SIGTERM or SIGHUP with the default action: no Python handler (one would run only when the
+  main thread next runs bytecode: a job stuck in NCCL or a CUDA sync would never die of it).
+  faulthandler.register puts a C handler there that writes every thread's stack into the
+  `.fatal` file (without the GIL), puts the default action back and raises the signal again,
+  so the job dies of it at once. It may be called from any thread: an attached agent does it too.
+- SIGINT with Python's default_int_handler: left alone; the KeyboardInterrupt that ends the job
+  is recorded by the excepthook.
+- The job's own Python handler: ours goes in front of it, starts the record in a thread of its
+  own and waits for it at most SIGNAL_RECORD_WAIT_S, then calls the job's handler whatever
+  happened, so a lock the interrupted main thread holds, or a stuck device, can delay the
+  job's handler by that much and never more. Python handlers can be set only in the main
+  thread: only an agent started there (PROBING=1, `probing run`) does this, and wraps
+  `signal.signal` / `signal.getsignal` so that a handler the job sets later goes behind ours and
+  getsignal() still answers the job's.
+- SIG_IGN, or a handler in C (getsignal() is None): left alone.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
 import threading
 from types import FrameType, TracebackType
-from typing import Any, Callable, Dict, List, Optional, Type
-
-from .mainthread import cancel, in_main_thread
+from typing import Any, Callable, Dict, List, Optional, Set, Type
 
 HOOKED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Those whose default action ends the job without Python: their stacks go to the .fatal file.
+DUMPED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _MARK = "_probing_record"
 
 
@@ -93,41 +102,76 @@ class ExceptionHooks:
 
 
 class SignalHooks:
-    """Our handler in front of the job's for SIGTERM, SIGINT and SIGHUP."""
+    """What probing puts on SIGTERM, SIGINT and SIGHUP (see the module doc)."""
 
     def __init__(self, on_signal: Callable[[int, Optional[FrameType]], None]) -> None:
+        # Starts the record and returns within a bound, whatever happens to the record.
         self.on_signal = on_signal
         self.active = False
-        # What the job set (or inherited) for each signal we hook: what ours hands over to.
+        # The job's Python handlers that ours stands in front of, by signal.
         self.job_handlers: Dict[int, Any] = {}
+        # Signals faulthandler dumps into dump_fd on their way to the default action.
+        self.dumping: Set[int] = set()
+        self.dump_fd: Optional[int] = None
         self.original_signal: Any = signal.signal
         self.original_getsignal: Any = signal.getsignal
         self.notes: List[str] = []
 
-    def install(self) -> str:
-        """Install from the main thread (now, or soon when attached); 'now', 'scheduled' or why not."""
+    def install(self, dump_fd: Optional[int]) -> None:
+        """`dump_fd`: the .fatal file's descriptor (None: no stacks for default-action deaths)."""
         self.active = True
-        return in_main_thread(self._install_here)
-
-    def _install_here(self) -> None:
-        if not self.active:
-            return  # detached before the main thread got to it
+        self.dump_fd = dump_fd
+        in_main = threading.current_thread() is threading.main_thread()
         for signum in HOOKED_SIGNALS:
+            name = signal.Signals(signum).name
             current = self.original_getsignal(signum)
             if current is None:
-                self.notes.append(f"{signal.Signals(signum).name}: handled in C by the job; no record for it")
-                continue
-            if current == signal.SIG_IGN:
-                continue  # the job ignores it (nohup): it ends nothing
-            try:
-                self.original_signal(signum, self.handler)
-            except (OSError, ValueError, RuntimeError) as error:
-                self.notes.append(f"{signal.Signals(signum).name}: not hooked ({error})")
-                continue
-            self.job_handlers[signum] = current
-        if self.job_handlers:
+                self.notes.append(f"{name}: handled in C by the job; no record for it")
+            elif current == signal.SIG_DFL:
+                if signum in DUMPED_SIGNALS:
+                    self._dump_on(signum)
+            elif current == signal.SIG_IGN or current is signal.default_int_handler:
+                continue  # ignored (nohup), or a KeyboardInterrupt the excepthook records
+            elif in_main:
+                self._front(signum, current)
+            else:
+                self.notes.append(
+                    f"{name}: the job's own handler was set before the agent was attached (only "
+                    "an agent started with the job can stand in front of it); no record for it"
+                )
+        if in_main:
             signal.signal = self.job_signal
             signal.getsignal = self.job_getsignal
+
+    def _dump_on(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.dump_fd is None:
+            self.notes.append(f"{name}: no .fatal file, so no stacks if it ends the job")
+            return
+        try:
+            faulthandler.register(signum, file=self.dump_fd, all_threads=True, chain=True)
+        except (OSError, RuntimeError, ValueError) as error:
+            self.notes.append(f"{name}: no stacks if it ends the job ({error})")
+            return
+        self.dumping.add(signum)
+
+    def _undump(self, signum: int) -> None:
+        """faulthandler off for `signum`. It then puts back the action it found (the default):
+        callers set what must be there after this."""
+        if signum in self.dumping:
+            self.dumping.discard(signum)
+            try:
+                faulthandler.unregister(signum)
+            except (OSError, RuntimeError, ValueError):
+                pass
+
+    def _front(self, signum: int, job_handler: Any) -> None:
+        try:
+            self.original_signal(signum, self.handler)
+        except (OSError, ValueError, RuntimeError) as error:
+            self.notes.append(f"{signal.Signals(signum).name}: not hooked ({error})")
+            return
+        self.job_handlers[signum] = job_handler
 
     def handler(self, signum: int, frame: Optional[FrameType]) -> Any:
         if self.active:
@@ -140,44 +184,63 @@ class SignalHooks:
             return job_handler(signum, frame)
         if job_handler == signal.SIG_IGN:
             return None
-        # SIG_DFL: the default action, as if we had never been here (the process ends of it).
+        # Only if ours outlived its entry (a detach from another thread): the default action.
         self.original_signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return None
 
     def job_signal(self, signalnum: Any, handler: Any) -> Any:
-        """signal.signal as the job calls it: for our signals, the job's handler goes behind ours."""
-        if signalnum not in self.job_handlers or not self.active:
+        """signal.signal as the job calls it: a handler of the job's goes behind ours, the
+        default action of SIGTERM/SIGHUP gets its dump back, anything else is set as asked."""
+        if signalnum not in HOOKED_SIGNALS or not self.active:
             return self.original_signal(signalnum, handler)
-        previous = self.job_handlers[signalnum]
-        # Installed first as the job asked: the same checks (main thread, a callable) and errors.
+        previous = self.job_getsignal(signalnum)
+        # Set first as the job asked: the same checks (main thread, a callable) and errors.
         self.original_signal(signalnum, handler)
-        self.job_handlers[signalnum] = handler
-        if handler != signal.SIG_IGN:
-            self.original_signal(signalnum, self.handler)
+        if signalnum in self.dumping:
+            self._undump(signalnum)
+            self.original_signal(signalnum, handler)  # unregister put the default action back
+        self.job_handlers.pop(signalnum, None)
+        if handler == signal.SIG_DFL and signalnum in DUMPED_SIGNALS:
+            self._dump_on(signalnum)
+        elif callable(handler) and handler is not signal.default_int_handler:
+            self._front(signalnum, handler)
         return previous
 
     def job_getsignal(self, signalnum: Any) -> Any:
-        if signalnum in self.job_handlers and self.active:
-            return self.job_handlers[signalnum]
-        return self.original_getsignal(signalnum)
+        """The job's handler while ours stands in front of it; else what is really there (code
+        that set its own through `_signal` or an earlier `signal.signal` got past the wrapper)."""
+        actual = self.original_getsignal(signalnum)
+        if self.active and signalnum in self.job_handlers:
+            if actual == self.handler:
+                return self.job_handlers[signalnum]
+            del self.job_handlers[signalnum]
+        return actual
+
+    def stop_dumping(self) -> None:
+        """faulthandler off for the signals it dumps, where the job has not set a handler since
+        (unregister would put the default action over it): before the .fatal file closes."""
+        for signum in list(self.dumping):
+            try:
+                untouched = self.original_getsignal(signum) == signal.SIG_DFL
+            except (OSError, ValueError, RuntimeError):
+                untouched = False
+            if untouched:
+                self._undump(signum)
+        self.dumping.clear()
 
     def uninstall(self, in_child: bool = False) -> None:
-        """The job's handlers back, as getsignal() said they were. From another thread the
-        handlers are put back by the main thread soon; until then ours only passes on."""
+        """The job's handlers back where ours still is. Python handlers can be set only in the
+        main thread (after fork, the forking thread is the child's): from another thread ours
+        stays and only passes on to the job's."""
         self.active = False
         if signal.signal == self.job_signal:
             signal.signal = self.original_signal
         if signal.getsignal == self.job_getsignal:
             signal.getsignal = self.original_getsignal
-        if cancel(self._install_here):
-            return  # the main thread never got to install them: nothing to put back
-        if in_child:
-            self._restore_here()  # after fork the forking thread is the child's main thread
-        elif self.job_handlers:
-            in_main_thread(self._restore_here)
-
-    def _restore_here(self) -> None:
+        self.stop_dumping()
+        if not in_child and threading.current_thread() is not threading.main_thread():
+            return
         for signum, job_handler in list(self.job_handlers.items()):
             try:
                 if self.original_getsignal(signum) == self.handler:

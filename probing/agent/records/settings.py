@@ -22,6 +22,8 @@ FATAL_SUFFIX = ".fatal"
 _OFF = ("0", "false", "no", "off")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_STEM_CHARS = 40
+# A record's temporary file this old was left by a write that was cut (SIGKILL): removed.
+STALE_TEMPORARY_S = 3600.0
 
 
 class RecordDirRefused(Exception):
@@ -129,18 +131,22 @@ def unique_path(directory: str, name: str) -> str:
 
 
 def prune(directory: str, keep: int) -> List[str]:
-    """Remove this uid's oldest `.probing` files beyond the newest `keep`, and the oldest `.fatal`
-    files of processes that are gone beyond the newest `keep` too (a live job's is its own);
-    what it removed."""
+    """Remove this uid's oldest `.probing` files in `directory` beyond the newest `keep`, whatever
+    job or rank wrote them; the oldest `.fatal` files of processes that are gone beyond the newest
+    `keep` too (a live job's is its own); and temporary files of records whose write was cut
+    (`.NAME.PID.tmp`, older than STALE_TEMPORARY_S). What it removed."""
     uid = os.geteuid()
     records = []
     fatal = []
+    stale = []
     try:
         names = os.listdir(directory)
     except OSError:
         return []
     for name in names:
         if name.startswith("."):
+            if name.endswith(".tmp") and SUFFIX + "." in name and _stale(os.path.join(directory, name), uid):
+                stale.append((0.0, name, os.path.join(directory, name)))
             continue
         is_record, is_fatal = name.endswith(SUFFIX), name.endswith(FATAL_SUFFIX)
         if not is_record and not is_fatal:
@@ -157,9 +163,9 @@ def prune(directory: str, keep: int) -> List[str]:
         elif not _alive(name[: -len(FATAL_SUFFIX)].rsplit("-", 1)[-1]):
             fatal.append((info.st_mtime, name, path))
     removed = []
-    for found in (records, fatal):
+    for found, kept in ((records, keep), (fatal, keep), (stale, 0)):
         found.sort(reverse=True)
-        for _, _, path in found[keep:]:
+        for _, _, path in found[kept:]:
             try:
                 os.unlink(path)
                 removed.append(path)
@@ -167,6 +173,15 @@ def prune(directory: str, keep: int) -> List[str]:
                 if error.errno != errno.ENOENT:
                     continue
     return removed
+
+
+def _stale(path: str, uid: int) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    old = time.time() - info.st_mtime > STALE_TEMPORARY_S
+    return stat.S_ISREG(info.st_mode) and info.st_uid == uid and old
 
 
 def _alive(pid_text: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from types import FrameType
-from typing import Optional
+from typing import List, Optional
 
 
 class Trigger:
@@ -21,6 +21,8 @@ class Trigger:
         frame: Optional[FrameType] = None,
         training_thread: bool = False,
         status: Optional[int] = None,
+        locals: bool = True,
+        helper_thread: bool = False,
     ) -> None:
         self.kind = kind
         self.message = message
@@ -28,10 +30,16 @@ class Trigger:
         self.error = error
         # The thread the exception ended (threading.excepthook), else the writing thread.
         self.thread = thread
-        # Where the writing thread was when the signal came (the handler's frame argument).
+        # Where `thread` (else the writing thread) was when the signal came (the handler's frame).
         self.frame = frame
         self.training_thread = training_thread
         self.status = status
+        # Whether the record may run the job's __repr__ for locals (not from a signal's path).
+        self.locals = locals
+        # Written by a thread started for it, which the backtrace leaves out.
+        self.helper_thread = helper_thread
+        # Said about this record while it was being written (by the thread that asked for it).
+        self.notes: List[str] = []
 
     @classmethod
     def from_exception(cls, error: BaseException, thread: threading.Thread, training_thread: bool) -> Trigger:

@@ -72,7 +72,9 @@ def _frames_of(
             outer = outer.f_back
         return frames
     frame = current
-    if thread_ident == threading.get_ident():
+    if trigger.frame is not None and trigger.thread is not None and trigger.thread.ident == thread_ident:
+        frame = trigger.frame  # the interrupted frame, not our handler waiting for the record
+    elif thread_ident == threading.get_ident():
         frame = trigger.frame if trigger.frame is not None else sys._getframe()
         while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HERE:
             frame = frame.f_back
@@ -87,13 +89,16 @@ def backtrace_table(own_threads: Set[int], trigger: Trigger) -> Any:
     """python.backtrace at the moment of the trigger, with locals of the innermost frames."""
     builder = new_builder(BACKTRACE)
     render = BoundedRepr(REPR_LIMIT).render
+    locals_frames = LOCALS_FRAMES if trigger.locals else 0
     pid = os.getpid()
+    if trigger.helper_thread:
+        own_threads = own_threads | {threading.get_ident()}
     for stack in thread_stacks(own_threads):
         frames = _frames_of(stack.ident, trigger, stack.frame)
         for depth, (frame, lineno) in enumerate(frames):
             code = frame.f_code
             try:
-                local_values = frame_locals_json(frame, render) if depth < LOCALS_FRAMES else None
+                local_values = frame_locals_json(frame, render) if depth < locals_frames else None
             except Exception as error:  # noqa: BLE001 - a local whose repr fails must not cost the record
                 local_values = None
                 builder.notes.append(f"python.backtrace: locals of {code.co_name}: {type(error).__name__}")
@@ -238,7 +243,7 @@ def write(server: Any, trigger: Trigger, extra_notes: Sequence[str] = ()) -> Dic
         raise RecordFailed(f"record directory refused: {error}", refused=True) from None
     try:
         tables, notes = build_tables(server, trigger, settings.max_bytes())
-        document = header(trigger, list(extra_notes) + notes, written_at)
+        document = header(trigger, list(extra_notes) + list(trigger.notes) + notes, written_at)
         document["tables"] = [descriptor.get("name") for descriptor, _ in tables]
         # The header goes first in the file: this is the time held until the write began.
         document["write_seconds"] = round(time.monotonic() - started, 6)
