@@ -141,6 +141,16 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
     )
 
 
+def test_prune_removes_temporary_files_of_cut_writes_once_old(tmp_path: Path) -> None:
+    old = tmp_path / ".job-1-20260101-000000.probing.1.tmp"
+    new = tmp_path / ".job-2-20260101-000000.probing.2.tmp"
+    for path in (old, new):
+        path.write_bytes(b"")
+    os.utime(old, (1000, 1000))  # a write cut by SIGKILL long ago
+    assert settings.prune(str(tmp_path), 20) == [str(old)]
+    assert os.listdir(tmp_path) == [new.name]  # one may be being written now
+
+
 def test_a_ring_over_the_budget_is_cut_to_its_newest_rows() -> None:
     ring = Ring("python.torch_trace", [("step", "BIGINT"), ("duration", "DOUBLE")], 16_000)
     for step in range(16_500):  # the newest 500 still in the block being filled

@@ -1,0 +1,86 @@
+"""Signals and records (issue 15, review C): probing must leave a job's signals as they were.
+SIGTERM/SIGHUP with the default action still kill at once (faulthandler dumps the stacks on the
+way); a handler of the job's own still runs, at most SIGNAL_RECORD_WAIT_S late, whatever the
+record meets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from probing.protocol import decode_table
+from probing.protocol.records import RecordFile, read_record
+
+from support import Target, probing, wait_until
+
+
+def record_env(directory: Path) -> Dict[str, str]:
+    return {"PROBING_RECORD_DIR": str(directory)}
+
+
+def only_record(directory: Path) -> RecordFile:
+    found = sorted(directory.glob("*.probing"))
+    assert len(found) == 1, found
+    return read_record(str(found[0]))
+
+
+def table(record: RecordFile, name: str) -> List[Dict[str, Any]]:
+    for descriptor, payload in record.tables:
+        if descriptor["name"] == name:
+            return decode_table(descriptor, payload).to_rows()
+    raise AssertionError(f"no {name} in {record.header['tables']}")
+
+
+def test_sigterm_kills_a_job_blocked_in_c_at_once_and_leaves_its_stacks(tmp_path: Path) -> None:
+    # A Python handler would run only when the main thread came back to bytecode: never, here.
+    with Target("c_sleeper.py", via="env", env=record_env(tmp_path / "records")) as job:
+        sent = time.monotonic()
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.process.wait(30) == -signal.SIGTERM
+        assert time.monotonic() - sent < 1.0
+    (fatal,) = (tmp_path / "records").glob("*.fatal")
+    assert 'c_sleeper.py", line' in fatal.read_text() and "in <module>" in fatal.read_text()
+    listed = probing("records", "--dir", str(tmp_path / "records")).stdout
+    assert "SIGTERM or SIGHUP (default action) ended the job" in listed, listed
+
+
+def test_a_signal_while_the_main_thread_holds_a_ring_lock_reaches_the_jobs_handler(
+    tmp_path: Path,
+) -> None:
+    # The record needs the lock the interrupted main thread holds: the job's handler runs after
+    # SIGNAL_RECORD_WAIT_S, and the record is finished once the lock is free.
+    note = tmp_path / "handler-ran"
+    with Target(
+        "signal_in_ring.py", via="env", args=[str(note)], env=record_env(tmp_path / "records")
+    ) as job:
+        assert job.process.wait(30) == 7
+    assert note.read_text() == "job handler ran for 15\n"
+    record = only_record(tmp_path / "records")
+    assert "process.memory" in record.header["tables"]
+    assert any("handler was called after 1 s" in note for note in record.header["notes"])
+    assert all(row["locals"] is None for row in table(record, "python.backtrace"))
+
+
+def test_a_signal_the_job_survives_is_recorded_once_a_minute(tmp_path: Path) -> None:
+    with Target("reloads.py", via="env", env=record_env(tmp_path / "records")) as job:
+        for count in (1, 2, 3):
+            os.kill(job.pid, signal.SIGHUP)
+            line = f"reloaded {count}"
+            assert wait_until(lambda: line in job.stdout_lines, 30), job.output()  # noqa: B023
+        assert job.finish() == 0
+    assert only_record(tmp_path / "records").header["reason"]["signal"] == signal.SIGHUP
+
+
+def test_an_attached_agent_leaves_the_stacks_of_a_default_sigterm(tmp_path: Path) -> None:
+    env = record_env(tmp_path / "records")
+    with Target("c_sleeper.py", via="plain", env=env) as job:
+        # Attached from the helper's thread, to a main thread that never runs bytecode again.
+        probe = "import signal; print(signal.signal.__qualname__)"
+        assert probing(str(job.pid), "eval", probe).stdout.strip() == "signal"  # not wrapped
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.process.wait(30) == -signal.SIGTERM
+    (fatal,) = (tmp_path / "records").glob("*.fatal")
+    assert 'c_sleeper.py", line' in fatal.read_text()
