@@ -52,6 +52,23 @@ def marked(error: BaseException) -> bool:
         return False
 
 
+def _keep_sigint_exit(value: BaseException) -> None:
+    """An uncaught KeyboardInterrupt ends Python by SIGINT, through a flag that its top level
+    sets and that every exec() of a string clears (a namedtuple made by an import while the
+    record is written does). Set again the only way Python offers: a string that raises it.
+    Only at the top level (the hook called from C, sys.last_value set for it): a console that
+    calls the hook itself goes on running, and must not die of SIGINT at its exit."""
+    try:
+        top_level = sys._getframe(1).f_back is None and getattr(sys, "last_value", None) is value
+    except ValueError:
+        top_level = False
+    if top_level:
+        try:
+            exec("raise KeyboardInterrupt")  # noqa: S102 - a constant: see above
+        except KeyboardInterrupt:
+            pass
+
+
 class ExceptionHooks:
     """sys.excepthook and threading.excepthook, chained to the job's."""
 
@@ -79,6 +96,8 @@ class ExceptionHooks:
         finally:
             # The job's hook (or Python's) prints the traceback as it always did.
             (self.previous_excepthook or sys.__excepthook__)(kind, value, tb)
+            if isinstance(value, KeyboardInterrupt):
+                _keep_sigint_exit(value)
 
     def thread_excepthook(self, args: Any) -> None:
         try:
