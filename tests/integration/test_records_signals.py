@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+import pytest
+
 from probing.protocol import decode_table
 from probing.protocol.records import RecordFile, read_record
 
-from support import Target, probing, wait_until
+from support import VENV_PYTHON, Target, interpreter_params, probing, wait_until
 
 
 def record_env(directory: Path) -> Dict[str, str]:
@@ -74,9 +77,10 @@ def test_a_signal_the_job_survives_is_recorded_once_a_minute(tmp_path: Path) -> 
     assert only_record(tmp_path / "records").header["reason"]["signal"] == signal.SIGHUP
 
 
-def test_an_attached_agent_leaves_the_stacks_of_a_default_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("python", interpreter_params())
+def test_an_attached_agent_leaves_the_stacks_of_a_default_sigterm(tmp_path: Path, python: str) -> None:
     env = record_env(tmp_path / "records")
-    with Target("c_sleeper.py", via="plain", env=env) as job:
+    with Target("c_sleeper.py", python=python, via="plain", env=env) as job:
         # Attached from the helper's thread, to a main thread that never runs bytecode again.
         probe = "import signal; print(signal.signal.__qualname__)"
         assert probing(str(job.pid), "eval", probe).stdout.strip() == "signal"  # not wrapped
@@ -84,3 +88,22 @@ def test_an_attached_agent_leaves_the_stacks_of_a_default_sigterm(tmp_path: Path
         assert job.process.wait(30) == -signal.SIGTERM
     (fatal,) = (tmp_path / "records").glob("*.fatal")
     assert 'c_sleeper.py", line' in fatal.read_text()
+
+
+def test_getsignal_answers_what_is_installed_once_a_handler_got_past_the_wrapper(tmp_path: Path) -> None:
+    script = """
+import _signal, faulthandler, signal
+from probing.agent import records
+records.install(None)
+def mine(signum, frame): pass
+_signal.signal(signal.SIGTERM, mine)  # past the wrapper: ours is gone, the job's runs alone
+assert signal.getsignal(signal.SIGTERM) is mine
+def later(signum, frame): pass
+assert signal.signal(signal.SIGTERM, later) is mine  # a library chaining to the real one
+records.uninstall()
+assert signal.getsignal(signal.SIGTERM) is later
+print("real")
+"""
+    environment = dict(os.environ, **record_env(tmp_path / "records"))
+    result = subprocess.run([VENV_PYTHON, "-c", script], capture_output=True, text=True, env=environment)
+    assert result.stdout == "real\n", result.stderr
