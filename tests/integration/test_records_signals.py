@@ -107,3 +107,27 @@ print("real")
     environment = dict(os.environ, **record_env(tmp_path / "records"))
     result = subprocess.run([VENV_PYTHON, "-c", script], capture_output=True, text=True, env=environment)
     assert result.stdout == "real\n", result.stderr
+
+
+def test_a_forked_child_killed_by_sigterm_writes_nothing_into_its_parents_fatal_file(tmp_path: Path) -> None:
+    script = """
+import os, signal, sys, time
+import probing.agent.records as records
+while records.current() is None:
+    time.sleep(0.01)  # the agent starts in the main thread, before this runs; be sure anyway
+child = os.fork()
+if child == 0:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)
+(name,) = os.listdir(sys.argv[1])
+print(open(os.path.join(sys.argv[1], name)).read().count("most recent call first"))
+"""
+    directory = tmp_path / "records"
+    environment = dict(os.environ, PROBING="1", **record_env(directory))
+    result = subprocess.run(
+        [VENV_PYTHON, "-c", script, str(directory)], capture_output=True, text=True, env=environment
+    )
+    assert result.stdout == "True\n0\n", result.stderr  # the child died of it, with no dump of ours
