@@ -28,6 +28,7 @@ from ..lifecycle import WORK, on_stop
 from ..output import CaptureBuffer, captured, release
 from ..requests import ErrorKind, RequestError
 from ..stacks import ThreadStack, thread_stacks
+from ..threads import AgentThread
 from . import exitguard, framelocals
 from .framenames import AmbiguousName, FrameNames, frames_for
 from .interrupts import Interruptible
@@ -226,7 +227,7 @@ def _keep_interrupting(job: EvalJob, own_threads: Any, stopping: threading.Event
 
 
 def _start_reinterrupting(job: EvalJob, own_threads: Any, name: str) -> bool:
-    thread = threading.Thread(
+    thread = AgentThread(
         target=_keep_interrupting, args=(job, own_threads, _stopping), name=f"{name}-interrupter", daemon=True
     )
     with _reinterrupters_lock:
@@ -330,7 +331,7 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
             namespace = (names, names)
     job = EvalJob(own_threads, body, tail, namespace, filename, source, allow_exit, frames)
     name = f"probing-eval-{number}"
-    worker = threading.Thread(target=job.run, name=name, daemon=True)
+    worker = AgentThread(target=job.run, name=name, daemon=True)
     started = time.perf_counter()
     worker.start()
     job.ident = worker.ident

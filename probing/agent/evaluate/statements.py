@@ -21,6 +21,7 @@ from types import CodeType
 from typing import Any, Dict, Optional, Set
 
 from ..output import CaptureBuffer, captured, release
+from ..threads import AgentThread
 from . import exitguard
 from .framenames import FrameNames
 from .interrupts import Interruptible
@@ -189,7 +190,7 @@ class Statement(Interruptible):
         self.leave = False
         self.interrupted = False
         super().__init__()
-        self.thread = threading.Thread(target=self._run, name=f"probing-repl-{number}", daemon=True)
+        self.thread = AgentThread(target=self._run, name=f"probing-repl-{number}", daemon=True)
 
     def _run(self) -> None:
         ident = threading.get_ident()
