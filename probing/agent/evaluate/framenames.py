@@ -174,7 +174,10 @@ def frames_for(
             loads |= read
             stores |= bound
     absent = {name for name in loads if not present(name) and name not in builtins.__dict__}
-    if not absent and all(present(name) for name in stores):
+    # A name the code binds itself (`x = 1; print(x)`, a `global` a function it defines sets)
+    # needs no frame unless one holds it: such code runs in __main__ as any eval always did,
+    # where a function's `global` reaches __main__ (in an EvalNamespace it would not).
+    if not any(name not in stores or _held_by_a_frame(own_threads, name) for name in absent):
         return None
     frames = FrameNames(own_threads)
     frames.new_names = {name for name in stores if not present(name)}
@@ -185,6 +188,10 @@ def frames_for(
         frames.close()
         raise
     return frames
+
+
+def _held_by_a_frame(own_threads: Any, name: str) -> bool:
+    return framelocals.can_read() and bool(frames_holding(own_threads, name))
 
 
 class Binding:

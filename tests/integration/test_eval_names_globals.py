@@ -1,0 +1,31 @@
+"""Code that binds new names runs in __main__ as it did before frame names (review-b finding 5):
+a `global` in a function the eval defines reaches __main__."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from support import Target, interpreter_params, probing
+
+
+@pytest.fixture(scope="module", params=interpreter_params())
+def target(request: pytest.FixtureRequest) -> Iterator[Target]:
+    with Target("frame_names.py", python=request.param) as started:
+        yield started
+
+
+def test_a_global_set_by_a_function_the_eval_defines_is_in_main_for_the_next_eval(target: Target) -> None:
+    bump = "def bump():\n    global bumped\n    bumped = 7\nbump()\nprint(bumped)"
+    first = probing(str(target.pid), "eval", bump)
+    assert (first.returncode, first.stdout, first.stderr) == (0, "7\n", "")
+    second = probing(str(target.pid), "eval", "print(bumped)")
+    assert (second.returncode, second.stdout) == (0, "7\n"), second.stderr
+
+
+def test_new_names_and_imports_go_to_main(target: Target) -> None:
+    first = probing(str(target.pid), "eval", "import json as json_module\nfresh = 1\nprint(fresh)")
+    assert (first.returncode, first.stdout, first.stderr) == (0, "1\n", "")
+    second = probing(str(target.pid), "eval", "fresh + len(json_module.dumps(fresh))")
+    assert (second.returncode, second.stdout) == (0, "2\n"), second.stderr
