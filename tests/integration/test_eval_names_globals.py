@@ -29,3 +29,11 @@ def test_new_names_and_imports_go_to_main(target: Target) -> None:
     assert (first.returncode, first.stdout, first.stderr) == (0, "1\n", "")
     second = probing(str(target.pid), "eval", "fresh + len(json_module.dumps(fresh))")
     assert (second.returncode, second.stdout) == (0, "2\n"), second.stderr
+
+
+def test_a_name_error_shows_the_users_line_and_none_of_probings_frames(target: Target) -> None:
+    result = probing(str(target.pid), "eval", "x = 1\nprint(zzz_nothing_like_it)")
+    assert result.returncode != 0
+    assert "line 2, in <module>" in result.stderr
+    assert "probing/agent" not in result.stderr, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == "NameError: name 'zzz_nothing_like_it' is not defined"

@@ -126,9 +126,10 @@ def _format_exception(error: BaseException, filename: str, source: str) -> str:
         tb = error.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == _THIS_FILE:
             tb = tb.tb_next  # start at the user's code, not at our exec() call
-        # A refused exit ends at the user's call, not inside our guard.
+        # A refused exit ends at the user's call, not inside our guard; a NameError at the
+        # user's line, not in the namespace's lookup of frames.
         shown, walk = 0, tb
-        while walk is not None and walk.tb_frame.f_code.co_filename != _GUARD_FILE:
+        while walk is not None and walk.tb_frame.f_code.co_filename not in _TAIL_FILES:
             shown, walk = shown + 1, walk.tb_next
         return "".join(traceback.format_exception(type(error), error, tb, limit=shown or None))
     finally:
@@ -207,6 +208,11 @@ class EvalJob(Interruptible):
 
 _THIS_FILE = EvalJob.run.__code__.co_filename
 _GUARD_FILE = exitguard.guard.__code__.co_filename
+_TAIL_FILES = {
+    _GUARD_FILE,
+    EvalNamespace.__missing__.__code__.co_filename,
+    FrameNames.value.__code__.co_filename,
+}
 
 
 def _keep_interrupting(job: EvalJob, own_threads: Any, stopping: threading.Event) -> None:

@@ -46,11 +46,16 @@ def _from_main(name: str) -> Any:
     return names[name]
 
 
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
 def _from_frames(frames: Optional[FrameNames], name: str, builtin_names: Dict[str, Any]) -> Any:
     """`name` from the job's frames, while the code of `frames` runs in this thread. KeyError lets
     the interpreter go on to the builtins; a name found nowhere is a NameError saying where
-    similar names live."""
-    if frames is None or name in builtin_names or not frames.active():
+    similar names live. A dunder name is the interpreter's own lookup (`__annotations__` for
+    an annotation) that expects KeyError when the name is absent, never a frame's local."""
+    if frames is None or name in builtin_names or _is_dunder(name) or not frames.active():
         raise KeyError(name)
     try:
         return frames.value(name)

@@ -274,7 +274,11 @@ def _drop_own_frames(described: traceback.TracebackException, seen: Set[int]) ->
 def _own_files() -> Set[str]:
     from . import namespace
 
-    return {Statement._execute.__code__.co_filename, namespace._Display.__call__.__code__.co_filename}
+    return {
+        Statement._execute.__code__.co_filename,
+        namespace._Display.__call__.__code__.co_filename,
+        FrameNames.value.__code__.co_filename,
+    }
 
 
 _OWN_FILES = _own_files()
