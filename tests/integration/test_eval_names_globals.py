@@ -37,3 +37,11 @@ def test_a_name_error_shows_the_users_line_and_none_of_probings_frames(target: T
     assert "line 2, in <module>" in result.stderr
     assert "probing/agent" not in result.stderr, result.stderr
     assert result.stderr.rstrip().splitlines()[-1] == "NameError: name 'zzz_nothing_like_it' is not defined"
+
+
+def test_a_global_set_by_a_function_of_an_eval_that_reads_a_frame_name_is_in_main(target: Target) -> None:
+    bump = "def bump():\n    global bumped_from_loss\n    bumped_from_loss = loss * 2\nbump()"
+    first = probing(str(target.pid), "eval", bump)
+    assert first.returncode == 0, first.stderr
+    second = probing(str(target.pid), "eval", "print(bumped_from_loss)")
+    assert (second.returncode, second.stdout) == (0, "5.0\n"), second.stderr

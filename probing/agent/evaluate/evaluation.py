@@ -196,6 +196,8 @@ class EvalJob(Interruptible):
                 self.error = error
                 self.traceback = _format_exception(error, self.filename, self.source)
             finally:
+                if isinstance(self.globals, EvalNamespace):
+                    self.globals.settle()
                 if self.frames is not None:
                     self.frames.close()
 

@@ -107,6 +107,16 @@ class EvalNamespace(dict):  # type: ignore[type-arg]
         else:
             self.main[name] = value
 
+    def settle(self) -> None:
+        """As the eval ends, in its thread: what a `global` statement in a function it defined
+        assigned (STORE_GLOBAL writes this dict itself, past __setitem__) goes to `__main__` as in
+        any eval, unless the eval keeps the name."""
+        for name in [name for name in dict.keys(self) if name not in ("__builtins__", "__name__")]:
+            value = dict.__getitem__(self, name)
+            if not self.frames.keeps(name, value, self.main):
+                self.main[name] = value
+                dict.__delitem__(self, name)
+
     def __delitem__(self, name: str) -> None:
         if dict.__contains__(self, name):
             dict.__delitem__(self, name)
