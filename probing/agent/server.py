@@ -28,6 +28,7 @@ from .sockets import (
     remove_dead_sockets,
     remove_socket_file,
 )
+from .threads import AgentThread
 
 if TYPE_CHECKING:
     from .. import protocol
@@ -90,7 +91,7 @@ class AgentServer:
 
     def start(self) -> None:
         atexit.register(self._remove_socket_file)
-        self._thread = threading.Thread(target=self._accept_loop, name=AGENT_THREAD_NAME, daemon=True)
+        self._thread = AgentThread(target=self._accept_loop, name=AGENT_THREAD_NAME, daemon=True)
         self._thread.start()
 
     def serving(self) -> bool:
@@ -159,7 +160,7 @@ class AgentServer:
                 conn, ErrorKind.BUSY, busy_message(refused), busy=len(refused), idle=0, connections=refused
             )
             return
-        thread = threading.Thread(
+        thread = AgentThread(
             target=self._serve_connection, args=(conn, record), name=f"probing-conn-{number}", daemon=True
         )
         try:

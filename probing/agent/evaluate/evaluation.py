@@ -28,6 +28,7 @@ from ..lifecycle import WORK, on_stop
 from ..output import CaptureBuffer, captured, release
 from ..requests import ErrorKind, RequestError
 from ..stacks import ThreadStack, thread_stacks
+from ..threads import AgentThread
 from . import exitguard, framelocals
 from .framenames import AmbiguousName, FrameNames, frames_for
 from .interrupts import Interruptible
@@ -125,9 +126,10 @@ def _format_exception(error: BaseException, filename: str, source: str) -> str:
         tb = error.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == _THIS_FILE:
             tb = tb.tb_next  # start at the user's code, not at our exec() call
-        # A refused exit ends at the user's call, not inside our guard.
+        # A refused exit ends at the user's call, not inside our guard; a NameError at the
+        # user's line, not in the namespace's lookup of frames.
         shown, walk = 0, tb
-        while walk is not None and walk.tb_frame.f_code.co_filename != _GUARD_FILE:
+        while walk is not None and walk.tb_frame.f_code.co_filename not in _TAIL_FILES:
             shown, walk = shown + 1, walk.tb_next
         return "".join(traceback.format_exception(type(error), error, tb, limit=shown or None))
     finally:
@@ -194,6 +196,8 @@ class EvalJob(Interruptible):
                 self.error = error
                 self.traceback = _format_exception(error, self.filename, self.source)
             finally:
+                if isinstance(self.globals, EvalNamespace):
+                    self.globals.settle()
                 if self.frames is not None:
                     self.frames.close()
 
@@ -206,6 +210,11 @@ class EvalJob(Interruptible):
 
 _THIS_FILE = EvalJob.run.__code__.co_filename
 _GUARD_FILE = exitguard.guard.__code__.co_filename
+_TAIL_FILES = {
+    _GUARD_FILE,
+    EvalNamespace.__missing__.__code__.co_filename,
+    FrameNames.value.__code__.co_filename,
+}
 
 
 def _keep_interrupting(job: EvalJob, own_threads: Any, stopping: threading.Event) -> None:
@@ -226,7 +235,7 @@ def _keep_interrupting(job: EvalJob, own_threads: Any, stopping: threading.Event
 
 
 def _start_reinterrupting(job: EvalJob, own_threads: Any, name: str) -> bool:
-    thread = threading.Thread(
+    thread = AgentThread(
         target=_keep_interrupting, args=(job, own_threads, _stopping), name=f"{name}-interrupter", daemon=True
     )
     with _reinterrupters_lock:
@@ -330,7 +339,7 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
             namespace = (names, names)
     job = EvalJob(own_threads, body, tail, namespace, filename, source, allow_exit, frames)
     name = f"probing-eval-{number}"
-    worker = threading.Thread(target=job.run, name=name, daemon=True)
+    worker = AgentThread(target=job.run, name=name, daemon=True)
     started = time.perf_counter()
     worker.start()
     job.ident = worker.ident

@@ -13,7 +13,8 @@ lists each with the `--frame` spelling that picks it. Nothing found: the NameErr
 raise, with where similar names live.
 
 Values are read with framelocals.py, which leaves the frames exactly as they were, and read
-again at each use (a loop reading `loss` sees the training loop's latest). Nothing here runs
+again at each use from the innermost frame that runs the same code in the same thread (a loop
+reading `loss` sees the training loop's latest, and no frame is kept between reads). Nothing here runs
 unless a name is missing: code naming only `__main__`'s globals never walks a stack.
 """
 
@@ -159,11 +160,16 @@ def similar_names(own_threads: Any, name: str, main_names: Iterable[str]) -> str
 
 
 def frames_for(
-    own_threads: Any, present: Callable[[str], bool], codes: Iterable[Optional[CodeType]]
+    own_threads: Any,
+    present: Callable[[str], bool],
+    codes: Iterable[Optional[CodeType]],
+    for_new_names: bool = False,
 ) -> Optional[FrameNames]:
     """The job's frames, for code that names something neither `present` nor the builtins hold
     (None: the code runs as it always did, and no stack is walked). A name the code only reads
-    that several frames hold with different values raises AmbiguousName before anything runs."""
+    that several frames hold with different values raises AmbiguousName before anything runs.
+    `for_new_names`: also for code that binds a name `present` lacks (the repl, which says when
+    a session's name hides a frame's)."""
     import builtins
 
     loads: Set[str] = set()
@@ -174,8 +180,12 @@ def frames_for(
             loads |= read
             stores |= bound
     absent = {name for name in loads if not present(name) and name not in builtins.__dict__}
-    if not absent and all(present(name) for name in stores):
-        return None
+    # A name the code binds itself (`x = 1; print(x)`, a `global` a function it defines sets)
+    # needs no frame unless one holds it: such code runs in __main__ as any eval always did,
+    # where a function's `global` reaches __main__ (in an EvalNamespace it would not).
+    if not any(name not in stores or _held_by_a_frame(own_threads, name) for name in absent):
+        if not for_new_names or all(present(name) for name in stores):
+            return None
     frames = FrameNames(own_threads)
     frames.new_names = {name for name in stores if not present(name)}
     try:
@@ -187,12 +197,30 @@ def frames_for(
     return frames
 
 
-class Binding:
-    """A name read from one frame: read again at every use."""
+def _held_by_a_frame(own_threads: Any, name: str) -> bool:
+    return framelocals.can_read() and bool(frames_holding(own_threads, name))
 
-    def __init__(self, frame: FrameType, where: str) -> None:
-        self.frame = frame
-        self.where = where
+
+class Binding:
+    """A name read from a frame: which thread and which code, not the frame itself. Each use
+    finds that code's innermost frame in that thread again: a per-step function's `loss` reads
+    the running step's, and a step that returned is not kept alive (with all its locals) by an
+    eval that read it once."""
+
+    def __init__(self, candidate: Candidate) -> None:
+        self.ident = candidate.stack.ident
+        self.code = candidate.frame.f_code
+        self.where = candidate.where()
+
+    def read(self, name: str) -> Tuple[bool, Any]:
+        """(found, value) in the innermost frame of the code in the thread; (False, None) when
+        the thread no longer runs it."""
+        frame: Optional[FrameType] = sys._current_frames().get(self.ident)
+        while frame is not None and frame.f_code is not self.code:
+            frame = frame.f_back
+        if frame is None:
+            return False, None
+        return framelocals.read(frame, name)
 
 
 class FrameNames:
@@ -259,12 +287,11 @@ class FrameNames:
         values = {id(framelocals.read(candidate.frame, name)[1]) for candidate in candidates}
         if len(values) > 1:
             raise AmbiguousName(describe_choices(name, candidates, before_running))
-        first = candidates[0]
-        where = first.where()
+        binding = self.bindings[name] = Binding(candidates[0])
         if len(candidates) > 1:
-            where += f" (the same object in {len(candidates) - 1} more frame{'s' * (len(candidates) > 2)})"
-        binding = self.bindings[name] = Binding(first.frame, where)
-        self.say(f"probing: {name}: {where}\n")
+            more = len(candidates) - 1
+            binding.where += f" (the same object in {more} more frame{'s' * (more > 1)})"
+        self.say(f"probing: {name}: {binding.where}\n")
         return binding
 
     def check(self, names: Iterable[str]) -> None:
@@ -277,7 +304,12 @@ class FrameNames:
         binding = self._bind(name)
         if binding is None:
             raise KeyError(name)
-        found, value = framelocals.read(binding.frame, name)
+        found, value = binding.read(name)
+        if not found:
+            # The function returned (or the name was deleted there): look again, once.
+            del self.bindings[name]
+            binding = self._bind(name)
+            found, value = binding.read(name) if binding is not None else (False, None)
         if not found:
             raise KeyError(name)
         return value

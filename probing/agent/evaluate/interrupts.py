@@ -28,6 +28,7 @@ class Interruptible:
         self._lock = threading.Lock()
         self._finished = False
         self._started = False
+        self._sent = False
 
     def running_ident(self) -> Optional[int]:
         """The ident of the thread that runs the code; None before it has started."""
@@ -55,10 +56,15 @@ class Interruptible:
                 self._escaped(error)
 
     def _finish(self, ident: int) -> None:
-        # From here on no interrupt is sent, and one sent just before is withdrawn.
+        # From here on no interrupt is sent, and one sent just before is withdrawn. Only when one
+        # was sent: CPython up to 3.11 signals every thread's eval loop even for a withdrawal and
+        # clears that signal only when a thread takes a pending exception. Left set, every thread
+        # of the job handles "pending" at each call and loop; on 3.11 a traced frame then spins
+        # at its first instruction (a job that used threading.settrace hung).
         with self._lock:
             self._finished = True
-            set_async_exception(ident, None)
+            if self._sent:
+                set_async_exception(ident, None)
 
     def interrupt(self) -> bool:
         """Raise `interrupt_with` in the code; False when it has ended (or not begun)."""
@@ -67,6 +73,7 @@ class Interruptible:
             if self._finished or ident is None:
                 return False
             self._interrupted()
+            self._sent = True
             set_async_exception(ident, self.interrupt_with)
             return True
 

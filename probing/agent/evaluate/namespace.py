@@ -46,11 +46,16 @@ def _from_main(name: str) -> Any:
     return names[name]
 
 
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
 def _from_frames(frames: Optional[FrameNames], name: str, builtin_names: Dict[str, Any]) -> Any:
     """`name` from the job's frames, while the code of `frames` runs in this thread. KeyError lets
     the interpreter go on to the builtins; a name found nowhere is a NameError saying where
-    similar names live."""
-    if frames is None or name in builtin_names or not frames.active():
+    similar names live. A dunder name is the interpreter's own lookup (`__annotations__` for
+    an annotation) that expects KeyError when the name is absent, never a frame's local."""
+    if frames is None or name in builtin_names or _is_dunder(name) or not frames.active():
         raise KeyError(name)
     try:
         return frames.value(name)
@@ -101,6 +106,16 @@ class EvalNamespace(dict):  # type: ignore[type-arg]
             dict.__setitem__(self, name, value)
         else:
             self.main[name] = value
+
+    def settle(self) -> None:
+        """As the eval ends, in its thread: what a `global` statement in a function it defined
+        assigned (STORE_GLOBAL writes this dict itself, past __setitem__) goes to `__main__` as in
+        any eval, unless the eval keeps the name."""
+        for name in [name for name in dict.keys(self) if name not in ("__builtins__", "__name__")]:
+            value = dict.__getitem__(self, name)
+            if not self.frames.keeps(name, value, self.main):
+                self.main[name] = value
+                dict.__delitem__(self, name)
 
     def __delitem__(self, name: str) -> None:
         if dict.__contains__(self, name):

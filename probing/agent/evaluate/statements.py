@@ -21,6 +21,7 @@ from types import CodeType
 from typing import Any, Dict, Optional, Set
 
 from ..output import CaptureBuffer, captured, release
+from ..threads import AgentThread
 from . import exitguard
 from .framenames import FrameNames
 from .interrupts import Interruptible
@@ -189,7 +190,7 @@ class Statement(Interruptible):
         self.leave = False
         self.interrupted = False
         super().__init__()
-        self.thread = threading.Thread(target=self._run, name=f"probing-repl-{number}", daemon=True)
+        self.thread = AgentThread(target=self._run, name=f"probing-repl-{number}", daemon=True)
 
     def _run(self) -> None:
         ident = threading.get_ident()
@@ -273,7 +274,11 @@ def _drop_own_frames(described: traceback.TracebackException, seen: Set[int]) ->
 def _own_files() -> Set[str]:
     from . import namespace
 
-    return {Statement._execute.__code__.co_filename, namespace._Display.__call__.__code__.co_filename}
+    return {
+        Statement._execute.__code__.co_filename,
+        namespace._Display.__call__.__code__.co_filename,
+        FrameNames.value.__code__.co_filename,
+    }
 
 
 _OWN_FILES = _own_files()

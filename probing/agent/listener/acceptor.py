@@ -31,6 +31,7 @@ from ...protocol import auth, sealed
 from ...protocol.endpoints import format_endpoint
 from ..lifecycle import WORK, on_fork_in_child, on_stop
 from ..sockets import descriptor_identity, release
+from ..threads import AgentThread
 from .address import published_endpoint
 from .publisher import Publisher
 from .rank import rank_identity
@@ -115,7 +116,7 @@ class TcpListener:
         _started.add(self)
         on_fork_in_child(_abandon_all_in_child)
         on_stop(self.stop, WORK)
-        self._thread = threading.Thread(target=self._run, name=LISTENER_THREAD_NAME, daemon=True)
+        self._thread = AgentThread(target=self._run, name=LISTENER_THREAD_NAME, daemon=True)
         self._thread.start()
         self.server.own_threads.add(self._thread.ident or 0)
 

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Callable, Optional, Set
 
+from ..threads import AgentThread
 from .registry import Registry, RegistryUnavailable, loaded_torch_distributed
 
 REGISTRY_THREAD_NAME = "probing-registry"
@@ -50,7 +51,7 @@ class Publisher:
             self._retry_later()
             return
         self._running = True
-        worker = threading.Thread(target=self._attempt, name=REGISTRY_THREAD_NAME, daemon=True)
+        worker = AgentThread(target=self._attempt, name=REGISTRY_THREAD_NAME, daemon=True)
         try:
             worker.start()  # it adds itself to the agent's threads: it may be gone before we could
         except RuntimeError:  # can't start new thread: try again later

@@ -26,6 +26,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Set
 
+from ..threads import AgentThread
 from .rank import env_number
 
 KEY_PREFIX = "probing"
@@ -74,7 +75,7 @@ class _StoreCall:
         self.error: Optional[str] = None
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name=STORE_THREAD_NAME, daemon=True).start()
+        AgentThread(target=self._run, name=STORE_THREAD_NAME, daemon=True).start()
 
     def _run(self) -> None:
         self._own_threads.add(threading.get_ident())

@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional, Set, Tuple
 
 from ...procfs import memory_and_threads, open_descriptor_count, process_start_time
 from ..lifecycle import WORK, on_fork_in_child, on_stop
+from ..threads import AgentThread
 from .cuda import MB, cuda_totals
 
 DEFAULT_INTERVAL_S = 1.0
@@ -74,7 +75,7 @@ class Sampler:
         elapsed = time.time() - start if start is not None else 0.0
         # The first sample's cpu_percent is the average since the process started.
         self._previous = (time.monotonic() - elapsed, 0.0)
-        self.thread = threading.Thread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
+        self.thread = AgentThread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
 
     def _run(self) -> None:
         ident = threading.get_ident()

@@ -139,7 +139,7 @@ class Session:
         def present(name: str) -> bool:
             return dict.__contains__(namespace, name) or name in main or name in namespace.builtins
 
-        return frames_for(self.own_threads, present, [code])
+        return frames_for(self.own_threads, present, [code], for_new_names=True)
 
     def _flags(self) -> int:
         return int(getattr(self.compiler.compiler, "flags", 0)) & FUTURE_FLAGS
