@@ -5,9 +5,11 @@ Standard library only and Python 3.8 syntax, as the rest of schema/."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Tuple
-
 from .tables import AGENT_TABLES
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs `probing PID backtrace` start-up (docs/decisions.md)
+    from typing import Iterable, Optional, Tuple
 
 
 def mismatched_column(table: str, columns: Iterable[Tuple[str, str]]) -> Optional[str]:

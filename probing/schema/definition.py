@@ -3,16 +3,26 @@ Standard library only and Python 3.8 syntax: the agent imports it inside the job
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Tuple
+from collections import namedtuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing (and the re it imports) costs `probing PID backtrace` start-up
+    from typing import Any, Dict, List, Tuple
 
 
-class Column(NamedTuple):
+class Column(namedtuple("Column", "name type doc")):
+    """A column: its name, its DuckDB type and what it holds."""
+
+    __slots__ = ()
     name: str
     type: str
     doc: str
 
 
-class Table(NamedTuple):
+class Table(namedtuple("Table", "name doc columns")):
+    """A table: its name, what it holds, and its columns in order."""
+
+    __slots__ = ()
     name: str
     doc: str
     columns: List[Column]

@@ -7,8 +7,6 @@ library only and Python 3.8 syntax, since the agent imports it inside the job.
 
 from __future__ import annotations
 
-from typing import Dict
-
 from .definition import Column, Table
 from .torch_tables import (
     COLLECTIVES,
@@ -20,6 +18,10 @@ from .torch_tables import (
     TENSORS,
     TORCH_TRACE,
 )  # fmt: skip
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing (and the re it imports) costs `probing PID backtrace` start-up
+    from typing import Dict
 
 # Torch's tables live in torch_tables.py; they are named here too, as every table is.
 __all__ = [
