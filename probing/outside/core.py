@@ -14,9 +14,9 @@ import sys
 
 from ..errors import BadRecord, PermissionDenied, ProbingError, UsageError
 from ..protocol.frames import json_dumps, json_loads
-from .core_process import CORE_IN_READER, TooMuchOutput, confinement_arguments, run_as_of, run_reader
+from .core_process import CORE_IN_READER, confinement_arguments, run_as_of, run_reader
 from .elf_core import open_core_file
-from .spawn import TimedOut
+from .spawn import TimedOut, TooMuchOutput
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

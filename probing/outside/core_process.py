@@ -8,24 +8,21 @@ checked here), a limit on the memory it allocates and none on its core size, no 
 privileges by exec, and, when root reads the core of another user, as that user: what a
 hostile core makes the parser do, it does with its owner's rights only.
 
-Its stdout and stderr are read here with a deadline and a cap: a reader that prints more than
-its own bounds allow is killed, not buffered without end. (`spawn.collect` reads py-spy's
-output without a cap; py-spy's is small, this one may not be.)
+Its stdout and stderr are read with a deadline and a cap (`spawn.collect`): a reader that
+prints more than its own bounds allow is killed, not buffered without end.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import select
-import time
 
 from .elf_core import CoreFile
-from .spawn import TimedOut
+from .spawn import Child, collect
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import List, Optional, Tuple
 
 # Where the reader finds the core: the descriptor opened here, not the path, which another user
 # may point somewhere else between the check and the read.
@@ -36,16 +33,6 @@ CORE_IN_READER = f"/proc/self/fd/{CORE_DESCRIPTOR}"
 # less than 2 GiB, is room for a real core and a ceiling for a hostile one.
 MIN_MEMORY = 2 << 30
 MAX_STDERR_BYTES = 1 << 20
-SIGKILL = 9  # the module `signal` imports enum
-
-
-class TooMuchOutput(Exception):
-    """The reader printed more than its cap on `stream` ("stdout" or "stderr"); it was killed."""
-
-    def __init__(self, stream: str, cap: int) -> None:
-        super().__init__(stream)
-        self.stream = stream
-        self.cap = cap
 
 
 def run_as_of(core: CoreFile) -> Optional[Tuple[int, int]]:
@@ -101,47 +88,4 @@ def run_reader(
         raise
     for descriptor in (source, out_write, err_write):
         os.close(descriptor)
-    streams = [(out_read, "stdout", max_stdout), (err_read, "stderr", MAX_STDERR_BYTES)]
-    return collect_bounded(pid, streams, timeout)
-
-
-def collect_bounded(
-    pid: int, streams: List[Tuple[int, str, int]], timeout: float
-) -> Tuple[int, bytes, bytes]:
-    """What child `pid` writes to its stdout and stderr pipes (`streams`: descriptor, name, cap
-    in bytes, stdout's first) until it closes them, and its exit status. The child is killed
-    when it outlives `timeout` (TimedOut) or writes more than a pipe's cap (TooMuchOutput); it
-    is reaped and the pipes are closed in every case."""
-    caps = {descriptor: (name, cap) for descriptor, name, cap in streams}
-    chunks: Dict[int, List[bytes]] = {descriptor: [] for descriptor in caps}
-    sizes = dict.fromkeys(caps, 0)
-    poller = select.poll()
-    for descriptor in caps:
-        poller.register(descriptor, select.POLLIN)
-    deadline = time.monotonic() + timeout
-    open_ends = set(caps)
-    try:
-        while open_ends:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, SIGKILL)
-                raise TimedOut("the core reader")
-            for descriptor, _ in poller.poll(left * 1000):
-                name, cap = caps[descriptor]
-                # One byte past the cap is enough to know it was passed.
-                data = os.read(descriptor, min(65536, cap + 1 - sizes[descriptor]))
-                if not data:
-                    poller.unregister(descriptor)
-                    open_ends.discard(descriptor)
-                    continue
-                sizes[descriptor] += len(data)
-                if sizes[descriptor] > cap:
-                    os.kill(pid, SIGKILL)
-                    raise TooMuchOutput(name, cap)
-                chunks[descriptor].append(data)
-    finally:
-        for descriptor in caps:
-            os.close(descriptor)
-        status = os.waitpid(pid, 0)[1]
-    out, err = (b"".join(chunks[descriptor]) for descriptor, _, _ in streams)
-    return os.waitstatus_to_exitcode(status), out, err
+    return collect(Child(pid, out_read, err_read), timeout, "the core reader", max_stdout, MAX_STDERR_BYTES)

@@ -70,6 +70,10 @@ def dump(pid: int, native: bool = False, timeout: float = 2.0, locals: bool = Fa
                 hint=_WITHOUT_NATIVE if native else None,
             )
             continue
+        except spawn.TooMuchOutput as too_much:
+            raise ProbingError(
+                f"py-spy printed more than {too_much.cap >> 20} MB on its {too_much.stream} reading PID {pid}"
+            ) from None
         try:
             threads = json_loads(stdout.decode("utf-8", "replace"))
         except ValueError:

@@ -170,10 +170,34 @@ def handed_over(target: int, usable: bool) -> Optional[Child]:
     return child
 
 
-def collect(child: Child, timeout: float, name: str) -> Tuple[int, bytes, bytes]:
-    """(exit status, stdout, stderr) of `child`, killed when it outlives `timeout`."""
+class TooMuchOutput(Exception):
+    """The program printed more than its cap on `stream` ("stdout" or "stderr"); it was killed."""
+
+    def __init__(self, stream: str, cap: int) -> None:
+        super().__init__(stream)
+        self.stream = stream
+        self.cap = cap
+
+
+# What a program read from outside may print: py-spy's JSON of thousands of deep stacks stays
+# far below it; a program that prints more is killed, not buffered without end.
+MAX_STDOUT_BYTES = 256 << 20
+MAX_STDERR_BYTES = 1 << 20
+
+
+def collect(
+    child: Child,
+    timeout: float,
+    name: str,
+    max_stdout: int = MAX_STDOUT_BYTES,
+    max_stderr: int = MAX_STDERR_BYTES,
+) -> Tuple[int, bytes, bytes]:
+    """(exit status, stdout, stderr) of `child`, killed when it outlives `timeout` (TimedOut) or
+    prints more than a stream's cap (TooMuchOutput); reaped, and its pipes closed, in every case."""
     pid, out_read, err_read = child.pid, child.out_read, child.err_read
+    caps = {out_read: ("stdout", max_stdout), err_read: ("stderr", max_stderr)}
     chunks: Dict[int, List[bytes]] = {out_read: [], err_read: []}
+    sizes = dict.fromkeys(caps, 0)
     poller = select.poll()
     for descriptor in chunks:
         poller.register(descriptor, select.POLLIN)
@@ -187,12 +211,19 @@ def collect(child: Child, timeout: float, name: str) -> Tuple[int, bytes, bytes]
                     os.kill(pid, SIGKILL)
                 raise TimedOut(name)
             for descriptor, _ in poller.poll(left * 1000):
-                data = os.read(descriptor, 65536)
-                if data:
-                    chunks[descriptor].append(data)
-                else:
+                stream, cap = caps[descriptor]
+                # One byte past the cap is enough to know it was passed.
+                data = os.read(descriptor, min(65536, cap + 1 - sizes[descriptor]))
+                if not data:
                     poller.unregister(descriptor)
                     open_ends.discard(descriptor)
+                    continue
+                sizes[descriptor] += len(data)
+                if sizes[descriptor] > cap:
+                    if child.status is None:
+                        os.kill(pid, SIGKILL)
+                    raise TooMuchOutput(stream, cap)
+                chunks[descriptor].append(data)
     finally:
         os.close(out_read)
         os.close(err_read)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from probing.outside import core_process
-from probing.outside.core_process import TooMuchOutput, confinement_arguments, run_reader
+from probing.outside.core_process import confinement_arguments, run_reader
 from probing.outside.elf_core import CoreFile
-from probing.outside.spawn import TimedOut
+from probing.outside.spawn import TimedOut, TooMuchOutput
 
 SAYS_WHERE_IT_RUNS = """
 import json, os
