@@ -178,9 +178,17 @@ cli.add_command(ranks)
 cli.add_command(core_command)
 
 
+def _values_not_options(args: List[str]) -> List[str]:
+    """Words that begin with `--` and then a blank name no option: they are values the shell
+    passed whole, such as SQL that opens with a comment (`query "-- Find slowest operations
+    SELECT ..."`, as the debugging guide writes it) or `eval "-- 1"`. click would refuse each as
+    an unknown option; a leading newline keeps the value's meaning and makes it an argument."""
+    return [f"\n{arg}" if arg[:2] == "--" and arg[2:3].isspace() else arg for arg in args]
+
+
 def run_click(args: List[str]) -> int:
     try:
-        result = cli.main(args=args, prog_name="probing", standalone_mode=False)
+        result = cli.main(args=_values_not_options(args), prog_name="probing", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         return int(exit_.exit_code)
     except click.ClickException as error:

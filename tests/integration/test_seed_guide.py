@@ -179,8 +179,8 @@ def test_slow_training_query_runs_verbatim_once_steps_are_traced(job: Target) ->
             lambda: probing(str(job.pid), "query", "--format", "csv", counted).stdout.split()[-1:] >= ["7"],
             timeout=30,
         )
-        # The block begins with a `--` comment: given as an argument, the shell passes it on and
-        # the option parser reads it as an option. From stdin (or after `--`) it runs verbatim.
+        # The block begins with a `--` comment. Pasted as the argument, on stdin, or after `--`,
+        # it runs verbatim.
         sql = block("Scenario 3: Slow Training", "sql")
         result = probing(str(job.pid), "query", "-", input=sql)
         assert result.returncode == 0, result.stderr
@@ -188,9 +188,9 @@ def test_slow_training_query_runs_verbatim_once_steps_are_traced(job: Target) ->
         assert re.search(r"^model +forward +\d", result.stdout, re.M), result.stdout
         again = probing(str(job.pid), "query", "--", sql)
         assert again.returncode == 0 and "avg_time" in again.stdout, again.stderr
-        # What the guide does not say: pasted as the argument, the leading comment is an option.
-        pasted = probing(str(job.pid), "query", sql)
-        assert pasted.returncode == 2 and "No such option" in pasted.stderr
+        pasted = probing(str(job.pid), "query", sql, "--format", "csv")
+        assert pasted.returncode == 0, pasted.stderr
+        assert pasted.stdout.startswith("module,stage,avg_time\n"), pasted.stdout
     finally:
         probing(str(job.pid), "trace", "off")
 

@@ -305,3 +305,26 @@ def test_json_rows_are_valid_json_even_with_nan(fmt: str) -> None:
     assert "NaN" not in text and "Infinity" not in text
     parsed = json.loads(text) if fmt == "json" else [json.loads(line) for line in text.splitlines()]
     assert parsed == [{"a": None, "b": None, "c": None, "d": 1.5}]
+
+
+def test_a_value_that_begins_with_a_comment_is_no_option() -> None:
+    """SQL opening with a `--` comment (the debugging guide's), or `eval "-- 1"`, is a value;
+    `--`, `--format` and `--format=json` stay what they are."""
+    from probing.cli.group import _values_not_options
+
+    sql = "-- Find slowest operations\nSELECT 1"
+    assert _values_not_options(["1", "query", sql, "--format", "json"]) == [
+        "1",
+        "query",
+        f"\n{sql}",
+        "--format",
+        "json",
+    ]
+    assert _values_not_options(["1", "eval", "-- 1"]) == ["1", "eval", "\n-- 1"]
+    assert _values_not_options(["1", "query", "--", "--format=json", "--x"]) == [
+        "1",
+        "query",
+        "--",
+        "--format=json",
+        "--x",
+    ]
