@@ -33,3 +33,16 @@ def test_a_traced_job_answers_and_its_tracers_never_run_in_the_agent(python: str
         assert (loss.returncode, loss.stdout) == (0, "1.0\n"), loss.stderr
         assert re.search(r"^probing: loss: local of train\(\) at traced_trainer\.py:\d+", loss.stderr, re.M)
         assert job.alive()
+
+
+def test_an_eval_cut_by_its_timeout_leaves_a_traced_job_answering(python: str) -> None:
+    """The interrupt that ends an eval past --timeout is taken by the eval's own thread, not
+    withdrawn: a withdrawal left CPython <= 3.11's "pending" signal set for every thread, and on
+    3.11 a traced job then spun and its agent answered no more (review D, finding 1)."""
+    with Target("traced_trainer.py", python=python) as job:
+        spun = probing(str(job.pid), "eval", "--timeout", "1", "while True: pass")
+        assert spun.returncode == 7, spun.stderr
+        after = probing(str(job.pid), "eval", "loss * 4", timeout=30)
+        assert (after.returncode, after.stdout) == (0, "1.0\n"), after.stderr
+        assert probing(str(job.pid), "backtrace", timeout=30).returncode == 0
+        assert job.alive()

@@ -56,15 +56,20 @@ class Interruptible:
                 self._escaped(error)
 
     def _finish(self, ident: int) -> None:
-        # From here on no interrupt is sent, and one sent just before is withdrawn. Only when one
-        # was sent: CPython up to 3.11 signals every thread's eval loop even for a withdrawal and
-        # clears that signal only when a thread takes a pending exception. Left set, every thread
-        # of the job handles "pending" at each call and loop; on 3.11 a traced frame then spins
-        # at its first instruction (a job that used threading.settrace hung).
+        # From here on no interrupt is sent. One sent just before is taken here, in this thread,
+        # rather than withdrawn: CPython up to 3.11 signals every thread's eval loop for a
+        # withdrawal too (PyThreadState_SetAsyncExc with NULL) and clears that signal only when a
+        # thread takes a pending exception. Left set, every thread of the job handles "pending"
+        # at each call and loop; on 3.11 a traced frame then spins at its first instruction (a
+        # job that used threading.settrace hung after an eval that timed out).
         with self._lock:
             self._finished = True
-            if self._sent:
-                set_async_exception(ident, None)
+            sent = self._sent
+        if sent:
+            # A backward jump checks for pending work at every CPython: an interrupt still
+            # pending is raised here and caught by _run_to_the_end, which calls _finish again.
+            for _ in range(4):
+                pass
 
     def interrupt(self) -> bool:
         """Raise `interrupt_with` in the code; False when it has ended (or not begun)."""
