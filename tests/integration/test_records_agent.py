@@ -338,8 +338,12 @@ def test_fatal_files_on_every_interpreter(tmp_path: Path, python: str) -> None:
     assert "in read_address" in fatal.read_text()
 
 
-def test_sigint_makes_one_record_and_the_job_still_dies_of_keyboardinterrupt(tmp_path: Path) -> None:
-    with Target("dies.py", via="env", env=record_env(tmp_path / "records")) as job:
+@pytest.mark.parametrize("hook", [[], ["--wrap-excepthook"]], ids=["our-hook", "job-wraps-our-hook"])
+def test_sigint_makes_one_record_and_the_job_still_dies_of_keyboardinterrupt(
+    tmp_path: Path, hook: List[str]
+) -> None:
+    """Also when the job wraps sys.excepthook and calls ours from its own (review D, 2)."""
+    with Target("dies.py", via="env", args=hook, env=record_env(tmp_path / "records")) as job:
         os.kill(job.pid, signal.SIGINT)
         assert job.process.wait(30) == -signal.SIGINT  # Python ends an uncaught Ctrl-C by SIGINT
         assert "KeyboardInterrupt" in job.output()

@@ -7,6 +7,8 @@
     --faulthandler      the job enables faulthandler on stderr itself
     --own-excepthook    the job replaces sys.excepthook (after the agent started) with one that
                         prints `job hook: <exception>` and calls no other hook
+    --wrap-excepthook   the job wraps sys.excepthook (after the agent started) with one that
+                        calls the hook it found, as Sentry or wandb do
 
 Prints `ready` once the state under test exists (torch: after the first step), then reads
 commands from stdin, one a line: `segv` (ctypes.string_at(0) inside `read_address`), `raise`
@@ -28,6 +30,7 @@ parser.add_argument("--raise-at", type=int, default=-1)
 parser.add_argument("--handler")
 parser.add_argument("--faulthandler", action="store_true")
 parser.add_argument("--own-excepthook", action="store_true")
+parser.add_argument("--wrap-excepthook", action="store_true")
 parser.add_argument("--pause", type=float, default=0.002)
 options = parser.parse_args()
 
@@ -40,6 +43,14 @@ if options.own_excepthook:
         print(f"job hook: {kind.__name__}: {value}", file=sys.stderr, flush=True)
 
     sys.excepthook = job_hook
+
+if options.wrap_excepthook:
+    found_hook = sys.excepthook
+
+    def wrapping_hook(kind, value, tb):  # type: ignore[no-untyped-def]
+        found_hook(kind, value, tb)
+
+    sys.excepthook = wrapping_hook
 
 if options.handler:
 

@@ -52,20 +52,36 @@ def marked(error: BaseException) -> bool:
         return False
 
 
+def _called_by_python_itself(value: BaseException) -> bool:
+    """Whether the hook runs because `value` ended the program: sys.last_value is it, and the
+    outermost frame is the installed sys.excepthook's own, called from C (ours, or a job's
+    hook that wraps ours, as Sentry or wandb do). A console that calls the hook from its own
+    code has its loop's frames below."""
+    if getattr(sys, "last_value", None) is not value:
+        return False
+    try:
+        frame = sys._getframe(1)
+    except ValueError:
+        return False
+    while frame.f_back is not None:
+        frame = frame.f_back
+    hook = sys.excepthook
+    # A function, a bound method, or an object whose class defines __call__.
+    callables = (hook, getattr(hook, "__func__", None), type(hook).__dict__.get("__call__"))
+    codes = [getattr(each, "__code__", None) for each in callables]
+    return frame.f_code in [code for code in codes if code is not None]
+
+
 def _keep_sigint_exit(value: BaseException) -> None:
     """An uncaught KeyboardInterrupt ends Python by SIGINT, through a flag that its top level
     sets and that every exec() of a string clears (a namedtuple made by an import while the
     record is written does). Set again the only way Python offers: a string that raises it.
-    Only at the top level (the hook called from C, sys.last_value set for it): a console that
-    calls the hook itself goes on running, and must not die of SIGINT at its exit."""
-    try:
-        top_level = sys._getframe(1).f_back is None and getattr(sys, "last_value", None) is value
-    except ValueError:
-        top_level = False
-    if top_level:
+    Only when Python itself called the hook for it: a console that calls the hook itself goes
+    on running, and must not die of SIGINT at its exit."""
+    if _called_by_python_itself(value):
         try:
             exec("raise KeyboardInterrupt")  # noqa: S102 - a constant: see above
-        except KeyboardInterrupt:
+        except BaseException:  # noqa: BLE001, S110 - the KeyboardInterrupt raised on purpose
             pass
 
 
