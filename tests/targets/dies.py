@@ -127,7 +127,23 @@ if options.torch:
             act(commands.pop(0), step)
         time.sleep(options.pause)
 else:
-    print("ready", flush=True)
+
+    def ready_once_waiting() -> None:
+        """`ready` from inside the state under test: the main thread waiting for a command (a
+        signal sent on `ready` finds it there, not on its way in)."""
+        main = threading.main_thread().ident
+        while True:
+            frame = sys._current_frames().get(main)  # type: ignore[arg-type]
+            # Event.wait called from the loop below (not the one inside Thread.start).
+            while frame is not None and not (frame.f_code.co_name == "wait" and frame.f_back is not None
+                                             and frame.f_back.f_code.co_name == "<module>"):  # fmt: skip
+                frame = frame.f_back
+            if frame is not None:
+                print("ready", flush=True)
+                return
+            time.sleep(0.001)
+
+    threading.Thread(target=ready_once_waiting, name="ready", daemon=True).start()
     while True:
         command_came.wait()
         command_came.clear()

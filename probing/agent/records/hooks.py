@@ -184,6 +184,10 @@ class SignalHooks:
             self.notes.append(f"{name}: no .fatal file, so no stacks if it ends the job")
             return
         try:
+            # Only ever called where the action is the default. A registration left inert by a
+            # handler the job set over it (job_signal) would make register() update its file and
+            # install nothing: unregister first, which puts back the default it found.
+            faulthandler.unregister(signum)
             faulthandler.register(signum, file=self.dump_fd, all_threads=True, chain=True)
         except (OSError, RuntimeError, ValueError) as error:
             self.notes.append(f"{name}: no stacks if it ends the job ({error})")
@@ -230,11 +234,12 @@ class SignalHooks:
         if signalnum not in HOOKED_SIGNALS or not self.active:
             return self.original_signal(signalnum, handler)
         previous = self.job_getsignal(signalnum)
-        # Set first as the job asked: the same checks (main thread, a callable) and errors.
+        # Set first as the job asked: the same checks (main thread, a callable) and errors. That
+        # replaces faulthandler's handler; its registration stays, inert (unregister would put
+        # the default action back for a moment, and a signal then would kill a job that had just
+        # asked to handle or ignore it). _dump_on clears it before registering again.
         self.original_signal(signalnum, handler)
-        if signalnum in self.dumping:
-            self._undump(signalnum)
-            self.original_signal(signalnum, handler)  # unregister put the default action back
+        self.dumping.discard(signalnum)
         self.job_handlers.pop(signalnum, None)
         if handler == signal.SIG_DFL and signalnum in DUMPED_SIGNALS:
             self._dump_on(signalnum)
