@@ -235,7 +235,9 @@ def test_an_assignment_in_a_loop_is_said_once(parked: List[Parked]) -> None:
     parked.append(Parked("trainer", train, 2.5))
     names = frames()
     namespace = EvalNamespace({"__name__": "__main__"}, names)
-    exec(compile("for _ in range(3):\n    loss = loss + 1", "<test>", "exec"), namespace)
+    # A loop variable no other thread of the test process holds (threads other tests left, such
+    # as a scripted agent's, have a `_` of their own).
+    exec(compile("for round_of_this_test in range(3):\n    loss = loss + 1", "<test>", "exec"), namespace)
     assert namespace["loss"] == 5.5
     assert len(names.notes) == 2  # type: ignore[attr-defined]
 
