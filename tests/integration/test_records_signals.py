@@ -10,31 +10,11 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List
 
 import pytest
-
-from probing.protocol import decode_table
-from probing.protocol.records import RecordFile, read_record
+from test_records_agent import only_record, record_env, table
 
 from support import VENV_PYTHON, Target, interpreter_params, probing, wait_until
-
-
-def record_env(directory: Path) -> Dict[str, str]:
-    return {"PROBING_RECORD_DIR": str(directory)}
-
-
-def only_record(directory: Path) -> RecordFile:
-    found = sorted(directory.glob("*.probing"))
-    assert len(found) == 1, found
-    return read_record(str(found[0]))
-
-
-def table(record: RecordFile, name: str) -> List[Dict[str, Any]]:
-    for descriptor, payload in record.tables:
-        if descriptor["name"] == name:
-            return decode_table(descriptor, payload).to_rows()
-    raise AssertionError(f"no {name} in {record.header['tables']}")
 
 
 def test_sigterm_kills_a_job_blocked_in_c_at_once_and_leaves_its_stacks(tmp_path: Path) -> None:
