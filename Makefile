@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check-install lint format bench soak demo docs clean
+.PHONY: help install browser test check-install lint format bench soak demo docs screenshots clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,7 +34,13 @@ format: install ## Format the code with ruff
 	$(BIN)/ruff format probing tests benchmarks docs/examples setup.py
 	$(BIN)/ruff check --fix probing tests benchmarks docs/examples setup.py
 
-test: lint ## Lint, type-check, then run the whole test suite
+browser: ## Install Debian's chromium, which the tests of the HTML pages drive (as root)
+	@command -v chromium > /dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+		else echo "make browser: install Debian's chromium package (as root: apt-get install chromium)" >&2; exit 1; fi; }
+
+test: lint browser ## Lint, type-check, then run the whole test suite
 	$(BIN)/pytest
 
 check-install: install ## Build the wheel; pip install it, wheels only, on every CPython 3.8-3.13 (a few minutes)
