@@ -69,6 +69,9 @@ demo: install ## Start a small training job with the agent and run probing again
 docs: install ## Regenerate docs/tables.md from the agent's own column documentation
 	$(BIN)/python -m probing.schema.docgen > docs/tables.md
 
+screenshots: install browser ## Render the pictures of docs/guide.md again (docs/images/*.png) with their tests
+	PROBING_SCREENSHOTS=$(CURDIR)/docs/images $(BIN)/pytest -m pictures -p no:cacheprovider
+
 clean: ## Remove the virtual environment and build leftovers
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

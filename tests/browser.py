@@ -300,3 +300,10 @@ class Browser:
                 break
         page.settle()
         return page
+
+
+def screenshot_path(test_output: Path, name: str) -> Path:
+    """Where a test writes the screenshot `name` (e.g. report.png): into the test's own output,
+    or, when PROBING_SCREENSHOTS names a directory (`make screenshots`), there, for the docs."""
+    chosen = os.environ.get("PROBING_SCREENSHOTS")
+    return (Path(chosen) if chosen else test_output) / name
