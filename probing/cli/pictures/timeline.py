@@ -1,0 +1,303 @@
+"""python.torch_trace as Chrome trace event JSON, the format Perfetto (ui.perfetto.dev) and
+chrome://tracing open, the one torch.profiler writes.
+
+What is drawn, per process (one per rank with --ranks):
+- thread 1, "training thread": a span per step (from the first call's start to the last call's
+  end), the forward module calls nested under it (model > model.layers > model.layers.0, the
+  way they nest in time), and the optimizer steps;
+- thread 2, "backward": the modules' backward passes (`trace on --backward`). Autograd runs
+  them in its own order, in reverse and interleaved with the forward calls of other
+  micro-batches, so under the forward spans they would read as calls the module made;
+  on a track of their own they read as what they are;
+- instants for NaN/Inf events on the track of their stage; counters for CUDA allocated and
+  reserved (after each call, where known) and for the process's RSS (process.memory).
+
+Times are wall-clock microseconds since the Unix epoch (the rows' `ts`), so the ranks of a job
+line up as they really ran: a straggler's step starts late. Within a step a call's start is
+the step's start plus its `time_offset` (perf_counter, sub-microsecond), and its end that plus
+its `duration`; both are rounded to whole microseconds by one monotone rule, so a call that
+lies inside another in the rows lies inside it in the file, and rounding cannot make two spans
+partly overlap. Spans that still do (CUDA durations are the device's, their starts the host's)
+go on an extra track of the same thread ("forward 2"), never a misdrawn one: on every track
+X events nest or are apart, which Perfetto needs.
+
+Events are made one at a time as JSON text (generators), so a million rows never sit in
+memory as dicts; the common span event is formatted directly, the rest through json.dumps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+# Column order of the rows each generator reads (engine/timeline.py selects them so).
+TRACE_ROW = ("process", "step", "seq", "module", "module_type", "stage", "duration", "time_offset",
+             "allocated", "max_allocated", "reserved", "ts_us")  # fmt: skip
+NAN_ROW = ("process", "step", "seq", "module", "module_type", "stage", "tensor", "nan_count", "inf_count",
+           "input_finite", "ts_us")  # fmt: skip
+MEMORY_ROW = ("process", "ts_us", "rss_mb")
+
+TRAINING_THREAD = "training thread"
+BACKWARD_THREAD = "backward"
+HINT = "open it in https://ui.perfetto.dev or chrome://tracing"
+# A row whose own wall clock disagrees with its step's by more than this was stamped against
+# another step's start (a backward pass that ended after the next step began): its own ts rules.
+ANCHOR_SLACK_US = 2.0
+US = 1_000_000.0
+# Compact JSON (a million events: every space counts); NaN never reaches it (checked before).
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=str).encode
+
+
+class ProcessTrack(NamedTuple):
+    """One process of the trace: `key` as the rows' `process` column says it, `pid` the number
+    the file uses, `name` what the viewer shows ("rank 1 (PID 4242)")."""
+
+    key: int
+    pid: int
+    name: str
+
+
+class Span(NamedTuple):
+    start: int
+    end: int
+    order: int  # 0: the step, 1: a call (the step comes first of two equal spans)
+    depth: int  # dots in the module name: a parent before its child of the same span
+    seq: int
+    family: str  # TRAINING_THREAD or BACKWARD_THREAD
+    text: str  # the event's fields but pid and tid, as JSON
+
+
+def _round(value: float) -> int:
+    """Monotone rounding: x <= y gives _round(x) <= _round(y), which keeps nesting."""
+    return math.floor(value + 0.5)
+
+
+class _Lanes:
+    """The tracks of one thread family of one process. A span goes on the first track where it
+    nests inside what is open there or starts after all of it ended; else on a new track."""
+
+    __slots__ = ("stacks", "floors", "tids")
+
+    def __init__(self) -> None:
+        self.stacks: List[List[Tuple[int, int]]] = []
+        self.floors: List[int] = []  # the latest end of every span closed on the track
+        self.tids: List[int] = []
+
+    def place(self, start: int, end: int) -> int:
+        """The index of the track the span [start, end] goes on (len(tids) for a new one)."""
+        for index, stack in enumerate(self.stacks):
+            while stack and stack[-1][1] <= start:
+                self.floors[index] = max(self.floors[index], stack.pop()[1])
+            if start < self.floors[index]:
+                continue
+            if not stack or (stack[-1][0] <= start and end <= stack[-1][1]):
+                stack.append((start, end))
+                return index
+        self.stacks.append([(start, end)])
+        self.floors.append(-(1 << 62))
+        return len(self.stacks) - 1
+
+
+class Timeline:
+    """Makes the events of one trace file; holds the state they need (tracks opened, counters'
+    last values, what was counted and skipped). Each method yields events as JSON text."""
+
+    def __init__(self, processes: Sequence[ProcessTrack]) -> None:
+        self.processes: Dict[int, ProcessTrack] = {track.key: track for track in processes}
+        self.lanes: Dict[Tuple[int, str], _Lanes] = {}
+        self.next_tid: Dict[int, int] = {}
+        self.counters: Dict[Tuple[int, str], float] = {}
+        self.strings: Dict[str, str] = {}
+        self.skipped = 0  # rows without a finite duration or offset
+        self.steps = 0
+        self.calls = 0
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _string(self, value: Any) -> str:
+        """`value` as a JSON string, cached: a million calls name a few hundred modules."""
+        text = "" if value is None else str(value)
+        found = self.strings.get(text)
+        if found is None:
+            found = json.dumps(text)
+            if len(self.strings) < 100_000:
+                self.strings[text] = found
+        return found
+
+    def _process(self, key: int) -> Tuple[ProcessTrack, List[str]]:
+        """The track of process `key`, and its metadata events when it is first seen."""
+        track = self.processes.get(key)
+        if track is not None and key in self.next_tid:
+            return track, []
+        if track is None:
+            track = ProcessTrack(key, key, f"rank {key}")
+            self.processes[key] = track
+        self.next_tid[key] = 3  # 1 and 2: the first tracks of the training thread and backward
+        events = [
+            _metadata("process_name", track.pid, None, {"name": track.name}),
+            _metadata("process_sort_index", track.pid, None, {"sort_index": key}),
+        ]
+        return track, events
+
+    def _tid(self, key: int, pid: int, family: str, index: int, out: List[str]) -> int:
+        """The thread id of track `index` of `family`, naming it in `out` when it is new."""
+        lanes = self.lanes.setdefault((key, family), _Lanes())
+        while len(lanes.tids) <= index:
+            number = len(lanes.tids)
+            if number == 0:
+                tid = 1 if family == TRAINING_THREAD else 2
+                name = family
+            else:
+                tid = self.next_tid[key]
+                self.next_tid[key] = tid + 1
+                name = f"{family} {number + 1}"
+            lanes.tids.append(tid)
+            out.append(_metadata("thread_name", pid, tid, {"name": name}))
+            out.append(_metadata("thread_sort_index", pid, tid, {"sort_index": tid}))
+        return lanes.tids[index]
+
+    def _counter(self, key: int, pid: int, name: str, ts: int, value: Any, out: List[str]) -> None:
+        """A counter event when the value changed (a million calls, a few hundred changes)."""
+        if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return
+        value = float(value)
+        if self.counters.get((key, name)) == value:
+            return
+        self.counters[(key, name)] = value
+        out.append(_encode({"ph": "C", "name": name, "ts": ts, "pid": pid, "tid": 1, "args": {"MB": value}}))
+
+    # --- the events ----------------------------------------------------------------------
+
+    def process_events(self) -> Iterator[str]:
+        """Metadata naming every process given, whether or not it has rows."""
+        for key in list(self.processes):
+            yield from self._process(key)[1]
+
+    def trace_events(self, rows: Iterable[Sequence[Any]]) -> Iterator[str]:
+        """Spans and memory counters from python.torch_trace rows (TRACE_ROW order), sorted by
+        process, step and seq: one step is held at a time."""
+        for (key, step), group in itertools.groupby(rows, key=lambda row: (row[0], row[1])):
+            yield from self._step(int(key), int(step), list(group))
+
+    def _step(self, key: int, step: int, rows: List[Sequence[Any]]) -> Iterator[str]:
+        track, out = self._process(key)
+        pid = track.pid
+        timed = [row for row in rows if _finite(row[6]) and _finite(row[7]) and row[11] is not None]
+        self.skipped += len(rows) - len(timed)
+        if not timed:
+            yield from out
+            return
+        # The step's start on the wall clock, from the row that agrees best with the others.
+        anchors = sorted(row[11] - row[7] * US for row in timed)
+        median = anchors[len(anchors) // 2]
+        reference = min(timed, key=lambda row: abs(row[11] - row[7] * US - median))
+        base, base_offset = int(reference[11]), reference[7] * US
+        spans: List[Span] = []
+        counters: List[Tuple[int, Sequence[Any]]] = []
+        for row in timed:
+            relative = row[7] * US - base_offset
+            if abs(row[11] - base - relative) > ANCHOR_SLACK_US:
+                relative = float(row[11] - base)
+            start = base + _round(relative)
+            end = max(start, base + _round(relative + max(row[6], 0.0) * US))
+            module, stage = row[3], row[5]
+            family = BACKWARD_THREAD if stage == "backward" else TRAINING_THREAD
+            category = stage if stage in ("forward", "backward", "optimizer") else "call"
+            name = self._string(module)
+            text = (
+                f'"ph":"X","name":{name},"cat":"{category}","ts":{start},"dur":{end - start},'
+                f'"args":{{"module":{name},"module_type":{self._string(row[4])},"stage":{self._string(stage)},'
+                f'"step":{step},"seq":{int(row[2])},"duration_s":{float(row[6])!r}}}'
+            )
+            depth = str(module).count(".")
+            spans.append(Span(start, end, 1, depth, int(row[2]), family, text))
+            counters.append((end, row))
+        first, last = min(span.start for span in spans), max(span.end for span in spans)
+        step_text = (
+            f'"ph":"X","name":"step {step}","cat":"step","ts":{first},"dur":{last - first},'
+            f'"args":{{"step":{step},"calls":{len(spans)}}}'
+        )
+        spans.append(Span(first, last, 0, -1, -1, TRAINING_THREAD, step_text))
+        spans.sort(key=lambda span: (span.start, -span.end, span.order, span.depth, span.seq))
+        for span in spans:
+            lanes = self.lanes.setdefault((key, span.family), _Lanes())
+            tid = self._tid(key, pid, span.family, lanes.place(span.start, span.end), out)
+            out.append(f'{{{span.text},"pid":{pid},"tid":{tid}}}')
+        for end, row in counters:
+            self._counter(key, pid, "CUDA allocated (MB)", end, row[8], out)
+            self._counter(key, pid, "CUDA reserved (MB)", end, row[10], out)
+        self.steps += 1
+        self.calls += len(spans) - 1
+        yield from out
+
+    def nan_events(self, rows: Iterable[Sequence[Any]]) -> Iterator[str]:
+        """An instant per python.nan_events row (NAN_ROW order), on the track of its stage."""
+        for row in rows:
+            if row[10] is None:
+                continue
+            key = int(row[0])
+            track, out = self._process(key)
+            family = BACKWARD_THREAD if row[5] == "backward" else TRAINING_THREAD
+            tid = self._tid(key, track.pid, family, 0, out)
+            args = {"module": row[3], "module_type": row[4], "stage": row[5], "step": row[1], "seq": row[2],
+                    "tensor": row[6], "nan_count": row[7], "inf_count": row[8], "input_finite": row[9]}  # fmt: skip
+            event = {"ph": "i", "s": "t", "name": f"NaN/Inf in {row[3]}", "cat": "nan", "ts": int(row[10]),
+                     "pid": track.pid, "tid": tid, "args": args}  # fmt: skip
+            out.append(_encode(event))
+            yield from out
+
+    def memory_events(self, rows: Iterable[Sequence[Any]]) -> Iterator[str]:
+        """The RSS counter from process.memory rows (MEMORY_ROW order)."""
+        for row in rows:
+            if row[1] is None:
+                continue
+            key = int(row[0])
+            track, out = self._process(key)
+            self._counter(key, track.pid, "RSS (MB)", int(row[1]), row[2], out)
+            yield from out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _metadata(name: str, pid: int, tid: Optional[int], args: Dict[str, Any]) -> str:
+    event: Dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "tid": 0 if tid is None else tid, "args": args}
+    return _encode(event)
+
+
+class Counted:
+    """Events passed through, counted (the count is what the file holds once written)."""
+
+    def __init__(self, events: Iterable[str]) -> None:
+        self.events = events
+        self.count = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for event in self.events:
+            self.count += 1
+            yield event
+
+
+def trace_document(events: Iterable[str], other_data: Dict[str, Any]) -> Iterator[str]:
+    """The whole JSON object, in parts: {"traceEvents": [...], "displayTimeUnit": "ms",
+    "otherData": {...}}. Parts of about 64 kB, so writing costs few calls."""
+    yield '{"traceEvents":[\n'
+    batch: List[str] = []
+    size = 0
+    first = True
+    for event in events:
+        if not first:
+            batch.append(",\n")
+        first = False
+        batch.append(event)
+        size += len(event)
+        if size > 65536:
+            yield "".join(batch)
+            batch, size = [], 0
+    if batch:
+        yield "".join(batch)
+    tail = {"displayTimeUnit": "ms", "otherData": other_data}
+    yield "\n]," + _encode(tail)[1:] + "\n"
