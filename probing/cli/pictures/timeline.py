@@ -17,7 +17,9 @@ line up as they really ran: a straggler's step starts late. Within a step a call
 the step's start plus its `time_offset` (perf_counter, sub-microsecond), and its end that plus
 its `duration`; both are rounded to whole microseconds by one monotone rule, so a call that
 lies inside another in the rows lies inside it in the file, and rounding cannot make two spans
-partly overlap. Spans that still do (CUDA durations are the device's, their starts the host's)
+partly overlap. A parent's backward span is stretched over a child's that starts a microsecond
+or two before it (two hooks on one autograd node, see cover_children). Spans that still partly
+overlap (CUDA durations are the device's, their starts the host's)
 go on an extra track of the same thread ("forward 2"), never a misdrawn one: on every track
 X events nest or are apart, which Perfetto needs.
 
@@ -46,6 +48,9 @@ HINT = "open it in https://ui.perfetto.dev or chrome://tracing"
 # another step's start (a backward pass that ended after the next step began): its own ts rules.
 ANCHOR_SLACK_US = 2.0
 US = 1_000_000.0
+# How far a child's span may stick out of its parent's and still be drawn inside it (see
+# cover_children): a few hook calls' time, far below any module worth looking at.
+NEST_SLACK_US = 50
 # Compact JSON (a million events: every space counts); NaN never reaches it (checked before).
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=str).encode
 
@@ -67,6 +72,42 @@ class Span(NamedTuple):
     seq: int
     family: str  # TRAINING_THREAD or BACKWARD_THREAD
     text: str  # the event's fields but pid and tid, as JSON
+
+
+class Call:
+    """One row's span, in whole microseconds, while a step is laid out."""
+
+    __slots__ = ("start", "end", "row", "depth", "parent")
+
+    def __init__(self, start: int, end: int, row: Sequence[Any]) -> None:
+        self.start = start
+        self.end = end
+        self.row = row
+        name = str(row[3])
+        self.depth = name.count(".")
+        self.parent = name.rpartition(".")[0]
+
+
+def cover_children(calls: List[Call]) -> None:
+    """Stretch a parent's span over a child's that sticks out of it by at most NEST_SLACK_US.
+
+    A parent and its first (or last) child begin (or end) at one event, timed by two hooks that
+    run one after the other: in backward both hooks sit on the same autograd node, and the
+    child's runs first, so the rows say the child's backward began a microsecond or two before
+    its parent's. Drawn as measured, the two would partly overlap; a parent spans its children.
+    The deepest calls go first, so a stretch carries up to the model. The rows' exact
+    durations stay in each event's args (duration_s)."""
+    by_name: Dict[Tuple[str, str], List[Call]] = {}
+    for call in calls:
+        by_name.setdefault((str(call.row[3]), str(call.row[5])), []).append(call)
+    for call in sorted(calls, key=lambda call: -call.depth):
+        if not call.parent:
+            continue
+        for parent in by_name.get((call.parent, str(call.row[5])), ()):
+            if parent.start - NEST_SLACK_US <= call.start and call.end <= parent.end + NEST_SLACK_US:
+                parent.start = min(parent.start, call.start)
+                parent.end = max(parent.end, call.end)
+                break
 
 
 def _round(value: float) -> int:
@@ -194,30 +235,32 @@ class Timeline:
         median = anchors[len(anchors) // 2]
         reference = min(timed, key=lambda row: abs(row[11] - row[7] * US - median))
         base, base_offset = int(reference[11]), reference[7] * US
-        spans: List[Span] = []
-        counters: List[Tuple[int, Sequence[Any]]] = []
+        calls: List[Call] = []
         for row in timed:
             relative = row[7] * US - base_offset
             if abs(row[11] - base - relative) > ANCHOR_SLACK_US:
                 relative = float(row[11] - base)
             start = base + _round(relative)
             end = max(start, base + _round(relative + max(row[6], 0.0) * US))
+            calls.append(Call(start, end, row))
+        cover_children(calls)
+        spans: List[Span] = []
+        for call in calls:
+            row = call.row
             module, stage = row[3], row[5]
             family = BACKWARD_THREAD if stage == "backward" else TRAINING_THREAD
             category = stage if stage in ("forward", "backward", "optimizer") else "call"
             name = self._string(module)
             text = (
-                f'"ph":"X","name":{name},"cat":"{category}","ts":{start},"dur":{end - start},'
+                f'"ph":"X","name":{name},"cat":"{category}","ts":{call.start},"dur":{call.end - call.start},'
                 f'"args":{{"module":{name},"module_type":{self._string(row[4])},"stage":{self._string(stage)},'
                 f'"step":{step},"seq":{int(row[2])},"duration_s":{float(row[6])!r}}}'
             )
-            depth = str(module).count(".")
-            spans.append(Span(start, end, 1, depth, int(row[2]), family, text))
-            counters.append((end, row))
+            spans.append(Span(call.start, call.end, 1, call.depth, int(row[2]), family, text))
         first, last = min(span.start for span in spans), max(span.end for span in spans)
         step_text = (
             f'"ph":"X","name":"step {step}","cat":"step","ts":{first},"dur":{last - first},'
-            f'"args":{{"step":{step},"calls":{len(spans)}}}'
+            f'"args":{{"step":{step},"calls":{len(calls)}}}'
         )
         spans.append(Span(first, last, 0, -1, -1, TRAINING_THREAD, step_text))
         spans.sort(key=lambda span: (span.start, -span.end, span.order, span.depth, span.seq))
@@ -225,11 +268,11 @@ class Timeline:
             lanes = self.lanes.setdefault((key, span.family), _Lanes())
             tid = self._tid(key, pid, span.family, lanes.place(span.start, span.end), out)
             out.append(f'{{{span.text},"pid":{pid},"tid":{tid}}}')
-        for end, row in counters:
-            self._counter(key, pid, "CUDA allocated (MB)", end, row[8], out)
-            self._counter(key, pid, "CUDA reserved (MB)", end, row[10], out)
+        for call in calls:
+            self._counter(key, pid, "CUDA allocated (MB)", call.end, call.row[8], out)
+            self._counter(key, pid, "CUDA reserved (MB)", call.end, call.row[10], out)
         self.steps += 1
-        self.calls += len(spans) - 1
+        self.calls += len(calls)
         yield from out
 
     def nan_events(self, rows: Iterable[Sequence[Any]]) -> Iterator[str]:
