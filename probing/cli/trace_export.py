@@ -71,7 +71,9 @@ def export_trace(
     if timeline.skipped:
         notes([f"{timeline.skipped} rows without a finite duration left out"])
     processes = len(rows.processes)
-    detail = f"{events.count:,} events, {timeline.steps:,} steps" + (f", {processes} ranks" if ranks else "")
+    detail = f"{events.count:,} events, {_plural(timeline.steps, 'step')}" + (
+        f", {_plural(processes, 'rank')}" if ranks else ""
+    )
     wrote(output, size, detail, HINT)
     write_missing(rows.missing)
     return ExitCode.PARTIAL if rows.missing else ExitCode.OK
@@ -82,3 +84,7 @@ def _events(timeline: Timeline, rows: TimelineRows) -> Iterator[str]:
     yield from timeline.trace_events(rows.trace_rows())
     yield from timeline.nan_events(rows.nan_rows())
     yield from timeline.memory_events(rows.memory_rows())
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")

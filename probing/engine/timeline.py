@@ -125,24 +125,22 @@ def _stream(session: SqlSession, sql: str) -> Iterator[Tuple[Any, ...]]:
         yield from batch
 
 
-def _counts(session: SqlSession, steps: StepRange) -> Tuple[int, int, Any, Any]:
-    """Rows in the table, rows in the steps asked for, and the table's first and last step."""
+def _check_rows(session: SqlSession, steps: StepRange, empty: Callable[[], ProbingError]) -> None:
+    """Refuse an export with nothing in it: `empty()` says why the table is empty; steps asked for
+    that hold nothing get the steps there are."""
     found = session.connection.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE {steps.condition()}), min(step), max(step) "
-        "FROM python.torch_trace"
+        f"SELECT count(*), count(*) FILTER (WHERE {steps.condition()}), min(step), max(step), "
+        "count(DISTINCT step) FROM python.torch_trace"
     ).fetchone()
     assert found is not None
-    return int(found[0]), int(found[1]), found[2], found[3]
-
-
-def _check_rows(session: SqlSession, steps: StepRange, empty: Callable[[], ProbingError]) -> None:
-    total, chosen, first, last = _counts(session, steps)
+    total, chosen, first, last, traced = found
     if total == 0:
         raise empty()
     if chosen == 0:
         raise ProbingError(
-            f"no traced step in --steps {steps.describe()}: python.torch_trace holds steps {first} to {last}",
-            hint=f"--steps {first}:{last} takes them all",
+            f"python.torch_trace holds {traced} traced steps from {first} to {last}, "
+            f"none of --steps {steps.describe()}",
+            hint=f"--steps {first}:{last} takes them all (`trace on` may trace one step in N: see `trace status`)",
         )
 
 
