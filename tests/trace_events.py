@@ -95,7 +95,9 @@ def _inside(inner: Dict[str, Any], outer: Dict[str, Any]) -> bool:
 def check_hierarchy(document: Dict[str, Any]) -> None:
     """Every call lies inside its step's span, and every call of model.a.b inside a call of
     model.a of the same step and stage (when model.a was traced)."""
-    steps = {(event["pid"], event["args"]["step"]): event for event in spans(document) if event["cat"] == "step"}
+    steps = {
+        (event["pid"], event["args"]["step"]): event for event in spans(document) if event["cat"] == "step"
+    }
     calls = [event for event in spans(document) if event["cat"] != "step"]
     by_name: Dict[Tuple[int, int, str, str], List[Dict[str, Any]]] = defaultdict(list)
     for call in calls:

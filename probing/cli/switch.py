@@ -14,7 +14,7 @@ from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.reports import write_switch
 from .spec import RANKS, TEXT_OR_JSON, timeout
-from .trace_export import STEPS, export_trace
+from .trace_export import export_trace, steps_option
 
 ACTION = click.Choice(("on", "off", "status"))
 TRACE_ACTION = click.Choice(("on", "off", "status", "export"))
@@ -70,7 +70,7 @@ def _switch(
     help="export: the Chrome trace event JSON file to write (replaced if it exists); - for stdout.",
 )  # fmt: skip
 @click.option(
-    "--steps", type=STEPS, metavar="A:B",
+    "--steps", callback=steps_option, metavar="A:B",
     help="export: only steps A to B, both included (A:, :B, or one step N). Default: every step traced.",
 )  # fmt: skip
 @apply(TEXT_OR_JSON, timeout(10.0), RANKS)

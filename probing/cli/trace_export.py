@@ -17,21 +17,16 @@ from .render.files import write_output, wrote
 from .render.per_rank import write_missing
 
 
-class StepsParameter(click.ParamType):
-    """--steps A:B, A:, :B or N."""
-
-    name = "A:B"
-
-    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> StepRange:
-        if isinstance(value, StepRange):
-            return value
-        try:
-            return parse_steps(str(value))
-        except ValueError as error:
-            self.fail(f"{error}; give A:B, A:, :B or N", param, ctx)
-
-
-STEPS = StepsParameter()
+def steps_option(
+    context: click.Context, parameter: click.Parameter, value: Optional[str]
+) -> Optional[StepRange]:
+    """--steps A:B, A:, :B or N, checked as the command line is read (a usage error otherwise)."""
+    if value is None:
+        return None
+    try:
+        return parse_steps(value)
+    except ValueError as error:
+        raise click.BadParameter(f"{error}; give A:B, A:, :B or N", context, parameter) from None
 
 
 def export_trace(

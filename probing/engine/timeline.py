@@ -140,7 +140,7 @@ def _check_rows(session: SqlSession, steps: StepRange, empty: Callable[[], Probi
         raise ProbingError(
             f"python.torch_trace holds {traced} traced steps from {first} to {last}, "
             f"none of --steps {steps.describe()}",
-            hint=f"--steps {first}:{last} takes them all (`trace on` may trace one step in N: see `trace status`)",
+            hint=f"--steps {first}:{last} takes them all (tracing may take one step in N: `trace status`)",
         )
 
 
@@ -169,7 +169,11 @@ def live_timeline(target: Target, steps: StepRange, timeout: float) -> TimelineR
 
 
 def job_timeline(
-    ranks: List[Rank], target_of: Callable[[Rank], Target], steps: StepRange, timeout: float, attach_timeout: float
+    ranks: List[Rank],
+    target_of: Callable[[Rank], Target],
+    steps: StepRange,
+    timeout: float,
+    attach_timeout: float,
 ) -> TimelineRows:
     """The rows of every chosen rank, fetched at once; a process per rank."""
     tables = load_job_tables(ranks, target_of, f"SELECT * FROM {TABLES}", timeout, attach_timeout)
@@ -183,7 +187,9 @@ def job_timeline(
     processes = []
     for rank in sorted(chosen, key=lambda rank: rank.rank):
         where = f"PID {rank.pid}" if not rank.remote else f"{rank.endpoint}"
-        processes.append((rank.rank, rank.pid if unique and rank.pid else rank.rank, f"rank {rank.rank} ({where})"))
+        processes.append(
+            (rank.rank, rank.pid if unique and rank.pid else rank.rank, f"rank {rank.rank} ({where})")
+        )
 
     def empty() -> ProbingError:
         return ProbingError(

@@ -56,9 +56,13 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
 def test_every_row_is_a_span_of_its_duration_inside_its_step(traced: Target, tmp_path: Path) -> None:
     document = export(str(traced.pid), tmp_path / "step.json")
     table = rows(
-        str(traced.pid), "SELECT step, seq, module, stage, duration FROM python.torch_trace ORDER BY step, seq"
+        str(traced.pid),
+        "SELECT step, seq, module, stage, duration FROM python.torch_trace ORDER BY step, seq",
     )
-    calls = sorted((e for e in spans(document) if e["cat"] != "step"), key=lambda e: (e["args"]["step"], e["args"]["seq"]))
+    calls = sorted(
+        (e for e in spans(document) if e["cat"] != "step"),
+        key=lambda e: (e["args"]["step"], e["args"]["seq"]),
+    )
     assert [(e["args"]["step"], e["args"]["module"], e["args"]["stage"]) for e in calls] == [
         (row["step"], row["module"], row["stage"]) for row in table
     ]

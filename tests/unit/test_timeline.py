@@ -27,13 +27,53 @@ class FakeClock:
         self.rows: List[Row] = []
         self.seq = 0
 
-    def row(self, step: int, step_start: float, module: str, stage: str, start: float, end: float,
-            allocated: Optional[float] = None, kind: str = "Linear") -> None:  # fmt: skip
+    def row(
+        self,
+        step: int,
+        step_start: float,
+        module: str,
+        stage: str,
+        start: float,
+        end: float,
+        allocated: Optional[float] = None,
+        kind: str = "Linear",
+    ) -> None:
         wall = WALL + self.late + (start - self.perf_zero)
         ts_us = round(wall * 1e6)
-        self.rows.append((self.process, step, self.seq, module, kind, stage, end - start, start - step_start,
-                          allocated, allocated, allocated, ts_us))  # fmt: skip
+        self.rows.append(
+            (
+                self.process,
+                step,
+                self.seq,
+                module,
+                kind,
+                stage,
+                end - start,
+                start - step_start,
+                allocated,
+                allocated,
+                allocated,
+                ts_us,
+            )
+        )
         self.seq += 1
+
+
+# The submodules each module calls: model -> model.layers -> model.layers.0 and .1 -> .attn twice.
+def children(name: str, depth: int) -> List[str]:
+    return [[f"{name}.layers"], [f"{name}.0", f"{name}.1"], [f"{name}.attn"] * 2, []][depth]
+
+
+def forward_call(
+    calls: List[Tuple[str, float, float]], rng: random.Random, name: str, start: float, depth: int
+) -> float:
+    """A module called at `start` (with its children in turn): its end; each call in `calls`."""
+    inner = start + rng.uniform(0, 2e-6)
+    for child in children(name, depth):
+        inner = forward_call(calls, rng, child, inner + rng.uniform(0, 1.5e-6), depth + 1)
+    end = inner + rng.uniform(0.4e-6, 30e-6)
+    calls.append((name, start, end))
+    return end
 
 
 def nested_steps(clock: FakeClock, steps: int, rng: random.Random, backward: bool = True) -> None:
@@ -44,21 +84,7 @@ def nested_steps(clock: FakeClock, steps: int, rng: random.Random, backward: boo
         clock.seq = 0
         step_start = now
         calls: List[Tuple[str, float, float]] = []
-
-        def call(name: str, start: float, depth: int) -> float:
-            inner = start + rng.uniform(0, 2e-6)
-            if depth < 3:
-                for index in range(2):
-                    inner = call(f"{name}.{['layers', str(index), 'attn'][depth] if depth else 'layers'}"
-                                 if depth == 0 else f"{name}.{index}" if depth == 1 else f"{name}.attn",
-                                 inner + rng.uniform(0, 1.5e-6), depth + 1)  # fmt: skip
-                    if depth == 0:
-                        break
-            end = inner + rng.uniform(0.4e-6, 30e-6)
-            calls.append((name, start, end))
-            return end
-
-        end = call("model", now + rng.uniform(0, 1e-6), 0)
+        end = forward_call(calls, rng, "model", now + rng.uniform(0, 1e-6), 0)
         for name, start, finish in sorted(calls, key=lambda item: item[1]):
             clock.row(step, step_start, name, "forward", start, finish)
         optimizer_start = end + rng.uniform(0, 5e-6)
@@ -66,14 +92,20 @@ def nested_steps(clock: FakeClock, steps: int, rng: random.Random, backward: boo
         if backward:
             for name, start, finish in sorted(calls, key=lambda item: item[1]):
                 length = finish - start
-                clock.row(step, step_start, name, "backward", now + (end - finish), now + (end - finish) + length)
+                clock.row(
+                    step, step_start, name, "backward", now + (end - finish), now + (end - finish) + length
+                )
             now += (end - calls[-1][1]) + 1e-5
         clock.row(step, step_start, "optimizer", "optimizer", now, now + 7.3e-6, kind="AdamW")
         now += 1e-5 + rng.uniform(0, 1e-3)
 
 
-def export(rows: Iterable[Row], processes: Sequence[ProcessTrack] = (ProcessTrack(0, 4242, "PID 4242"),),
-           nans: Iterable[Row] = (), memory: Iterable[Row] = ()) -> Tuple[dict, Timeline, int]:  # fmt: skip
+def export(
+    rows: Iterable[Row],
+    processes: Sequence[ProcessTrack] = (ProcessTrack(0, 4242, "PID 4242"),),
+    nans: Iterable[Row] = (),
+    memory: Iterable[Row] = (),
+) -> Tuple[dict, Timeline, int]:
     timeline = Timeline(processes)
 
     def events() -> Iterable[str]:
@@ -141,7 +173,9 @@ def test_partly_overlapping_calls_go_on_another_track_never_misdrawn() -> None:
 def test_ranks_are_processes_on_one_clock() -> None:
     rows: List[Row] = []
     for rank in range(3):
-        clock = FakeClock(process=rank, perf_zero=5000.0 - rank * 7.7, late=rank * 0.05)  # rank 2: 100 ms late
+        clock = FakeClock(
+            process=rank, perf_zero=5000.0 - rank * 7.7, late=rank * 0.05
+        )  # rank 2: 100 ms late
         nested_steps(clock, 2, random.Random(rank), backward=False)
         rows.extend(clock.rows)
     tracks = [ProcessTrack(rank, 9000 + rank, f"rank {rank} (PID {9000 + rank})") for rank in range(3)]
@@ -157,15 +191,25 @@ def test_nan_events_are_instants_on_their_stage_track() -> None:
     clock = FakeClock()
     nested_steps(clock, 1, random.Random(3))
     base = clock.rows[0][11]
-    nans = [(0, 0, 4, "model.layers.0", "Linear", "forward", "output float32[2]", 2, 0, True, base + 5),
-            (0, 0, 9, "model.layers.1", "Linear", "backward", "grad_input[0]", 0, 1, False, base + 50)]  # fmt: skip
+    nans = [
+        (0, 0, 4, "model.layers.0", "Linear", "forward", "output float32[2]", 2, 0, True, base + 5),
+        (0, 0, 9, "model.layers.1", "Linear", "backward", "grad_input[0]", 0, 1, False, base + 50),
+    ]
     document, _, _ = export(clock.rows, nans=nans)
     instants = [e for e in document["traceEvents"] if e["ph"] == "i"]
     assert [(e["tid"], e["s"], e["ts"]) for e in instants] == [(1, "t", base + 5), (2, "t", base + 50)]
     assert instants[0]["name"] == "NaN/Inf in model.layers.0"
-    assert instants[1]["args"] == {"module": "model.layers.1", "module_type": "Linear", "stage": "backward",
-                                   "step": 0, "seq": 9, "tensor": "grad_input[0]", "nan_count": 0,
-                                   "inf_count": 1, "input_finite": False}  # fmt: skip
+    assert instants[1]["args"] == {
+        "module": "model.layers.1",
+        "module_type": "Linear",
+        "stage": "backward",
+        "step": 0,
+        "seq": 9,
+        "tensor": "grad_input[0]",
+        "nan_count": 0,
+        "inf_count": 1,
+        "input_finite": False,
+    }
 
 
 def test_counters_for_cuda_memory_when_known_and_rss() -> None:
@@ -193,8 +237,14 @@ def test_a_cpu_job_has_no_cuda_counters() -> None:
     assert not [e for e in document["traceEvents"] if e["ph"] == "C"]
 
 
-HOSTILE = ['model."quoted"', "model.new\nline", "model.</script><script>alert(1)</script>", "model.\u2028\x1b[2J",
-           "model.back\\slash", "model.\udcff"]  # fmt: skip
+HOSTILE = [
+    'model."quoted"',
+    "model.new\nline",
+    "model.</script><script>alert(1)</script>",
+    "model.\u2028\x1b[2J",
+    "model.back\\slash",
+    "model.\udcff",
+]
 
 
 def test_hostile_module_names_stay_exact_strings() -> None:
@@ -217,8 +267,22 @@ def test_rows_without_a_finite_duration_are_counted_and_left_out() -> None:
     clock = FakeClock()
     start = clock.perf_zero + 1
     clock.row(0, start, "model", "forward", start, start + 1e-4)
-    clock.rows.append((0, 0, 1, "model.0", "Linear", "forward", float("nan"), 1e-5, None, None, None,
-                       clock.rows[0][11] + 10))  # fmt: skip
+    clock.rows.append(
+        (
+            0,
+            0,
+            1,
+            "model.0",
+            "Linear",
+            "forward",
+            float("nan"),
+            1e-5,
+            None,
+            None,
+            None,
+            clock.rows[0][11] + 10,
+        )
+    )
     document, timeline, _ = export(clock.rows)
     assert timeline.skipped == 1 and [e["name"] for e in spans(document)] == ["step 0", "model"]
 
@@ -238,7 +302,10 @@ def test_a_row_stamped_against_another_step_start_uses_its_own_clock() -> None:
 
 
 def test_the_document_streams_in_parts_and_parses() -> None:
-    events = (json.dumps({"ph": "C", "name": "n", "ts": i, "pid": 1, "tid": 1, "args": {"v": i}}) for i in range(5000))
+    events = (
+        json.dumps({"ph": "C", "name": "n", "ts": i, "pid": 1, "tid": 1, "args": {"v": i}})
+        for i in range(5000)
+    )
     parts = list(trace_document(events, {"a": "b"}))
     assert len(parts) > 3  # not one string made at the end
     document = json.loads("".join(parts))

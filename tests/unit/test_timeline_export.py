@@ -30,8 +30,14 @@ MEMORY = AGENT_TABLES["process.memory"]
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("3:7", StepRange(3, 7)), ("3:", StepRange(3, None)), (":7", StepRange(None, 7)), ("5", StepRange(5, 5)),
-     (":", StepRange(None, None)), (" 2 : 4 ", StepRange(2, 4))],  # fmt: skip
+    [
+        ("3:7", StepRange(3, 7)),
+        ("3:", StepRange(3, None)),
+        (":7", StepRange(None, 7)),
+        ("5", StepRange(5, 5)),
+        (":", StepRange(None, None)),
+        (" 2 : 4 ", StepRange(2, 4)),
+    ],
 )
 def test_step_ranges_parse(text: str, expected: StepRange) -> None:
     assert parse_steps(text) == expected
@@ -53,8 +59,13 @@ def session_with_rows(steps: int = 8) -> Any:
     trace = [(*row[1:11], 0, row[11] / 1e6) for row in clock.rows]
     session.load_rows(TORCH_TRACE, trace)
     at = clock.rows[min(40, len(clock.rows) - 1)][11] / 1e6
-    session.load_rows(NAN_EVENTS, [(5, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, 0, at),
-                                   (1, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, 0, at)])  # fmt: skip
+    session.load_rows(
+        NAN_EVENTS,
+        [
+            (5, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, 0, at),
+            (1, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, 0, at),
+        ],
+    )
     first, last = clock.rows[0][11] / 1e6, clock.rows[-1][11] / 1e6
     samples = [(first - 10 + second, 800.0 + second, 0, 0, 0, 0, None, None, None) for second in range(60)]
     session.load_rows(MEMORY, samples)
@@ -102,10 +113,14 @@ def test_steps_cut_the_spans_the_nan_events_and_the_memory_window() -> None:
 def test_the_spans_match_the_rows_read_back_with_sql() -> None:
     session, _ = session_with_rows(4)
     document = document_of(rows_of(session, EVERY_STEP))
-    table = session.run("SELECT step, module, stage, duration FROM python.torch_trace ORDER BY step, seq").rows
+    table = session.run(
+        "SELECT step, module, stage, duration FROM python.torch_trace ORDER BY step, seq"
+    ).rows
     calls = [e for e in document["traceEvents"] if e["ph"] == "X" and e["cat"] != "step"]
     calls.sort(key=lambda e: (e["args"]["step"], e["args"]["seq"]))
-    assert [(e["args"]["step"], e["args"]["module"], e["args"]["stage"]) for e in calls] == [r[:3] for r in table]
+    assert [(e["args"]["step"], e["args"]["module"], e["args"]["stage"]) for e in calls] == [
+        r[:3] for r in table
+    ]
     assert all(abs(e["dur"] - row[3] * 1e6) <= 1 for e, row in zip(calls, table))
 
 

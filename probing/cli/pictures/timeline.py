@@ -284,8 +284,8 @@ class Timeline:
             track, out = self._process(key)
             family = BACKWARD_THREAD if row[5] == "backward" else TRAINING_THREAD
             tid = self._tid(key, track.pid, family, 0, out)
-            args = {"module": row[3], "module_type": row[4], "stage": row[5], "step": row[1], "seq": row[2],
-                    "tensor": row[6], "nan_count": row[7], "inf_count": row[8], "input_finite": row[9]}  # fmt: skip
+            names = NAN_ROW[1:10]
+            args = dict(zip(names, row[1:10]))
             event = {"ph": "i", "s": "t", "name": f"NaN/Inf in {row[3]}", "cat": "nan", "ts": int(row[10]),
                      "pid": track.pid, "tid": tid, "args": args}  # fmt: skip
             out.append(_encode(event))
@@ -307,7 +307,13 @@ def _finite(value: Any) -> bool:
 
 
 def _metadata(name: str, pid: int, tid: Optional[int], args: Dict[str, Any]) -> str:
-    event: Dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "tid": 0 if tid is None else tid, "args": args}
+    event: Dict[str, Any] = {
+        "ph": "M",
+        "name": name,
+        "pid": pid,
+        "tid": 0 if tid is None else tid,
+        "args": args,
+    }
     return _encode(event)
 
 
