@@ -328,3 +328,18 @@ def test_a_parent_backward_begun_a_hook_later_than_its_child_still_contains_it()
     assert backward["model"]["tid"] == backward["model.3"]["tid"] == 2
     assert backward["model"]["ts"] == backward["model.3"]["ts"]
     assert backward["model"]["args"]["duration_s"] == pytest.approx(234.7e-6)
+
+
+def test_a_parent_backward_begun_after_a_nan_check_in_its_childs_hook_still_contains_it() -> None:
+    """With `nan on`, the child's prehook checks the gradient first: the parent's backward is
+    stamped 116 us after its child's, well past the slack; it still spans the child."""
+    clock = FakeClock()
+    start = clock.perf_zero + 1
+    clock.row(0, start, "model", "forward", start, start + 1e-3)
+    clock.row(0, start, "model.3", "backward", start + 2.0e-3, start + 2.246e-3)
+    clock.row(0, start, "model", "backward", start + 2.116e-3, start + 2.453e-3)
+    clock.row(0, start, "model.2", "backward", start + 2.265e-3, start + 2.332e-3)
+    document, _, _ = export(clock.rows)
+    check_tracks_nest(document)
+    check_hierarchy(document)
+    assert {e["tid"] for e in spans(document) if e["cat"] == "backward"} == {2}

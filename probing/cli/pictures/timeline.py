@@ -17,8 +17,8 @@ line up as they really ran: a straggler's step starts late. Within a step a call
 the step's start plus its `time_offset` (perf_counter, sub-microsecond), and its end that plus
 its `duration`; both are rounded to whole microseconds by one monotone rule, so a call that
 lies inside another in the rows lies inside it in the file, and rounding cannot make two spans
-partly overlap. A parent's backward span is stretched over a child's that starts a microsecond
-or two before it (two hooks on one autograd node, see cover_children). Spans that still partly
+partly overlap. A parent's backward span is stretched over a child's that the rows say began
+before it (two hooks on one autograd node, see cover_children). Spans that still partly
 overlap (CUDA durations are the device's, their starts the host's)
 go on an extra track of the same thread ("forward 2"), never a misdrawn one: on every track
 X events nest or are apart, which Perfetto needs.
@@ -64,16 +64,6 @@ class ProcessTrack(NamedTuple):
     name: str
 
 
-class Span(NamedTuple):
-    start: int
-    end: int
-    order: int  # 0: the step, 1: a call (the step comes first of two equal spans)
-    depth: int  # dots in the module name: a parent before its child of the same span
-    seq: int
-    family: str  # TRAINING_THREAD or BACKWARD_THREAD
-    text: str  # the event's fields but pid and tid, as JSON
-
-
 class Call:
     """One row's span, in whole microseconds, while a step is laid out."""
 
@@ -89,22 +79,27 @@ class Call:
 
 
 def cover_children(calls: List[Call]) -> None:
-    """Stretch a parent's span over a child's that sticks out of it by at most NEST_SLACK_US.
+    """Stretch a parent's span over a child's that a hook's order put partly outside it.
 
     A parent and its first (or last) child begin (or end) at one event, timed by two hooks that
-    run one after the other: in backward both hooks sit on the same autograd node, and the
-    child's runs first, so the rows say the child's backward began a microsecond or two before
-    its parent's. Drawn as measured, the two would partly overlap; a parent spans its children.
-    The deepest calls go first, so a stretch carries up to the model. The rows' exact
-    durations stay in each event's args (duration_s)."""
+    run one after the other. In backward both prehooks sit on the same autograd node and the
+    child's runs first, so the rows say the child's backward began before its parent's: by a
+    microsecond or two, or by 100 us when `nan on` checks the gradient in the child's hook.
+    A child's backward cannot begin before its parent's output gradient exists, so a backward
+    child that starts before its parent and ends inside it stretches the parent's start, by any
+    amount; elsewhere (forward, the ends) by at most NEST_SLACK_US. Drawn as measured, the two
+    would partly overlap; a parent spans its children. The deepest calls go first, so a stretch
+    carries up to the model. The rows' exact durations stay in each event's args (duration_s)."""
     by_name: Dict[Tuple[str, str], List[Call]] = {}
     for call in calls:
         by_name.setdefault((str(call.row[3]), str(call.row[5])), []).append(call)
     for call in sorted(calls, key=lambda call: -call.depth):
         if not call.parent:
             continue
+        backward = call.row[5] == "backward"
         for parent in by_name.get((call.parent, str(call.row[5])), ()):
-            if parent.start - NEST_SLACK_US <= call.start and call.end <= parent.end + NEST_SLACK_US:
+            starts = parent.start - NEST_SLACK_US <= call.start or (backward and call.end > parent.start)
+            if starts and call.end <= parent.end + NEST_SLACK_US:
                 parent.start = min(parent.start, call.start)
                 parent.end = max(parent.end, call.end)
                 break
@@ -151,6 +146,7 @@ class Timeline:
         self.next_tid: Dict[int, int] = {}
         self.counters: Dict[Tuple[int, str], float] = {}
         self.strings: Dict[str, str] = {}
+        self.kinds: Dict[Tuple[Any, Any, Any], Tuple[str, str, str]] = {}
         self.skipped = 0  # rows without a finite duration or offset
         self.steps = 0
         self.calls = 0
@@ -220,6 +216,9 @@ class Timeline:
         """Spans and memory counters from python.torch_trace rows (TRACE_ROW order), sorted by
         process, step and seq: one step is held at a time."""
         for (key, step), group in itertools.groupby(rows, key=lambda row: (row[0], row[1])):
+            if step is None or key is None:
+                self.skipped += sum(1 for _ in group)
+                continue
             yield from self._step(int(key), int(step), list(group))
 
     def _step(self, key: int, step: int, rows: List[Sequence[Any]]) -> Iterator[str]:
@@ -244,36 +243,62 @@ class Timeline:
             end = max(start, base + _round(relative + max(row[6], 0.0) * US))
             calls.append(Call(start, end, row))
         cover_children(calls)
-        spans: List[Span] = []
+        # (start, -end, order, depth, seq, family, text before the times, text after them)
+        spans: List[Tuple[int, int, int, int, int, str, str, str]] = []
         for call in calls:
             row = call.row
-            module, stage = row[3], row[5]
-            family = BACKWARD_THREAD if stage == "backward" else TRAINING_THREAD
-            category = stage if stage in ("forward", "backward", "optimizer") else "call"
-            name = self._string(module)
-            text = (
-                f'"ph":"X","name":{name},"cat":"{category}","ts":{call.start},"dur":{call.end - call.start},'
-                f'"args":{{"module":{name},"module_type":{self._string(row[4])},"stage":{self._string(stage)},'
-                f'"step":{step},"seq":{int(row[2])},"duration_s":{float(row[6])!r}}}'
+            family, head, args = self._kind(row[3], row[4], row[5])
+            seq = int(row[2] or 0)
+            tail = f'{args}"step":{step},"seq":{seq},"duration_s":{float(row[6])!r}}}'
+            spans.append((call.start, -call.end, 1, call.depth, seq, family, head, tail))
+        first, last = min(span[0] for span in spans), -min(span[1] for span in spans)
+        step_head = f'"ph":"X","name":"step {step}","cat":"step"'
+        spans.append(
+            (
+                first,
+                -last,
+                0,
+                -1,
+                -1,
+                TRAINING_THREAD,
+                step_head,
+                f'"args":{{"step":{step},"calls":{len(calls)}}}',
             )
-            spans.append(Span(call.start, call.end, 1, call.depth, int(row[2]), family, text))
-        first, last = min(span.start for span in spans), max(span.end for span in spans)
-        step_text = (
-            f'"ph":"X","name":"step {step}","cat":"step","ts":{first},"dur":{last - first},'
-            f'"args":{{"step":{step},"calls":{len(calls)}}}'
         )
-        spans.append(Span(first, last, 0, -1, -1, TRAINING_THREAD, step_text))
-        spans.sort(key=lambda span: (span.start, -span.end, span.order, span.depth, span.seq))
-        for span in spans:
-            lanes = self.lanes.setdefault((key, span.family), _Lanes())
-            tid = self._tid(key, pid, span.family, lanes.place(span.start, span.end), out)
-            out.append(f'{{{span.text},"pid":{pid},"tid":{tid}}}')
+        spans.sort()
+        for start, negative_end, _, _, _, family, head, tail in spans:
+            lanes = self.lanes.get((key, family)) or self.lanes.setdefault((key, family), _Lanes())
+            index = lanes.place(start, -negative_end)
+            tid = lanes.tids[index] if index < len(lanes.tids) else self._tid(key, pid, family, index, out)
+            out.append(
+                f'{{{head},"ts":{start},"dur":{-negative_end - start},{tail},"pid":{pid},"tid":{tid}}}'
+            )
         for call in calls:
-            self._counter(key, pid, "CUDA allocated (MB)", call.end, call.row[8], out)
-            self._counter(key, pid, "CUDA reserved (MB)", call.end, call.row[10], out)
+            if call.row[8] is not None or call.row[10] is not None:
+                self._counter(key, pid, "CUDA allocated (MB)", call.end, call.row[8], out)
+                self._counter(key, pid, "CUDA reserved (MB)", call.end, call.row[10], out)
         self.steps += 1
         self.calls += len(calls)
         yield from out
+
+    def _kind(self, module: Any, module_type: Any, stage: Any) -> Tuple[str, str, str]:
+        """The thread family, the event's head (ph, name, cat) and the start of its args, for a
+        call of `module` in `stage`: the same few hundred for a million rows, made once."""
+        key = (module, module_type, stage)
+        found = self.kinds.get(key)
+        if found is None:
+            family = BACKWARD_THREAD if stage == "backward" else TRAINING_THREAD
+            category = stage if stage in ("forward", "backward", "optimizer") else "call"
+            name = self._string(module)
+            head = f'"ph":"X","name":{name},"cat":"{category}"'
+            args = (
+                f'"args":{{"module":{name},"module_type":{self._string(module_type)},'
+                f'"stage":{self._string(stage)},'
+            )
+            found = (family, head, args)
+            if len(self.kinds) < 100_000:
+                self.kinds[key] = found
+        return found
 
     def nan_events(self, rows: Iterable[Sequence[Any]]) -> Iterator[str]:
         """An instant per python.nan_events row (NAN_ROW order), on the track of its stage."""
