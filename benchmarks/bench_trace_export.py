@@ -9,6 +9,8 @@ change (the worst case for counters). Then, alternately, each a new `probing` pr
 
 - export:   probing PID trace export -o FILE
 - baseline: probing PID query "SELECT * FROM python.torch_trace" --format csv > /dev/null
+- fetch:    probing PID query "SELECT count(*) FROM python.torch_trace" (the rows reach the CLI,
+            nothing is made of them: what the export spends beyond it is making the events)
 
 Reported: the median of each, their ratio, the file's size and events, and each command's peak
 RSS (from wait4), which shows whether the export streams.
@@ -96,14 +98,18 @@ def run(rows: int, repeats: int, cuda: bool) -> Dict[str, Any]:
         output = os.path.join(scratch, "step.json")
         cli_env = {"PROBING_SOCKET_DIR": env["PROBING_SOCKET_DIR"]}
         os.environ.update(cli_env)
-        export_runs, query_runs = [], []
+        export_runs, query_runs, fetch_runs = [], [], []
+        query = [PROBING, str(job.pid), "query"]
         for _ in range(repeats):
             seconds, rss, result = timed([PROBING, str(job.pid), "trace", "export", "-o", output], None)
             export_runs.append((seconds, rss, result.stderr.strip()))
             with open(os.devnull, "w") as devnull:
-                query = [PROBING, str(job.pid), "query", "SELECT * FROM python.torch_trace", "--format", "csv"]
-                seconds, rss, _ = timed(query, devnull)
-            query_runs.append((seconds, rss))
+                seconds, rss, _ = timed(
+                    [*query, "SELECT * FROM python.torch_trace", "--format", "csv"], devnull
+                )
+                query_runs.append((seconds, rss))
+                seconds, rss, _ = timed([*query, "SELECT count(*) FROM python.torch_trace"], devnull)
+                fetch_runs.append((seconds, rss))
         size = os.path.getsize(output)
         with open(output) as file:
             events = len(json.load(file)["traceEvents"])
@@ -120,6 +126,7 @@ def run(rows: int, repeats: int, cuda: bool) -> Dict[str, Any]:
         "export_s": round(export_s, 2),
         "query_csv_s": round(query_s, 2),
         "export_over_query": round(export_s / query_s, 2),
+        "fetch_only_s": round(statistics.median(run[0] for run in fetch_runs), 2),
         "file_mb": round(size / 1e6, 1),
         "events": events,
         "bytes_per_row": round(size / held, 1),
@@ -130,7 +137,9 @@ def run(rows: int, repeats: int, cuda: bool) -> Dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cuda-columns", action="store_true")
