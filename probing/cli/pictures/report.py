@@ -68,7 +68,7 @@ def _record_banner(report: Report) -> str:
     if record is None:
         return ""
     reason = record.get("reason") or {}
-    why = reason.get("kind") or "unknown"
+    why = (reason.get("kind") or "unknown").replace("_", " ")
     message = reason.get("message") or ""
     parts = [f"<h2>Written because: {text(why)}</h2>"]
     if message:
@@ -155,7 +155,7 @@ def _steps(report: Report) -> str:
     )
     lead = "How long each traced step took (its last call's end), the step under way left out."
     if report.nan_events:
-        lead += " Red triangles: steps where a NaN or Inf was seen."
+        lead += " Red triangles: steps where a NaN or Inf was seen (only the first, when there are many)."
     return _section("steps", "Step time", lead, figures + '<div class="chart"><canvas id="chart-steps"></canvas></div>')
 
 

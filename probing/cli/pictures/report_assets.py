@@ -88,13 +88,15 @@ SCRIPT = """
   if (canvas('chart-steps') && data.steps.length) {
     const nanSteps = new Set(data.nan_steps);
     const points = data.steps.map(s => ({x: s.step, y: s.seconds}));
-    const marks = points.filter(p => nanSteps.has(p.x));
+    // Every step after the first bad one is often bad too: then only where it began is marked.
+    const bad = points.filter(p => nanSteps.has(p.x));
+    const marks = bad.length > 30 ? bad.slice(0, 1) : bad;
     new Chart(canvas('chart-steps'), {
       type: 'line',
       data: {datasets: [
         {label: 'step time', data: points, borderColor: blue, backgroundColor: 'rgba(47,111,219,.12)',
          fill: true, pointRadius: points.length > 60 ? 0 : 2.5, borderWidth: 1.6, tension: 0},
-        {label: 'NaN/Inf seen', data: marks, type: 'scatter', borderColor: red, backgroundColor: red,
+        {label: bad.length > 30 ? 'first NaN/Inf' : 'NaN/Inf seen', data: marks, type: 'scatter', borderColor: red, backgroundColor: red,
          pointStyle: 'triangle', pointRadius: 6, showLine: false},
       ]},
       options: {scales: {x: {type: 'linear', title: {display: true, text: 'step'},
