@@ -248,7 +248,8 @@ def _thread(thread: Dict[str, Any]) -> str:
         extra.append('<span class="pill quiet">daemon</span>')
     if thread.get("cpu_s") is not None:
         extra.append(f'<span class="where">CPU {text(_seconds(thread["cpu_s"]))}</span>')
-    opened = " open" if thread.get("is_main") else ""
+    # The main thread, and a thread holding the GIL (it stops every other): their stacks matter first.
+    opened = " open" if thread.get("is_main") or "GIL" in str(thread.get("state")) else ""
     ids = f"thread {thread.get('thread_id')}, native {thread.get('native_id')}"
     return (
         f'<details class="thread"{opened}><summary><span class="tname">{text(thread.get("name"))}</span>'
