@@ -23,7 +23,9 @@ from .spec import timeout
 )
 @apply(timeout(5.0, "Seconds to wait for each answer from the agent."))
 @pass_invocation
-def report(invocation: Invocation, output: str, hang_duration: float, hang_samples: int, timeout: float) -> int:
+def report(
+    invocation: Invocation, output: str, hang_duration: float, hang_samples: int, timeout: float
+) -> int:
     """One HTML page of the job to open offline or attach to an incident: the process, every
     thread's stack with its state, the hang verdict, step time, the slowest modules, memory
     over time, NaN events, the largest object types and tensors.

@@ -211,7 +211,11 @@ def gather_live(target: Target, timeout: float, hang_duration: float, hang_sampl
             notes.extend(note for note in answer.notes if note not in notes)
             hang = _hang_summary(answer.report, time.monotonic() - begun)
         timings["hang_s"] = time.monotonic() - begun
-    judged = {(thread.thread_id, thread.native_id): thread for thread in hang_report.threads} if hang_report else {}
+    judged = (
+        {(thread.thread_id, thread.native_id): thread for thread in hang_report.threads}
+        if hang_report
+        else {}
+    )
     outside = stacks.info.get("outside") or {}
 
     def state_of(frames: List[Dict[str, Any]]) -> str:

@@ -76,7 +76,9 @@ def gather_record(record: Record) -> Report:
         "pid": info["pid"],
         "argv": info["argv"],
         "python_version": info["python_version"],
-        "executable": record.header.get("executable") if isinstance(record.header.get("executable"), str) else None,
+        "executable": record.header.get("executable")
+        if isinstance(record.header.get("executable"), str)
+        else None,
         "cwd": record.header.get("cwd") if isinstance(record.header.get("cwd"), str) else None,
         "probing_version": record.header.get("probing_version")
         if isinstance(record.header.get("probing_version"), str)

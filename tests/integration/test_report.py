@@ -71,7 +71,17 @@ def test_a_traced_torch_job_and_its_record(browser: Browser, tmp_path: Path) -> 
         page = browser.open(live)
         assert page.problems() == []
         shown = sections(page)
-        for section in ("hang", "process", "steps", "modules", "memory", "nan", "threads", "objects", "tensors"):
+        for section in (
+            "hang",
+            "process",
+            "steps",
+            "modules",
+            "memory",
+            "nan",
+            "threads",
+            "objects",
+            "tensors",
+        ):
             assert section in shown, shown
         assert "outside" not in shown
         charts = painted(page)

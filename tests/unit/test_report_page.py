@@ -33,8 +33,8 @@ def full_report(name: str = "worker") -> Report:
               "took_s": 2.01, "worker": None, "threads": []},
         record=None,
         steps=[{"step": step, "seconds": 0.02 + step / 1000, "started": 1.7e9 + step} for step in range(10)],
-        modules=[{"module": name, "module_type": name, "forward_s": 0.02, "backward_s": 0.01, "optimizer_s": 0.0,
-                  "calls": 10, "steps": 10, "total_s": 0.03}],
+        modules=[{"module": name, "module_type": name, "forward_s": 0.02, "backward_s": 0.01,
+                  "optimizer_s": 0.0, "calls": 10, "steps": 10, "total_s": 0.03}],
         memory=[{"ts": 1.7e9 + i, "rss_mb": 100.0 + i, "cuda_allocated_mb": None, "cuda_reserved_mb": None,
                  "gc_objects": 1000 + i} for i in range(5)],
         nan_events=[{"step": 4, "seq": 2, "module": name, "module_type": name, "stage": "forward",
@@ -51,10 +51,10 @@ def bare_report() -> Report:
     """What a job without torch, read from outside, leaves: stacks only."""
     full = full_report()
     return full._replace(
-        process={"pid": 7, "argv": ["sleeper.py"], "python_version": "3.11"}, hang=None, steps=[], modules=[],
-        memory=[], nan_events=[], nan_steps=[], nan_event_count=0, object_types=[], tensors=[], has_torch=False,
-        stacks_source="py-spy", absent={"agent": "thread 'x' holds the GIL", "torch": "torch is not imported"},
-        notes=[],
+        process={"pid": 7, "argv": ["sleeper.py"], "python_version": "3.11"}, hang=None, steps=[],
+        modules=[], memory=[], nan_events=[], nan_steps=[], nan_event_count=0, object_types=[], tensors=[],
+        has_torch=False, stacks_source="py-spy", notes=[],
+        absent={"agent": "thread 'x' holds the GIL", "torch": "torch is not imported"},
     )  # fmt: skip
 
 

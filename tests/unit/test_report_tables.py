@@ -28,7 +28,9 @@ def traced(steps: int) -> SqlSession:
             ("model.2", "Middle", "backward", 0.005, 0.030),
             ("optimizer", "AdamW", "optimizer", 0.002, 0.040),
         ]):  # fmt: skip
-            rows.append((step, seq, module, kind, stage, duration, offset, None, None, None, 0, base + offset))
+            rows.append(
+                (step, seq, module, kind, stage, duration, offset, None, None, None, 0, base + offset)
+            )
     session = static_session()
     session.load_rows(TORCH_TRACE, rows)
     return session

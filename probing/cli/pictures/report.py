@@ -38,8 +38,12 @@ def _table(header: Sequence[str], rows: List[List[str]], numeric: Sequence[bool]
     head = "".join(f'<th class="num">{text(h)}</th>' if n else f"<th>{text(h)}</th>"
                    for h, n in zip(header, numeric))  # fmt: skip
     body = "".join(
-        "<tr>" + "".join(f'<td class="num">{cell}</td>' if n else f'<td class="name">{cell}</td>'
-                         for cell, n in zip(row, numeric)) + "</tr>"  # fmt: skip
+        "<tr>"
+        + "".join(
+            f'<td class="num">{cell}</td>' if n else f'<td class="name">{cell}</td>'
+            for cell, n in zip(row, numeric)
+        )
+        + "</tr>"  # fmt: skip
         for row in rows
     )
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
@@ -132,8 +136,12 @@ def _process(report: Report) -> str:
         facts.append(("Node", process.get("node")))
     facts += [("Executable", process.get("executable")), ("Working directory", process.get("cwd")),
               ("probing", process.get("probing_version"))]  # fmt: skip
-    rows = "".join(f"<dt>{text(name)}</dt><dd>{text(value)}</dd>" for name, value in facts if value is not None)
-    left_out = [why for key, why in report.absent.items() if key in ("torch", "steps", "tables", "object_types")]
+    rows = "".join(
+        f"<dt>{text(name)}</dt><dd>{text(value)}</dd>" for name, value in facts if value is not None
+    )
+    left_out = [
+        why for key, why in report.absent.items() if key in ("torch", "steps", "tables", "object_types")
+    ]
     missing = "".join(f"<li>{text(why)}</li>" for why in left_out)
     return _section("process", "Process", "", f'<dl class="facts">{rows}</dl>'
                     + (f'<ul class="left-out">{missing}</ul>' if missing else ""))  # fmt: skip
@@ -156,7 +164,9 @@ def _steps(report: Report) -> str:
     lead = "How long each traced step took (its last call's end), the step under way left out."
     if report.nan_events:
         lead += " Red triangles: steps where a NaN or Inf was seen (only the first, when there are many)."
-    return _section("steps", "Step time", lead, figures + '<div class="chart"><canvas id="chart-steps"></canvas></div>')
+    return _section(
+        "steps", "Step time", lead, figures + '<div class="chart"><canvas id="chart-steps"></canvas></div>'
+    )
 
 
 def _modules(report: Report) -> str:
@@ -203,7 +213,9 @@ def _memory(report: Report) -> str:
             f"<div>over <b>{text(duration(span))}</b></div></div>"
         )
     lead = "process.memory, sampled by the agent (each point the peak of its span)."
-    return _section("memory", "Memory over time", lead, figures + f'<div class="grid">{"".join(charts)}</div>')
+    return _section(
+        "memory", "Memory over time", lead, figures + f'<div class="grid">{"".join(charts)}</div>'
+    )
 
 
 def _nan_events(report: Report) -> str:
@@ -235,13 +247,16 @@ def _thread(thread: Dict[str, Any]) -> str:
         native = frame.get("frame_type") == "Native"
         code = f'<span class="code">{text(frame["code"])}</span>' if frame.get("code") else ""
         frames.append(
-            f'<li class="{"native" if native else "python"}"><span class="func">{text(frame.get("func"))}</span>'
+            f'<li class="{"native" if native else "python"}">'
+            f'<span class="func">{text(frame.get("func"))}</span>'
             f' <span class="file">{text(frame.get("file"))}:{text(frame.get("lineno"))}</span>{code}</li>'
         )
     extra = []
     if thread.get("activity"):
         kind = "good" if thread["activity"] in ("moved", "busy") else "quiet"
-        extra.append(f'<span class="pill {kind}" title="over the hang check">{text(thread["activity"])}</span>')
+        extra.append(
+            f'<span class="pill {kind}" title="over the hang check">{text(thread["activity"])}</span>'
+        )
     if thread.get("is_main"):
         extra.append('<span class="pill">main</span>')
     if thread.get("daemon"):
@@ -253,7 +268,7 @@ def _thread(thread: Dict[str, Any]) -> str:
     ids = f"thread {thread.get('thread_id')}, native {thread.get('native_id')}"
     return (
         f'<details class="thread"{opened}><summary><span class="tname">{text(thread.get("name"))}</span>'
-        f'{_state_pill(thread.get("state") or "")}{"".join(extra)}'
+        f"{_state_pill(thread.get('state') or '')}{''.join(extra)}"
         f'<span class="where">{text(thread.get("where"))} · {text(ids)}</span></summary>'
         f'<ol class="frames">{"".join(frames)}</ol></details>'
     )
@@ -276,7 +291,10 @@ def _object_types(report: Report) -> str:
          "" if entry.get("cuda_mb") is None else text(size(entry["cuda_mb"]))]
         for entry in report.object_types
     ]  # fmt: skip
-    lead = "Live objects the garbage collector tracks, by type, largest first (as `probing PID memory` lists them)."
+    lead = (
+        "Live objects the garbage collector tracks, by type, largest first "
+        "(as `probing PID memory` lists them)."
+    )
     return _section("objects", "Largest object types", lead,
                     _table(["type", "count", "size", "CUDA"], rows, [False, True, True, True]))  # fmt: skip
 
@@ -293,14 +311,21 @@ def _tensors(report: Report) -> str:
     ]  # fmt: skip
     table = _table(["name", "kind", "shape", "dtype", "device", "size", "grad_fn"], rows,
                    [False, False, False, False, False, True, False])  # fmt: skip
-    return _section("tensors", "Largest tensors", "python.tensors: parameters, gradients, buffers and other live tensors.", table)
+    return _section(
+        "tensors",
+        "Largest tensors",
+        "python.tensors: parameters, gradients, buffers and other live tensors.",
+        table,
+    )
 
 
 def _footer(report: Report) -> str:
     items = [text(note) for note in report.notes]
     if "hang" in report.absent and report.record is None:
         items.append(text(report.absent["hang"]))
-    timings = ", ".join(f"{name.replace('_s', '')} {_seconds(value)}" for name, value in report.timings.items())
+    timings = ", ".join(
+        f"{name.replace('_s', '')} {_seconds(value)}" for name, value in report.timings.items()
+    )
     items.append(text(f"time taken: {timings}"))
     return f"<footer><ul>{''.join(f'<li>{item}</li>' for item in items)}</ul></footer>"
 
@@ -310,10 +335,17 @@ def chart_data(report: Report) -> Dict[str, Any]:
     return {
         "steps": [{"step": s["step"], "seconds": s["seconds"]} for s in report.steps],
         "nan_steps": report.nan_steps,
-        "modules": [{key: m[key] for key in ("module", "forward_s", "backward_s", "optimizer_s")}
-                    for m in report.modules],  # fmt: skip
-        "memory": [{key: point.get(key) for key in ("ts", "rss_mb", "cuda_allocated_mb", "cuda_reserved_mb",
-                                                     "gc_objects")} for point in report.memory],  # fmt: skip
+        "modules": [
+            {key: m[key] for key in ("module", "forward_s", "backward_s", "optimizer_s")}
+            for m in report.modules
+        ],  # fmt: skip
+        "memory": [
+            {
+                key: point.get(key)
+                for key in ("ts", "rss_mb", "cuda_allocated_mb", "cuda_reserved_mb", "gc_objects")
+            }
+            for point in report.memory
+        ],  # fmt: skip
     }
 
 

@@ -81,7 +81,9 @@ SCRIPT = """
   const seconds = v => v >= 1 ? v.toFixed(2) + ' s' : (v * 1000).toFixed(v >= 0.01 ? 0 : 1) + ' ms';
   const mb = v => v >= 1024 ? (v / 1024).toFixed(2) + ' GB' : v.toFixed(v >= 100 ? 0 : 1) + ' MB';
   const ago = v => { const s = -v; if (s < 0.05) return 'now';
-    if (s < 10) return '-' + s.toFixed(1) + ' s'; if (s < 120) return '-' + s.toFixed(0) + ' s'; if (s < 7200) return '-' + (s / 60).toFixed(0) + ' min';
+    if (s < 10) return '-' + s.toFixed(1) + ' s';
+    if (s < 120) return '-' + s.toFixed(0) + ' s';
+    if (s < 7200) return '-' + (s / 60).toFixed(0) + ' min';
     return '-' + (s / 3600).toFixed(1) + ' h'; };
   const canvas = id => document.getElementById(id);
 
@@ -96,7 +98,8 @@ SCRIPT = """
       data: {datasets: [
         {label: 'step time', data: points, borderColor: blue, backgroundColor: 'rgba(47,111,219,.12)',
          fill: true, pointRadius: points.length > 60 ? 0 : 2.5, borderWidth: 1.6, tension: 0},
-        {label: bad.length > 30 ? 'first NaN/Inf' : 'NaN/Inf seen', data: marks, type: 'scatter', borderColor: red, backgroundColor: red,
+        {label: bad.length > 30 ? 'first NaN/Inf' : 'NaN/Inf seen', data: marks, type: 'scatter',
+         borderColor: red, backgroundColor: red,
          pointStyle: 'triangle', pointRadius: 6, showLine: false},
       ]},
       options: {scales: {x: {type: 'linear', title: {display: true, text: 'step'},
