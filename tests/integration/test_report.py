@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 from browser import Browser, Page, screenshot_path
+from record_files import capture_record, exception_of
 
 from support import Target, probing, wait_until
 
@@ -97,6 +98,9 @@ def test_a_traced_torch_job_and_its_record(browser: Browser, tmp_path: Path) -> 
         written = probing(str(job.pid), "record")
         assert written.returncode == 0, written.stderr
         assert job.alive()
+        exception = exception_of("ValueError", HOSTILE, "train.py", 101, "train")
+        reason = {"kind": "exception", "message": f"ValueError: {HOSTILE}"}
+        raised = capture_record(job.pid, str(tmp_path), "raised.probing", reason, exception)
     record = next(records.glob("*.probing"))
     crash = tmp_path / "crash.html"
     assert report(str(record), crash) < 10
@@ -108,6 +112,18 @@ def test_a_traced_torch_job_and_its_record(browser: Browser, tmp_path: Path) -> 
         assert section in shown, shown
     assert painted(page)["chart-steps"] > 0
     assert "Written because: on demand" in text_of(page)
+
+    # A job that died of an exception: the reason and the traceback first, in red.
+    output = tmp_path / "raised.html"
+    report(raised, output)
+    page = browser.open(output)
+    assert page.problems() == []
+    assert page.evaluate("document.querySelector('.banner').id") == "record"
+    assert page.evaluate("document.querySelector('#record').className") == "banner bad"
+    banner = page.evaluate("document.querySelector('#record').innerText")
+    assert "Written because: exception" in banner and "Traceback (most recent call last):" in banner
+    assert f"ValueError: {HOSTILE}" in banner and page.evaluate("window.pwned === undefined")
+    page.screenshot(screenshot_path(tmp_path, "report-record.png"))
 
 
 def test_a_job_without_torch_has_no_torch_sections(browser: Browser, tmp_path: Path) -> None:

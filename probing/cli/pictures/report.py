@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from ...engine.report import Report
 
 
+# Why a record was written, when that reason is itself a failure (a red banner, not an amber one).
+FAILURE_KINDS = {"exception", "fatal_signal", "nan", "watchdog", "collective_timeout"}
+
+
 def _seconds(value: Optional[float]) -> str:
     if value is None:
         return "?"
@@ -87,7 +91,8 @@ def _record_banner(report: Report) -> str:
             parts.append(f"<pre>{text(exception['text'])}</pre>")
     if record.get("verdict"):
         parts.append(f"<p>{text(record['verdict'])}</p>")
-    kind = "bad" if exception or record.get("stuck") or why in ("signal", "exception") else "warn"
+    bad = exception or record.get("stuck") or reason.get("kind") in FAILURE_KINDS
+    kind = "bad" if bad else "warn"
     return f'<div class="banner {kind}" id="record">{"".join(parts)}</div>'
 
 

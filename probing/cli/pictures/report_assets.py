@@ -21,7 +21,8 @@ section { background: var(--panel); border: 1px solid var(--line); border-radius
   padding: 14px 18px 16px; margin-top: 16px; min-width: 0; }
 section h2 { font-size: 16px; margin: 0 0 8px; }
 section .lead { color: var(--muted); margin: 0 0 10px; font-size: 13px; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 0 16px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(520px, 100%), 1fr)); gap: 0 16px; }
+.grid > div { min-width: 0; }
 @media (max-width: 700px) { .grid { grid-template-columns: 1fr; } main { padding: 12px; } }
 .banner { border-radius: 8px; padding: 12px 16px; margin-top: 16px; border: 1px solid; }
 .banner h2 { font-size: 16px; margin: 0 0 4px; }
