@@ -79,10 +79,10 @@ def _record_banner(report: Report) -> str:
     why = (reason.get("kind") or "unknown").replace("_", " ")
     message = reason.get("message") or ""
     parts = [f"<h2>Written because: {text(why)}</h2>"]
-    if message:
+    exception = record.get("exception")
+    if message and not exception:  # an exception's own line says the same, and more
         parts.append(f"<p>{text(message)}</p>")
     parts.append(f"<p>{text(record.get('path'))}, written {text(_utc(record.get('written_at')))}</p>")
-    exception = record.get("exception")
     if exception:
         title = f"{exception.get('type') or 'exception'}: {exception.get('message') or ''}"
         thread = f" (in thread {exception['thread']})" if exception.get("thread") else ""
@@ -325,7 +325,8 @@ def _tensors(report: Report) -> str:
 
 
 def _footer(report: Report) -> str:
-    items = [text(note) for note in report.notes]
+    shown = report.absent.get("agent", "")  # its note is in the banner at the top already
+    items = [text(note) for note in report.notes if note not in shown]
     if "hang" in report.absent and report.record is None:
         items.append(text(report.absent["hang"]))
     timings = ", ".join(
