@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -29,7 +29,7 @@ PROBING = str(BIN / "probing")
 DEMO = str(HERE.parent / "docs" / "examples" / "train.py")
 
 
-def start_demo() -> "tuple[subprocess.Popen[bytes], int]":
+def start_demo() -> Tuple[subprocess.Popen[bytes], int]:
     env = {key: value for key, value in os.environ.items() if key != "PROBING"}
     process = subprocess.Popen(
         [PROBING, "run", "--", sys.executable, DEMO],
@@ -88,8 +88,10 @@ def main() -> None:
     parts = medians["backtrace"] + medians["memory"]
     print(f"  report without the hang check / (backtrace + memory): {bare / parts:.2f}x")
     full = medians["report (2 s hang check)"]
-    print(f"  report / (backtrace + memory + hang): {full / (parts + medians['hang --duration 2 --samples 5']):.2f}x")
-    print(f"  page: {size / 1000:.0f} kB; the report's own timings, last run: {footer.group(1) if footer else '?'}")
+    alone = parts + medians["hang --duration 2 --samples 5"]
+    print(f"  report / (backtrace + memory + hang): {full / alone:.2f}x")
+    timings = footer.group(1) if footer else "?"
+    print(f"  page: {size / 1000:.0f} kB; the report's own timings, last run: {timings}")
 
 
 if __name__ == "__main__":
