@@ -117,6 +117,8 @@ def _trace_sql(process: str, steps: StepRange) -> str:
 
 
 def _stream(session: SqlSession, sql: str) -> Iterator[Tuple[Any, ...]]:
+    """The query's rows in batches. It runs when first read, on the session's one connection,
+    where a new query ends the previous one's results: read each stream to its end first."""
     cursor = session.connection.execute(sql)
     while True:
         batch = cursor.fetchmany(BATCH_ROWS)
