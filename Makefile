@@ -34,7 +34,16 @@ format: install ## Format the code with ruff
 	$(BIN)/ruff format probing tests benchmarks docs/examples setup.py
 	$(BIN)/ruff check --fix probing tests benchmarks docs/examples setup.py
 
-browser: ## Install Debian's chromium, which the tests of the HTML pages drive (as root)
+# A trace viewer that runs offline, for the test that loads `trace export`'s file in one
+# (Perfetto's UI is served only from its site; chrome://tracing is gone from Chromium).
+SPEEDSCOPE := $(VENV)/share/speedscope-1.25.0
+
+$(SPEEDSCOPE)/index.html:
+	rm -rf $(SPEEDSCOPE) && mkdir -p $(SPEEDSCOPE)
+	cd $(SPEEDSCOPE) && npm pack --silent speedscope@1.25.0 > /dev/null \
+		&& tar xzf speedscope-1.25.0.tgz --strip-components=3 package/dist/release && rm speedscope-1.25.0.tgz
+
+browser: $(SPEEDSCOPE)/index.html ## Install Debian's chromium, which the tests of the HTML pages drive (as root), and speedscope
 	@command -v chromium > /dev/null || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
 			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \

@@ -26,7 +26,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -85,6 +85,7 @@ class Page:
         self.console_errors: List[str] = []
         self.exceptions: List[str] = []
         self.blocked: List[str] = []  # requests to anything but the page itself
+        self.allowed: Tuple[str, ...] = ()  # file:// directories a page of many files loads from
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (promises are awaited)."""
@@ -248,7 +249,7 @@ class Browser:
         method, params = event.get("method"), event.get("params", {})
         if method == "Fetch.requestPaused":
             url = params["request"]["url"]
-            if url == page.url or url.startswith("data:"):
+            if url == page.url.split("#")[0] or url.startswith(("data:", *page.allowed)):
                 self.send("Fetch.continueRequest", {"requestId": params["requestId"]}, page.session)
             else:
                 page.blocked.append(url)
@@ -271,14 +272,23 @@ class Browser:
 
     # --- pages ------------------------------------------------------------------------------
 
-    def open(self, path: Path, width: int = WINDOW[0], height: int = WINDOW[1]) -> Page:
-        """Load the file at `path` and wait until it has loaded and drawn."""
-        url = Path(path).resolve().as_uri()
+    def open(
+        self,
+        path: Path,
+        width: int = WINDOW[0],
+        height: int = WINDOW[1],
+        fragment: str = "",
+        allow: Sequence[Path] = (),
+    ) -> Page:
+        """Load the file at `path` (with `#fragment`) and wait until it has loaded and drawn.
+        Files under the directories `allow` may be loaded too (a viewer of several files)."""
+        url = Path(path).resolve().as_uri() + (f"#{fragment}" if fragment else "")
         target = self.command("Target.createTarget", {"url": "about:blank"}, None)["targetId"]
         session = self.command("Target.attachToTarget", {"targetId": target, "flatten": True}, None)[
             "sessionId"
         ]
         page = Page(self, session, url)
+        page.allowed = tuple(Path(directory).resolve().as_uri() + "/" for directory in allow)
         self.pages[session] = page
         for method, params in (
             ("Page.enable", {}),

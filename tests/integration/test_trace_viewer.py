@@ -1,0 +1,62 @@
+"""`trace export`'s file opened in a trace viewer that is not ours: speedscope, which imports the
+Chrome trace event format, run from its own release files in headless Chromium. Perfetto's UI
+is served only from its site and chrome://tracing is gone from Chromium 156, so speedscope is the
+viewer that runs offline here (`make browser` unpacks it into .venv/share)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from browser import Browser, screenshot_path
+
+from support import Target, probing, wait_until
+
+pytest.importorskip("torch")
+
+SPEEDSCOPE = Path(sys.prefix) / "share" / "speedscope-1.25.0"
+
+
+@pytest.fixture(scope="module")
+def traced() -> Iterator[Target]:
+    """A torch job with a slow module that trained 8 traced steps, backward too, then idles."""
+    with Target("torch_job.py", via="plain", args=["--slow", "--gate", "--steps", "8"]) as job:
+        on = probing(str(job.pid), "trace", "on", "--backward", "--every", "1")
+        assert on.returncode == 0, on.stderr
+        job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
+        job.process.stdin.flush()  # type: ignore[union-attr]
+        assert wait_until(lambda: "done" in job.stdout_lines, 120, 0.1), job.output()
+        yield job
+
+
+@pytest.mark.pictures
+def test_speedscope_draws_the_exported_steps(traced: Target, tmp_path: Path) -> None:
+    if not (SPEEDSCOPE / "index.html").exists():
+        pytest.fail(f"speedscope is not unpacked in {SPEEDSCOPE}: `make browser` does it")
+    exported = tmp_path / "steps.json"
+    result = probing(str(traced.pid), "trace", "export", "--steps", "5:6", "-o", str(exported))
+    assert result.returncode == 0, result.stderr
+    # What speedscope's own command line does with a file: a script that hands it over.
+    loader = tmp_path / "steps.js"
+    encoded = base64.b64encode(exported.read_bytes()).decode()
+    loader.write_text(f"speedscope.loadFileFromBase64({json.dumps(exported.name)}, {json.dumps(encoded)})")
+    with Browser() as browser:
+        page = browser.open(
+            SPEEDSCOPE / "index.html", fragment=f"localProfilePath={loader}", allow=(SPEEDSCOPE, tmp_path)
+        )
+        deadline = time.monotonic() + 20
+        # The profile's name heads the page once speedscope has read it: the process and the track.
+        while "training thread" not in page.evaluate("document.body.innerText"):
+            assert time.monotonic() < deadline, page.evaluate("document.body.innerText")
+            browser.drain(page, 0.2)
+        page.settle()
+        assert page.problems() == []
+        heading = page.evaluate("document.body.innerText")
+        assert f"(pid {traced.pid}), training thread" in heading, heading
+        assert any(canvas["painted"] > 10_000 for canvas in page.marks()["canvases"])
+        page.screenshot(screenshot_path(tmp_path, "timeline.png"), full_page=False)
