@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -64,7 +63,8 @@ def test_a_second_sampling_is_refused_and_a_record_is_not_live(tmp_path: Path) -
             args=(str(job.pid), "flamegraph", "--duration", "3", "-o", str(tmp_path / "a.folded")),
         )
         first.start()
-        time.sleep(1.0)  # the first must be sampling: a second is refused, not queued
+        # Once the first samples, a second is refused, not queued.
+        assert wait_until(lambda: probing(str(job.pid), "eval", SAMPLING).stdout == "True\n", 20, 0.2)
         second = probing(str(job.pid), "flamegraph", "--duration", "1", "-o", str(tmp_path / "b.folded"))
         first.join()
         assert second.returncode != 0 and "another flame graph is being sampled" in second.stderr
