@@ -228,13 +228,18 @@ def sample_stacks(
         end = started + duration
         checked = started
         smoothed = 0.0
+        wake = started
         ended = "done"
         while True:
             spent = sampling.sample()
             # The mean of recent samples: one slow sample (a page fault) must not stall the rest.
             smoothed = spent if smoothed == 0.0 else 0.8 * smoothed + 0.2 * spent
             now = time.monotonic()
-            wake = min(end, now + next_interval(rate, smoothed))
+            # Kept on a schedule: the wait for the GIL after each wake-up (up to a switch
+            # interval, 5 ms, behind a busy thread) is not added to every interval, but a late
+            # sample is never followed by a burst of catching up.
+            wake = max(wake + next_interval(rate, smoothed), now)
+            wake = min(end, wake)
             if now - checked >= CLIENT_CHECK_S:
                 checked = now
                 if client_gone():
