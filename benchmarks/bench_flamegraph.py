@@ -114,6 +114,12 @@ def main() -> int:
         finally:
             job.kill()
             job.wait()
+    rounds = []
+    for plain_window, sampled_window in zip(plain, sampled):
+        untouched = inside(timed, *plain_window)
+        during = inside(timed, *sampled_window)
+        if untouched and during:
+            rounds.append(statistics.median(during) / statistics.median(untouched))
     plain_steps = [took for start, end in plain for took in inside(timed, start, end)]
     sampled_steps = [took for start, end in sampled for took in inside(timed, start, end)]
     plain_median, sampled_median = statistics.median(plain_steps), statistics.median(sampled_steps)
@@ -122,6 +128,9 @@ def main() -> int:
     print(f"median step, not sampled: {plain_median * 1000:.2f} ms")
     print(f"median step, sampled:     {sampled_median * 1000:.2f} ms")
     print(f"ratio sampled / not sampled: {sampled_median / plain_median:.4f} (target <= 1.01)")
+    print("ratio per round (adjacent windows): " + ", ".join(f"{ratio:.4f}" for ratio in rounds))
+    if rounds:
+        print(f"median of the round ratios: {statistics.median(rounds):.4f}")
     for samples, seconds, rate, share in figures:
         print(
             f"  sampling: {samples} samples in {seconds:.2f} s, {rate:.1f} Hz achieved, GIL held {share:.3f}%"
