@@ -50,10 +50,14 @@ def figures_line(flame: Flame) -> str:
             f"{figures.get('modules')} modules, mean of {figures.get('steps')} steps "
             f"({figures.get('range')}); {total_weight(flame.stacks) * 1000:.3f} ms traced per step"
         )
-    source = "the agent" if figures.get("source") == "agent" else "outside (py-spy)"
+    if figures.get("source") != "agent":
+        return (
+            f"{figures.get('samples')} thread samples in {figures.get('duration_s')} s "
+            f"at {figures.get('rate_hz')} Hz from outside (py-spy)"
+        )
     said = (
         f"{figures.get('samples')} samples in {figures.get('duration_s')} s "
-        f"({figures.get('rate_hz')} Hz) from {source}"
+        f"({figures.get('rate_hz')} Hz) from the agent"
     )
     if figures.get("cost_share") is not None:
         said += f"; sampling held the GIL {100 * float(figures['cost_share']):.3f}% of the time"

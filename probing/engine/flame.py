@@ -21,7 +21,9 @@ from ..errors import (
     AttachFailed,
     AttachTimeout,
     NoAgent,
+    PermissionDenied,
     ProbingError,
+    ProcessNotFound,
     UsageError,
 )
 from ..protocol.frames import json_loads
@@ -142,7 +144,12 @@ def sample_stacks(target: Target, duration: float, rate: float, timeout: float) 
         if target.pid is None:
             raise ProbingError(fallback.why) from None
         why = fallback.why
-    return sample_with_pyspy(target.require_pid("sampling from outside"), duration, rate, why)
+    from ..procfs import process_alive
+
+    pid = target.require_pid("sampling from outside")
+    if not process_alive(pid):
+        raise ProcessNotFound(f"PID {pid} exited while its stacks were sampled ({why})", hint="")
+    return sample_with_pyspy(pid, duration, rate, why)
 
 
 # "thread (TID): NAME" as py-spy's raw format (with --threads) begins each stack.
@@ -207,8 +214,7 @@ def sample_with_pyspy(pid: int, duration: float, rate: float, why: str) -> Flame
             ) from None
         wall = time.monotonic() - started
         if status != 0 or not os.path.exists(path):
-            said = stderr.decode("utf-8", "replace").strip().splitlines()
-            raise ProbingError(f"{why}; py-spy could not sample PID {pid}: {said[-1] if said else status}")
+            raise _pyspy_failed(pid, why, stderr.decode("utf-8", "replace"), status)
         if os.path.getsize(path) > MAX_PYSPY_FILE_BYTES:
             raise ProbingError(
                 f"py-spy's stacks of PID {pid} weigh more than {MAX_PYSPY_FILE_BYTES >> 20} MB"
@@ -223,6 +229,20 @@ def sample_with_pyspy(pid: int, duration: float, rate: float, why: str) -> Flame
     figures: Dict[str, Any] = {"samples": samples, "rate_hz": round(rate, 2), "requested_rate_hz": rate,
                                "duration_s": round(wall, 3), "source": "py-spy", "pid": pid}  # fmt: skip
     return Flame(stacks, "samples", title, notes, figures)
+
+
+def _pyspy_failed(pid: int, why: str, stderr: str, status: int) -> ProbingError:
+    """py-spy's failure in one sentence (its `Error:` line, not its Rust backtrace)."""
+    from ..procfs import process_alive
+
+    if not process_alive(pid):
+        return ProcessNotFound(f"PID {pid} exited while it was sampled from outside ({why})", hint="")
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = next((line[len("Error:") :].strip() for line in lines if line.startswith("Error:")), None)
+    said = said or f"it exited with status {status}"
+    if "Permission denied" in stderr or "Operation not permitted" in stderr:
+        return PermissionDenied(f"{why}; py-spy is not allowed to sample PID {pid}: {said}")
+    return ProbingError(f"{why}; py-spy could not sample PID {pid}: {said}")
 
 
 def parse_steps(text: Optional[str]) -> Optional[Tuple[Optional[int], Optional[int]]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -120,3 +121,13 @@ def test_the_page_draws_in_chromium(tmp_path: Path) -> None:
         assert svgs and max(svg["marks"] for svg in svgs) > 5, svgs
         assert page.evaluate("document.body.textContent.includes('slow_function')")
         page.screenshot(screenshot_path(tmp_path, "flamegraph.png"))
+
+
+def test_a_job_that_exits_mid_sampling_gets_a_clear_error(tmp_path: Path) -> None:
+    with Target("exits_while_sampled.py", via="run") as job:
+        started = time.monotonic()
+        result = probing(str(job.pid), "flamegraph", "--duration", "20", "-o", str(tmp_path / "x.svg"))
+        assert time.monotonic() - started < 15
+        assert result.returncode == ExitCode.NO_SUCH_PROCESS, result.stderr
+        assert f"PID {job.pid} exited while its stacks were sampled" in result.stderr
+        assert not (tmp_path / "x.svg").exists()
