@@ -342,11 +342,15 @@ def module_stacks(rows: Sequence[Sequence[Any]]) -> Tuple[List[Tuple[Tuple[str, 
     return stacks, clamped
 
 
+class NothingTraced(ProbingError):
+    """python.torch_trace holds no rows."""
+
+
 def torch_flame(session: Any, steps_text: Optional[str], title: str, notes: List[str]) -> Flame:
     """The module flame graph from a DuckDB session holding python.torch_trace."""
     low, high, count = session.run(step_range_sql()).rows[0]
     if not count:
-        raise ProbingError(
+        raise NothingTraced(
             "python.torch_trace has no rows: nothing was traced",
             hint="`probing PID trace on` (add --backward for backward times) starts tracing; "
             "run the flame graph after a few steps",
@@ -380,7 +384,13 @@ def torch_flame_of_target(target: Target, steps_text: Optional[str], timeout: fl
     from .query import load_tables
 
     loaded = load_tables(target, "SELECT * FROM python.torch_trace", timeout)
-    return torch_flame(loaded.session, steps_text, f"PID {loaded.pid}", loaded.notes)
+    try:
+        return torch_flame(loaded.session, steps_text, f"PID {loaded.pid}", loaded.notes)
+    except NothingTraced:
+        from .requests import switch
+
+        switch(target, "trace", {"action": "status"}, timeout)  # NoTorch: a job without torch
+        raise
 
 
 def torch_flame_of_record(record: Any, steps_text: Optional[str]) -> Flame:

@@ -131,3 +131,12 @@ def test_a_job_that_exits_mid_sampling_gets_a_clear_error(tmp_path: Path) -> Non
         assert result.returncode == ExitCode.NO_SUCH_PROCESS, result.stderr
         assert f"PID {job.pid} exited while its stacks were sampled" in result.stderr
         assert not (tmp_path / "x.svg").exists()
+
+
+def test_standard_output_and_a_job_without_torch(tmp_path: Path) -> None:
+    with Target("sleeper.py", via="run") as job:
+        result = probing(str(job.pid), "flamegraph", "--duration", "0.5", "-o", "-", "--format", "folded")
+        assert result.returncode == 0, result.stderr
+        assert "main_loop (sleeper.py:" in result.stdout and "probing: wrote" not in result.stderr
+        no_torch = probing(str(job.pid), "flamegraph", "--torch", "-o", str(tmp_path / "m.html"))
+        assert no_torch.returncode == ExitCode.NO_TORCH and "has not imported torch" in no_torch.stderr
