@@ -101,3 +101,15 @@ def test_pyspy_raw_output_is_parsed_with_thread_names_put_back_together() -> Non
         ("worker; x", "Thread.run (threading.py:982)", "slow (a.py:4)"): 198.0,
         ("MainThread", "<module> (a.py:12)"): 200.0,
     }
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"duration_s": 601}, {"duration_s": "10"}, {"rate_hz": 0}, {"rate_hz": True}, {"duration_s": -1}],
+)
+def test_the_sample_method_refuses_bad_parameters(params: Any) -> None:
+    from probing.agent.handlers import METHODS
+
+    with pytest.raises(stack_sampler.RequestError) as refused:
+        METHODS["sample"](None, params)
+    assert refused.value.error_type == "BadRequest"
