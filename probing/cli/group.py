@@ -31,6 +31,7 @@ from .record import record
 from .records import records
 from .render import report_error, stdout_is_closed
 from .repl import repl
+from .report import report
 from .run import run
 from .spec import BACKTRACE_OPTIONS, ENDPOINTS, GLOBAL_OPTIONS, TARGET_OPTIONS
 from .switch import nan, trace
@@ -177,6 +178,7 @@ for _command in (hang, eval_command, repl, query, trace, nan, memory_command, ta
     cli.add_command(_command)
 cli.add_command(ranks)
 cli.add_command(core_command)
+cli.add_command(report)
 cli.add_command(flamegraph)
 
 

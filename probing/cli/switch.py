@@ -8,13 +8,16 @@ from typing import Any, Dict, Optional, Sequence
 import click
 
 from ..engine.requests import switch
+from ..engine.timeline import StepRange
 from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.reports import write_switch
 from .spec import RANKS, TEXT_OR_JSON, timeout
+from .trace_export import export_trace, steps_option
 
 ACTION = click.Choice(("on", "off", "status"))
+TRACE_ACTION = click.Choice(("on", "off", "status", "export"))
 
 
 def _switch(
@@ -43,7 +46,7 @@ def _switch(
 
 
 @click.command()
-@click.argument("action", type=ACTION, default="status")
+@click.argument("action", type=TRACE_ACTION, default="status")
 @click.option(
     "--every", type=click.IntRange(min=1), metavar="N",
     help="Trace one step in N. Default: chosen after each traced step so that tracing costs under 1% "
@@ -62,25 +65,48 @@ def _switch(
     "--capacity", type=click.IntRange(min=1000), metavar="ROWS",
     help="Rows python.torch_trace keeps, newest first out last.  [default: 1000000]",
 )  # fmt: skip
+@click.option(
+    "-o", "--output", metavar="FILE",
+    help="export: the Chrome trace event JSON file to write (replaced if it exists); - for stdout.",
+)  # fmt: skip
+@click.option(
+    "--steps", callback=steps_option, metavar="A:B",
+    help="export: only steps A to B, both included (A:, :B, or one step N). Default: every step traced.",
+)  # fmt: skip
 @apply(TEXT_OR_JSON, timeout(10.0), RANKS)
 @pass_invocation
 def trace(
     invocation: Invocation, action: str, every: Optional[int], backward: bool, patterns: Sequence[str],
-    depth: Optional[int], capacity: Optional[int], format: str, timeout: float, ranks: Optional[str],
+    depth: Optional[int], capacity: Optional[int], output: Optional[str], steps: Optional[StepRange],
+    format: str, timeout: float, ranks: Optional[str],
 ) -> int:  # fmt: skip
-    """Time the job's modules and optimizer steps into python.torch_trace: on, off or status.
+    """Time the job's modules and optimizer steps into python.torch_trace: on, off or status;
+    export writes the traced steps as a timeline.
 
     \b
       probing PID trace on                        hook the live job's models and optimizers
       probing PID trace on --every 10 --backward  every 10th step, backward timed too
       probing PID trace status
       probing PID trace off                       every hook removed
+      probing PID trace export -o step.json       open it in ui.perfetto.dev or chrome://tracing
+      probing PID trace export --ranks all --steps 100:110 -o job.json
+      probing FILE trace export -o step.json      from a record
     """
     options = (("--every", every), ("--backward", backward or None), ("--modules", patterns or None),
                ("--depth", depth), ("--capacity", capacity))  # fmt: skip
     given = [name for name, value in options if value is not None]
     if given and action != "on":
         raise click.UsageError(f"{', '.join(given)} only go with 'trace on'")
+    exported = [name for name, value in (("--output", output), ("--steps", steps)) if value is not None]
+    if exported and action != "export":
+        raise click.UsageError(f"{', '.join(exported)} only go with 'trace export'")
+    if action == "export":
+        source = click.get_current_context().get_parameter_source("format")
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            raise click.UsageError("--format does not go with 'trace export' (it writes Chrome trace JSON)")
+        if output is None:
+            raise click.UsageError("'trace export' needs -o/--output FILE (- for stdout)")
+        return export_trace(invocation, output, steps, timeout, ranks)
     params = {"action": action, "every": every, "backward": backward, "modules": list(patterns) or None,
               "depth": depth, "capacity": capacity}  # fmt: skip
     return _switch(invocation, "trace", params, format, timeout, ranks)

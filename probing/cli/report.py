@@ -1,0 +1,58 @@
+"""`probing PID report -o job.html`: one self-contained HTML page of a job (or of a record):
+the process, every thread's stack, the hang verdict, step time, the slowest modules, memory
+over time, NaN events, the largest object types and tensors."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import ExitCode
+from .invocation import Invocation
+from .options import apply, pass_invocation
+from .spec import timeout
+
+
+@click.command()
+@click.option("-o", "--output", required=True, metavar="FILE", help="The HTML file to write (- for stdout).")
+@click.option(
+    "--hang-duration", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",
+    help="Seconds the hang check watches the threads (0: no hang check).",
+)  # fmt: skip
+@click.option(
+    "--hang-samples", type=click.IntRange(min=2), default=5, show_default=True, help="Stack samples it takes."
+)
+@apply(timeout(5.0, "Seconds to wait for each answer from the agent."))
+@pass_invocation
+def report(
+    invocation: Invocation, output: str, hang_duration: float, hang_samples: int, timeout: float
+) -> int:
+    """One HTML page of the job to open offline or attach to an incident: the process, every
+    thread's stack with its state, the hang verdict, step time, the slowest modules, memory
+    over time, NaN events, the largest object types and tensors.
+
+    \b
+      probing PID report -o job.html          a live job (the hang check watches it 2 s)
+      probing FILE report -o crash.html       a record: why it was written and the exception first
+
+    Sections that do not apply (no torch, no traced steps) are left out. When the agent cannot
+    answer (a thread holds the GIL), the stacks are read from outside and the page says so.
+    """
+    from ..engine.report import Report
+    from .pictures.report import report_page
+    from .render.files import write_output, wrote
+
+    record = invocation.record()
+    gathered: Report
+    if record is not None:
+        from ..engine.report_record import gather_record
+
+        gathered = gather_record(record)
+    else:
+        from ..engine.report import gather_live
+
+        gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples)
+    written = write_output(output, [report_page(gathered)])
+    sections = f"{len(gathered.threads)} threads, {len(gathered.steps)} steps"
+    took = gathered.timings.get("total_s", 0.0)
+    wrote(output, written, f"{sections}, gathered in {took:.1f} s", "open it in a browser")
+    return ExitCode.OK

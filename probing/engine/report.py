@@ -1,0 +1,242 @@
+"""What `probing PID report` shows of one live process, gathered: plain data, no HTML
+(cli/pictures/report.py draws it). A record file's is gathered by report_record.py.
+
+The order keeps the page fast and honest: the stacks first (from the agent, or from outside
+when it cannot answer: then nothing else that needs the agent is asked, and the page says why),
+then the memory summary (object types), then every table the page reads in one connection,
+then the hang verdict over a short window (engine/hang.py, the one `probing PID hang` uses).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from ..analysis.progress import HangReport
+from ..analysis.states import thread_state
+from ..errors import ProbingError
+from ..procfs import start_time
+from .backtrace import Stacks, read_stacks
+from .hang import sample_hang
+from .query import load_tables
+from .report_tables import (
+    held_tables,
+    largest_tensors,
+    memory_history,
+    nan_events,
+    slowest_modules,
+    step_times,
+    thread_details,
+    torch_version_of,
+)
+from .requests import memory
+from .sources import SourceLines
+from .target import Target
+
+# Every table the page reads from a live agent, fetched in one connection.
+REPORT_TABLES_SQL = (
+    "SELECT 1 FROM python.threads, process.memory, python.torch_trace, python.nan_events, python.tensors"
+)
+TORCH_TABLES = ["python.torch_trace", "python.nan_events", "python.tensors"]
+OBJECT_TYPES_SHOWN = 15
+
+
+class Report(NamedTuple):
+    """Everything the page shows; a section whose data is None (or empty) is left out, and
+    `absent` says why where a reader would look for it."""
+
+    process: Dict[str, Any]  # pid, argv, python_version, torch_version, started_at, uptime_s, rank...
+    threads: List[Dict[str, Any]]  # main first: name, ids, state, where, frames (innermost first)
+    stacks_source: str  # "agent", "py-spy" or "record"
+    hang: Optional[Dict[str, Any]]  # hung, reason, duration_s, samples, took_s (live only)
+    record: Optional[Dict[str, Any]]  # path, written_at, reason, exception (a record only)
+    steps: List[Dict[str, Any]]
+    modules: List[Dict[str, Any]]
+    memory: List[Dict[str, Any]]
+    nan_events: List[Dict[str, Any]]  # the first few
+    nan_steps: List[int]  # every step with a NaN event
+    nan_event_count: int
+    object_types: List[Dict[str, Any]]
+    tensors: List[Dict[str, Any]]
+    has_torch: bool
+    absent: Dict[str, str]  # section -> why it is not on the page
+    notes: List[str]
+    timings: Dict[str, float]  # what took how long, seconds
+    generated_at: float
+
+
+def describe_threads(
+    rows: List[Dict[str, Any]],
+    state_of: Callable[[List[Dict[str, Any]]], str],
+    details: Optional[Dict[Any, Dict[str, Any]]] = None,
+) -> List[Dict[str, Any]]:
+    """python.backtrace rows as one entry per thread, the main thread first, with its state."""
+    by_thread: Dict[Any, List[Dict[str, Any]]] = {}
+    for row in rows:
+        by_thread.setdefault((row.get("pid"), row.get("thread_id")), []).append(row)
+    threads = []
+    for frames in by_thread.values():
+        frames.sort(key=lambda frame: frame.get("depth") or 0)
+        first = frames[0]
+        detail = (details or {}).get(first.get("thread_id")) or {}
+        python = [frame for frame in frames if frame.get("frame_type") != "Native"]
+        where = python[0] if python else first
+        cpu = [detail.get("cpu_user_s"), detail.get("cpu_system_s")]
+        threads.append({
+            "name": first.get("thread_name"),
+            "thread_id": first.get("thread_id"),
+            "native_id": first.get("native_id"),
+            "is_main": bool(first.get("is_main")),
+            "daemon": detail.get("daemon"),
+            "cpu_s": sum(cpu) if all(isinstance(value, float) for value in cpu) else None,  # type: ignore[arg-type]
+            "state": state_of(frames),
+            "where": f"{where.get('func')} ({where.get('file')}:{where.get('lineno')})",
+            "frames": [
+                {key: frame.get(key) for key in ("func", "file", "lineno", "frame_type", "code")}
+                for frame in frames
+            ],
+        })  # fmt: skip
+    threads.sort(key=lambda thread: (not thread["is_main"], str(thread["name"])))
+    return threads
+
+
+def _hang_summary(report: HangReport, took: float) -> Dict[str, Any]:
+    return {
+        "hung": report.hung,
+        "reason": report.reason,
+        "duration_s": report.duration_s,
+        "samples": report.samples,
+        "took_s": took,
+        "worker": report.worker,
+        "threads": [thread._asdict() for thread in report.threads],
+    }
+
+
+def _process(stacks: Stacks, pid: Optional[int], now: float) -> Dict[str, Any]:
+    info = stacks.info
+    started = start_time(pid) if pid is not None else None
+    rank = info.get("rank") if isinstance(info.get("rank"), dict) else None
+    return {
+        "pid": info.get("pid") or pid,
+        "argv": [str(arg) for arg in info.get("argv") or []],
+        "python_version": info.get("python_version"),
+        "executable": info.get("executable"),
+        "cwd": info.get("cwd"),
+        "probing_version": info.get("probing_version"),
+        "torch_version": torch_version_of(pid),
+        "started_at": started,
+        "uptime_s": None if started is None else max(0.0, now - started),
+        "rank": None if rank is None else rank.get("rank"),
+        "local_rank": None if rank is None else rank.get("local_rank"),
+        "world_size": None if rank is None else rank.get("world_size"),
+        "node": info.get("node") if rank is not None else None,
+    }
+
+
+def gather_live(target: Target, timeout: float, hang_duration: float, hang_samples: int) -> Report:
+    """The report of a live process; `hang_duration` 0 leaves the hang verdict out."""
+    started = time.monotonic()
+    timings: Dict[str, float] = {}
+    notes: List[str] = []
+    absent: Dict[str, str] = {}
+    stacks = read_stacks(target, False, None, timeout)
+    timings["stacks_s"] = time.monotonic() - started
+    notes.extend(stacks.notes)
+    pid = None if target.remote else stacks.pid
+    sources = SourceLines(pid)
+
+    def code_line(frame: Dict[str, Any]) -> str:
+        return sources.line(str(frame.get("file")), frame.get("lineno"))
+
+    from_outside = any(row.get("source") == "py-spy" for row in stacks.rows)
+    details: Dict[Any, Dict[str, Any]] = {}
+    steps: List[Dict[str, Any]] = []
+    modules: List[Dict[str, Any]] = []
+    history: List[Dict[str, Any]] = []
+    nans: List[Dict[str, Any]] = []
+    nan_steps: List[int] = []
+    nan_count = 0
+    tensors: List[Dict[str, Any]] = []
+    types: List[Dict[str, Any]] = []
+    has_torch = False
+    if from_outside:
+        why = stacks.notes[0] if stacks.notes else "the agent could not answer"
+        absent["agent"] = (
+            f"{why}. Memory, step times, modules, NaN events and tensors come from the agent, "
+            "so they are left out"
+        )
+    else:
+        begun = time.monotonic()
+        try:
+            summary = memory(target, None, False, None, OBJECT_TYPES_SHOWN, timeout, 1.0).result
+        except ProbingError as error:
+            summary = {}
+            absent["object_types"] = f"the memory summary failed: {error.message}"
+        types = list((summary.get("gc") or {}).get("types") or [])
+        has_torch = summary.get("torch") is not None
+        notes.extend(str(note) for note in summary.get("notes") or [])
+        timings["memory_s"] = time.monotonic() - begun
+        begun = time.monotonic()
+        sql = REPORT_TABLES_SQL if has_torch else "SELECT 1 FROM python.threads, process.memory"
+        try:
+            loaded = load_tables(target, sql, timeout)
+        except ProbingError as error:
+            absent["tables"] = f"the agent's tables could not be read: {error.message}"
+        else:
+            notes.extend(loaded.notes)
+            session = loaded.session
+            details = thread_details(session)
+            history = memory_history(session)
+            if has_torch:
+                steps, modules = step_times(session), slowest_modules(session)
+                (nans, nan_steps, nan_count), tensors = nan_events(session), largest_tensors(session)
+                if "python.torch_trace" not in held_tables(session, TORCH_TABLES):
+                    absent["steps"] = (
+                        f"no traced steps: `probing {pid or 'PID'} trace on` records them "
+                        "(per module, forward and backward)"
+                    )
+        timings["tables_s"] = time.monotonic() - begun
+        if not has_torch:
+            absent["torch"] = "torch is not imported in this process"
+    hang: Optional[Dict[str, Any]] = None
+    hang_report: Optional[HangReport] = None
+    if hang_duration > 0:
+        begun = time.monotonic()
+        try:
+            answer = sample_hang(target, hang_duration, hang_samples, timeout, code_line)
+        except ProbingError as error:
+            absent["hang"] = f"the hang check failed: {error.message}"
+        else:
+            hang_report = answer.report
+            notes.extend(note for note in answer.notes if note not in notes)
+            hang = _hang_summary(answer.report, time.monotonic() - begun)
+        timings["hang_s"] = time.monotonic() - begun
+    judged = (
+        {(thread.thread_id, thread.native_id): thread for thread in hang_report.threads}
+        if hang_report
+        else {}
+    )
+    outside = stacks.info.get("outside") or {}
+
+    def state_of(frames: List[Dict[str, Any]]) -> str:
+        first = frames[0]
+        known = judged.get((first.get("thread_id"), first.get("native_id")))
+        if known is not None:
+            return known.state
+        return thread_state(frames, code_line, outside.get(first.get("native_id")))
+
+    rows = [dict(row, code=code_line(row).strip() if row.get("frame_type") != "Native" else None)
+            for row in stacks.rows]  # fmt: skip
+    threads = describe_threads(rows, state_of, details)
+    for thread in threads:
+        known = judged.get((thread["thread_id"], thread["native_id"]))
+        thread["activity"] = known.activity if known is not None else None
+    now = time.time()
+    timings["total_s"] = time.monotonic() - started
+    return Report(
+        process=_process(stacks, pid, now), threads=threads,
+        stacks_source="py-spy" if from_outside else "agent", hang=hang, record=None, steps=steps,
+        modules=modules, memory=history, nan_events=nans, nan_steps=nan_steps, nan_event_count=nan_count,
+        object_types=types, tensors=tensors,
+        has_torch=has_torch, absent=absent, notes=notes, timings=timings, generated_at=now,
+    )  # fmt: skip

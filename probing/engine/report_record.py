@@ -1,0 +1,103 @@
+"""What `probing FILE report` shows of a record: the same page as a live job's, from the tables
+the record holds, with why it was written and the exception that ended the job at the top. No
+hang verdict: that takes samples over time of a live process (record_reports.py says so)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List
+
+from .record import Record, backtrace_rows
+from .record_fields import integer, number
+from .record_reports import record_hang
+from .record_sql import record_session
+from .report import TORCH_TABLES, Report, describe_threads
+from .report_tables import (
+    held_tables,
+    largest_tensors,
+    memory_history,
+    nan_events,
+    slowest_modules,
+    step_times,
+    thread_details,
+)
+from .sources import SourceLines
+
+OBJECT_TYPES_SHOWN = 15
+
+
+def _object_types(record: Record) -> List[Dict[str, Any]]:
+    """python.gc as the record holds it, largest first (most records hold none: it is counted
+    at the time of a query, not kept)."""
+    rows = [row for row in record.rows("python.gc") if isinstance(row.get("type"), str)]
+    rows.sort(key=lambda row: -(number(row.get("size_mb")) or 0.0))
+    return [
+        {"type": row["type"], "count": integer(row.get("count")), "size_mb": number(row.get("size_mb")),
+         "cuda_mb": number(row.get("cuda_mb"))}
+        for row in rows[:OBJECT_TYPES_SHOWN]
+    ]  # fmt: skip
+
+
+def gather_record(record: Record) -> Report:
+    started = time.monotonic()
+    sources = SourceLines(None)
+
+    def code_line(frame: Dict[str, Any]) -> str:
+        return sources.line(str(frame.get("file")), frame.get("lineno"))
+
+    session = record_session(record)
+    held = held_tables(session, TORCH_TABLES)
+    nans, nan_steps, nan_count = nan_events(session)
+    snapshot = record_hang(record, code_line)
+    states = {(thread["thread_id"], thread["native_id"]): thread["state"] for thread in snapshot["threads"]}
+    rows = [
+        dict(row, code=code_line(row).strip() if row.get("frame_type") != "Native" else None)
+        for row in backtrace_rows(record)
+    ]
+    threads = describe_threads(
+        rows,
+        lambda frames: states.get((frames[0].get("thread_id"), frames[0].get("native_id")), ""),
+        thread_details(session),
+    )
+    info = record.info()
+    rank = record.rank() or {}
+    header_started = number(record.header.get("started_at"))
+    written = record.written_at
+    torch_seen = bool(held) or any("torch" in str(row.get("type")) for row in record.rows("python.gc"))
+    absent: Dict[str, str] = {
+        "hang": "a record holds one snapshot of a job that has ended: whether its threads progressed "
+        "cannot be told from it"
+    }
+    if not torch_seen:
+        absent["torch"] = "the record holds no torch tables (torch was not traced, or not imported)"
+    elif "python.torch_trace" not in held:
+        absent["steps"] = "the record holds no traced steps (trace was off)"
+    process = {
+        "pid": info["pid"],
+        "argv": info["argv"],
+        "python_version": info["python_version"],
+        "executable": record.header.get("executable")
+        if isinstance(record.header.get("executable"), str)
+        else None,
+        "cwd": record.header.get("cwd") if isinstance(record.header.get("cwd"), str) else None,
+        "probing_version": record.header.get("probing_version")
+        if isinstance(record.header.get("probing_version"), str)
+        else None,
+        "torch_version": None,
+        "started_at": header_started,
+        "uptime_s": written - header_started if written is not None and header_started is not None else None,
+        "rank": rank.get("rank"),
+        "local_rank": rank.get("local_rank"),
+        "world_size": rank.get("world_size"),
+        "node": record.header.get("hostname") if rank else None,
+    }
+    return Report(
+        process=process, threads=threads, stacks_source="record", hang=None,
+        record={"path": record.path, "kind": record.kind, "written_at": written,
+                "reason": record.reason(), "exception": record.exception(),
+                "stuck": snapshot["hung"], "verdict": snapshot["reason"]},
+        steps=step_times(session), modules=slowest_modules(session), memory=memory_history(session),
+        nan_events=nans, nan_steps=nan_steps, nan_event_count=nan_count, object_types=_object_types(record),
+        tensors=largest_tensors(session), has_torch=torch_seen, absent=absent, notes=list(record.notes),
+        timings={"total_s": time.monotonic() - started}, generated_at=time.time(),
+    )  # fmt: skip
