@@ -114,18 +114,20 @@ def flamegraph(
         raise click.UsageError("--steps goes with --torch")
     if torch_modules and duration is not None:
         raise click.UsageError("--duration samples stacks; --torch draws what tracing measured")
-    from ..engine import flame as engine
-
     if torch_modules:
+        from ..engine.flame_modules import torch_flame_of_record, torch_flame_of_target
+
         record = invocation.record()
         if record is not None:
-            picture = engine.torch_flame_of_record(record, steps)
+            picture = torch_flame_of_record(record, steps)
         else:
-            picture = engine.torch_flame_of_target(invocation.target(), steps, timeout)
+            picture = torch_flame_of_target(invocation.target(), steps, timeout)
     else:
+        from ..engine.flame import sample_stacks
+
         if invocation.is_record():
             raise invocation.live_only("`flamegraph` without --torch (sampling)")
-        picture = engine.sample_stacks(invocation.target(), duration or 10.0, rate, timeout)
+        picture = sample_stacks(invocation.target(), duration or 10.0, rate, timeout)
     say_notes(picture.notes)
     if not picture.stacks:
         say_notes(["no stacks were sampled: the picture is empty"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from probing.agent.stack_sampler import next_interval
-from probing.engine.flame import default_steps, module_stacks, parse_steps
+from probing.engine.flame_modules import default_steps, module_stacks, parse_steps
 from probing.errors import UsageError
 
 
