@@ -17,6 +17,7 @@ from .core import core_command
 from .detach import detach_command
 from .eval import eval_command
 from .export import export
+from .flamegraph import flamegraph
 from .hang import hang
 from .inject import inject_command
 from .invocation import Invocation
@@ -178,6 +179,7 @@ for _command in (hang, eval_command, repl, query, trace, nan, memory_command, ta
 cli.add_command(ranks)
 cli.add_command(core_command)
 cli.add_command(report)
+cli.add_command(flamegraph)
 
 
 def _values_not_options(args: List[str]) -> List[str]:

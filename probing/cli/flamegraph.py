@@ -1,0 +1,136 @@
+"""`probing PID flamegraph -o FILE`: where the process spends its time (sampled stacks of every
+thread), or with --torch where a training step's time goes by module; as a page, SVG,
+speedscope JSON or folded text."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import click
+
+from ..engine.flame import Flame
+from ..errors import ExitCode
+from .invocation import Invocation
+from .options import apply, pass_invocation
+from .pictures.flame import folded_lines, speedscope_text, total_weight
+from .pictures.flame_html import html_parts
+from .pictures.flame_svg import svg_parts
+from .render import notes as say_notes
+from .render.files import write_output, wrote
+from .spec import timeout
+
+FORMATS = ("html", "svg", "speedscope", "folded")
+HINTS = {
+    "html": "open it in a browser (no network needed)",
+    "svg": "open it in a browser",
+    "speedscope": "open it in https://www.speedscope.app",
+    "folded": "flamegraph.pl, inferno-flamegraph or speedscope read it",
+}
+
+
+def format_of(path: str, chosen: Optional[str]) -> str:
+    """The format `--format` names, else the one the file's extension says."""
+    if chosen is not None:
+        return chosen
+    lower = path.lower()
+    for endings, kind in (((".html", ".htm"), "html"), ((".svg",), "svg"), ((".json",), "speedscope"),
+                          ((".folded", ".txt", ".collapsed"), "folded")):  # fmt: skip
+        if lower.endswith(endings):
+            return kind
+    raise click.UsageError(
+        f"cannot tell the format from {path!r}: name it .html, .svg, .speedscope.json or .folded, "
+        "or give --format html|svg|speedscope|folded"
+    )
+
+
+def figures_line(flame: Flame) -> str:
+    figures = flame.figures
+    if flame.unit == "seconds":
+        return (
+            f"{figures.get('modules')} modules, mean of {figures.get('steps')} steps "
+            f"({figures.get('range')}); {total_weight(flame.stacks) * 1000:.3f} ms traced per step"
+        )
+    if figures.get("source") != "agent":
+        return (
+            f"{figures.get('samples')} thread samples in {figures.get('duration_s')} s "
+            f"at {figures.get('rate_hz')} Hz from outside (py-spy)"
+        )
+    said = (
+        f"{figures.get('samples')} samples in {figures.get('duration_s')} s "
+        f"({figures.get('rate_hz')} Hz) from the agent"
+    )
+    if figures.get("cost_share") is not None:
+        said += f"; sampling held the GIL {100 * float(figures['cost_share']):.3f}% of the time"
+    return said
+
+
+def parts_of(flame: Flame, kind: str) -> Iterator[str]:
+    if kind == "folded":
+        return folded_lines(flame.stacks)
+    if kind == "speedscope":
+        return iter([speedscope_text(flame.stacks, flame.title, flame.unit)])
+    if kind == "svg":
+        return svg_parts(flame.stacks, flame.title, flame.unit, flame.notes)
+    return html_parts(flame.stacks, flame.title, flame.unit, flame.notes, figures_line(flame))
+
+
+@click.command(name="flamegraph")
+@click.option(
+    "--duration", type=click.FloatRange(min=0.1, max=600), metavar="S",
+    help="Seconds to sample (default 10).",
+)  # fmt: skip
+@click.option(
+    "--rate", type=click.FloatRange(min=1, max=1000), default=100.0, show_default=True, metavar="HZ",
+    help="Samples per second at most; fewer when sampling would cost the job more than 0.5 %.",
+)  # fmt: skip
+@click.option("--torch", "torch_modules", is_flag=True, help="The module hierarchy from python.torch_trace.")
+@click.option("--steps", metavar="A:B", help="With --torch: only steps A to B (either end may be left out).")
+@click.option(
+    "-o", "--output", required=True, metavar="FILE", help="The file to write (`-`: standard output)."
+)
+@click.option(
+    "--format", "kind", type=click.Choice(FORMATS), help="The format (default: from FILE's extension)."
+)
+@apply(timeout(10.0, "Seconds to wait for the agent, beyond the sampling."))
+@pass_invocation
+def flamegraph(
+    invocation: Invocation, duration: Optional[float], rate: float, torch_modules: bool, steps: Optional[str],
+    output: str, kind: Optional[str], timeout: float,
+) -> int:  # fmt: skip
+    """A flame graph: sampled stacks of every thread, or (--torch) step time by module.
+
+    \b
+      probing PID flamegraph -o cpu.html                 10 s of samples, an interactive page
+      probing PID flamegraph --duration 30 -o cpu.svg    also .speedscope.json and .folded
+      probing PID flamegraph --torch -o modules.html     mean time per step by module (trace on first)
+      probing FILE flamegraph --torch -o modules.html    the same from a record
+
+    Samples are taken by the agent at up to --rate per second (fewer when a sample would cost
+    the job more than 0.5 % of its time); when the agent cannot answer (a thread holds the GIL),
+    py-spy samples from outside and the picture says so.
+    """
+    chosen = format_of(output, kind)
+    if steps is not None and not torch_modules:
+        raise click.UsageError("--steps goes with --torch")
+    if torch_modules and duration is not None:
+        raise click.UsageError("--duration samples stacks; --torch draws what tracing measured")
+    if torch_modules:
+        from ..engine.flame_modules import torch_flame_of_record, torch_flame_of_target
+
+        record = invocation.record()
+        if record is not None:
+            picture = torch_flame_of_record(record, steps)
+        else:
+            picture = torch_flame_of_target(invocation.target(), steps, timeout)
+    else:
+        from ..engine.flame import sample_stacks
+
+        if invocation.is_record():
+            raise invocation.live_only("`flamegraph` without --torch (sampling)")
+        picture = sample_stacks(invocation.target(), duration or 10.0, rate, timeout)
+    say_notes(picture.notes)
+    if not picture.stacks:
+        say_notes(["no stacks were sampled: the picture is empty"])
+    size = write_output(output, parts_of(picture, chosen))
+    wrote(output, size, figures_line(picture), HINTS[chosen])
+    return ExitCode.OK

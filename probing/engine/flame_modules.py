@@ -1,0 +1,166 @@
+"""The module flame graph of a torch job: python.torch_trace (live or from a record) as the
+module hierarchy, each module as wide as its mean time per step, forward, backward and the
+optimizer apart."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ProbingError, UsageError
+from .flame import Flame
+from .target import Target
+
+
+def parse_steps(text: Optional[str]) -> Optional[Tuple[Optional[int], Optional[int]]]:
+    """`--steps A:B` (either end may be left out), both ends included."""
+    if text is None:
+        return None
+    low, colon, high = text.partition(":")
+    try:
+        first = int(low) if low.strip() else None
+        last = int(high) if high.strip() else (first if not colon else None)
+    except ValueError:
+        raise UsageError(f"--steps takes A:B (step numbers, either may be left out), not {text!r}") from None
+    if first is not None and last is not None and last < first:
+        raise UsageError(f"--steps {text}: the last step comes before the first")
+    return first, last
+
+
+def steps_clause(steps: Optional[Tuple[Optional[int], Optional[int]]]) -> str:
+    if steps is None:
+        return ""
+    parts = []
+    if steps[0] is not None:
+        parts.append(f"step >= {int(steps[0])}")
+    if steps[1] is not None:
+        parts.append(f"step <= {int(steps[1])}")
+    return " AND ".join(parts)
+
+
+def module_sql(where: str) -> str:
+    """Per module and stage: total seconds, calls, and the steps the rows span."""
+    condition = f"WHERE {where}" if where else ""
+    return (
+        "SELECT stage, module, any_value(module_type) AS module_type, sum(duration) AS total, "
+        "count(*) AS calls, (SELECT count(DISTINCT step) FROM python.torch_trace "
+        f"{condition}) AS steps FROM python.torch_trace {condition} GROUP BY stage, module"
+    )
+
+
+def step_range_sql() -> str:
+    return "SELECT min(step), max(step), count(DISTINCT step) FROM python.torch_trace"
+
+
+def default_steps(low: Optional[int], high: Optional[int], count: int) -> Tuple[Optional[int], Optional[int]]:
+    """Whole steps only: the newest is still running and the first may have begun before tracing did."""
+    if low is None or high is None or count < 2:
+        return low, high
+    if count == 2:
+        return low, low
+    return low + 1, high - 1
+
+
+STAGES = ("forward", "backward", "optimizer")
+
+
+def module_stacks(rows: Sequence[Sequence[Any]]) -> Tuple[List[Tuple[Tuple[str, ...], float]], int]:
+    """The module hierarchy as stacks weighted by self time (mean seconds per step), from
+    module_sql rows (stage, module, module_type, total, calls, steps): a module's parent is the
+    longest traced name that prefixes it (model.layers.0 under model.layers under model);
+    its self time is its own time less its children's, never below 0. Returns the stacks and
+    how many modules' children took longer than the module itself (clamped at 0)."""
+    own: Dict[Tuple[str, str], float] = {}
+    types: Dict[Tuple[str, str], str] = {}
+    for stage, module, module_type, total, _calls, steps in rows:
+        if not isinstance(module, str) or not isinstance(stage, str) or total is None:
+            continue
+        own[(stage, module)] = float(total) / max(1, int(steps or 1))
+        types[(stage, module)] = str(module_type or "")
+    parent: Dict[Tuple[str, str], Optional[Tuple[str, str]]] = {}
+    for stage, module in own:
+        found = None
+        cut = module
+        while "." in cut:
+            cut = cut.rsplit(".", 1)[0]
+            if (stage, cut) in own:
+                found = (stage, cut)
+                break
+        parent[(stage, module)] = found
+    children_time: Dict[Tuple[str, str], float] = {}
+    for key, up in parent.items():
+        if up is not None:
+            children_time[up] = children_time.get(up, 0.0) + own[key]
+    clamped = 0
+    stacks: List[Tuple[Tuple[str, ...], float]] = []
+    order = {stage: position for position, stage in enumerate(STAGES)}
+    for key in sorted(own, key=lambda item: (order.get(item[0], len(STAGES)), item[0], item[1])):
+        left = own[key] - children_time.get(key, 0.0)
+        if left < 0:
+            clamped += 1
+            left = 0.0
+        path: List[str] = []
+        at: Optional[Tuple[str, str]] = key
+        while at is not None:
+            kind = types.get(at)
+            path.append(f"{at[1]} ({kind})" if kind and at[0] != "optimizer" else at[1])
+            at = parent[at]
+        stacks.append(((key[0], *reversed(path)), left))
+    return stacks, clamped
+
+
+class NothingTraced(ProbingError):
+    """python.torch_trace holds no rows."""
+
+
+def torch_flame(session: Any, steps_text: Optional[str], title: str, notes: List[str]) -> Flame:
+    """The module flame graph from a DuckDB session holding python.torch_trace."""
+    low, high, count = session.run(step_range_sql()).rows[0]
+    if not count:
+        raise NothingTraced(
+            "python.torch_trace has no rows: nothing was traced",
+            hint="`probing PID trace on` (add --backward for backward times) starts tracing; "
+            "run the flame graph after a few steps",
+        )
+    chosen = parse_steps(steps_text)
+    if chosen is None:
+        chosen = default_steps(low, high, int(count))
+    where = steps_clause(chosen)
+    rows = session.run(module_sql(where)).rows
+    if not rows:
+        raise ProbingError(
+            f"python.torch_trace has no rows for --steps {steps_text} (it holds steps {low}-{high})"
+        )
+    stacks, clamped = module_stacks(rows)
+    spanned = int(rows[0][5] or 0)
+    first, last = chosen
+    shown = f"steps {first if first is not None else low}-{last if last is not None else high}"
+    notes = list(notes)
+    if clamped:
+        notes.append(
+            f"{clamped} modules' children took longer than the module itself: their self time is shown as 0"
+        )
+    stages = {stack[0][0] for stack in stacks}
+    if "backward" not in stages:
+        notes.append("no backward times: `probing PID trace on --backward` records them")
+    figures = {"steps": spanned, "range": shown, "modules": len(stacks)}
+    return Flame(stacks, "seconds", f"{title}: mean time per step by module, {shown}", notes, figures)
+
+
+def torch_flame_of_target(target: Target, steps_text: Optional[str], timeout: float) -> Flame:
+    from .query import load_tables
+
+    loaded = load_tables(target, "SELECT * FROM python.torch_trace", timeout)
+    try:
+        return torch_flame(loaded.session, steps_text, f"PID {loaded.pid}", loaded.notes)
+    except NothingTraced:
+        from .requests import switch
+
+        switch(target, "trace", {"action": "status"}, timeout)  # NoTorch: a job without torch
+        raise
+
+
+def torch_flame_of_record(record: Any, steps_text: Optional[str]) -> Flame:
+    from .record_sql import record_session
+
+    return torch_flame(record_session(record), steps_text, os.path.basename(record.path), list(record.notes))

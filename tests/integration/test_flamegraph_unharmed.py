@@ -1,0 +1,40 @@
+"""Sampling a job that runs at full speed does not harm it: its steps take as long while the
+agent samples as before, and it goes on afterwards."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+from support import Target, probing, wait_until
+
+
+def steps(job: Target) -> List[Tuple[float, float]]:
+    """(start, seconds) of every step the job printed so far."""
+    found = []
+    for line in list(job.stdout_lines):
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "step":
+            found.append((float(parts[1]), float(parts[2])))
+    return found
+
+
+def test_sampling_a_busy_job_leaves_its_step_time_alone(tmp_path: Path) -> None:
+    with Target("timed_stepper.py", via="run") as job:
+        assert wait_until(lambda: len(steps(job)) >= 40, 30)
+        started = time.monotonic()
+        result = probing(str(job.pid), "flamegraph", "--duration", "3", "-o", str(tmp_path / "cpu.folded"))
+        ended = time.monotonic()
+        assert result.returncode == 0, result.stderr
+        assert wait_until(lambda: steps(job)[-1][0] > ended + 0.5, 10)
+        timed = steps(job)
+        before = [took for at, took in timed if at < started]
+        during = [took for at, took in timed if started + 0.5 < at and at + took < ended - 0.5]
+        after = [took for at, took in timed if at > ended]
+        assert during and after
+        # A loose bound (two shared cores, other jobs beside): the benchmark measures the real cost.
+        assert statistics.median(during) < 1.2 * statistics.median(before + after), (before, during)
+        assert "work (timed_stepper.py:" in (tmp_path / "cpu.folded").read_text()
+        assert job.alive()

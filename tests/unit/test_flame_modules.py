@@ -1,0 +1,54 @@
+"""The module flame graph: hierarchy from qualified names, self times never negative, steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from probing.agent.stack_sampler import next_interval
+from probing.engine.flame_modules import default_steps, module_stacks, parse_steps
+from probing.errors import UsageError
+
+
+def test_modules_nest_by_qualified_name_with_self_times() -> None:
+    rows = [
+        ("forward", "model", "Net", 1.0, 2, 2),  # 0.5 s per step
+        ("forward", "model.layers", "ModuleList", 0.8, 2, 2),
+        ("forward", "model.layers.0", "Block", 0.6, 2, 2),
+        ("forward", "model.layers.1", "Block", 0.1, 2, 2),
+        ("backward", "model", "Net", 0.4, 2, 2),
+        ("backward", "model.head", "Linear", 0.6, 2, 2),  # more than its parent: clamped
+        ("optimizer", "optimizer", "AdamW", 0.2, 2, 2),
+    ]
+    stacks, clamped = module_stacks(rows)
+    by_path = {names: weight for names, weight in stacks}
+    assert by_path[("forward", "model (Net)")] == pytest.approx(0.1)
+    assert by_path[("forward", "model (Net)", "model.layers (ModuleList)")] == pytest.approx(0.05)
+    assert by_path[("forward", "model (Net)", "model.layers (ModuleList)", "model.layers.0 (Block)")] == (
+        pytest.approx(0.3)
+    )
+    assert by_path[("backward", "model (Net)")] == 0.0 and clamped == 1
+    assert by_path[("optimizer", "optimizer")] == pytest.approx(0.1)
+    assert [names[0] for names, _ in stacks][0] == "forward"
+    assert all(weight >= 0 for _, weight in stacks)
+
+
+def test_an_untraced_parent_is_skipped_to_the_nearest_traced_one() -> None:
+    stacks, _ = module_stacks(
+        [("forward", "model.a.b", "X", 1.0, 1, 1), ("forward", "model", "M", 2.0, 1, 1)]
+    )
+    assert ("forward", "model (M)", "model.a.b (X)") in {names for names, _ in stacks}
+
+
+def test_steps_parse_and_default_to_whole_steps() -> None:
+    assert parse_steps("3:7") == (3, 7) and parse_steps(":7") == (None, 7) and parse_steps("5") == (5, 5)
+    assert parse_steps("4:") == (4, None) and parse_steps(None) is None
+    with pytest.raises(UsageError):
+        parse_steps("7:3")
+    with pytest.raises(UsageError):
+        parse_steps("a:b")
+    assert default_steps(0, 9, 10) == (1, 8) and default_steps(4, 5, 2) == (4, 4)
+
+
+def test_the_sampling_interval_stretches_to_keep_the_cost_under_half_a_percent() -> None:
+    assert next_interval(100.0, 0.00001) == pytest.approx(0.01)  # cheap: the requested rate
+    assert next_interval(100.0, 0.0001) == pytest.approx(0.02)  # 100 us a sample: 50 Hz

@@ -1,0 +1,115 @@
+"""The agent's stack sampler in this process (its bounds and its answer), and how the CLI side
+reads the agent's answer and py-spy's raw output."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, List
+
+import pytest
+
+from probing.agent import stack_sampler
+from probing.agent.stack_sampler import Sampling, sample_stacks
+from probing.engine.flame import flame_from_agent_answer, parse_pyspy_raw
+from probing.errors import ProbingError
+
+
+def recurse(depth: int, ready: threading.Event, stop: threading.Event) -> None:
+    if depth == 0:
+        ready.set()
+        stop.wait()
+        return
+    recurse(depth - 1, ready, stop)
+
+
+def test_samples_name_the_thread_and_cut_deep_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stack_sampler, "MAX_DEPTH", 20)
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=recurse, args=(50, ready, stop), name="deep one")
+    thread.start()
+    try:
+        ready.wait(5)
+        sampling = Sampling({threading.get_ident()})
+        for _ in range(3):
+            sampling.sample()
+        answer = sampling.result(1.0, 100.0, "done")
+    finally:
+        stop.set()
+        thread.join()
+    flame = flame_from_agent_answer(answer, "t")
+    deep = [names for names, _ in flame.stacks if names[0] == "deep one"]
+    assert deep and len(deep[0]) == 1 + 20 + 1  # the thread, 20 frames, the marker
+    assert deep[0][1] == "<frames cut>" and "wait (" in deep[0][-1]  # the innermost frames are kept
+    assert any("deeper than 20 frames" in note for note in answer["notes"])
+    assert answer["samples"] == 3 and not any(names[0] == "MainThread" for names, _ in flame.stacks)
+
+
+def test_stacks_past_the_cap_are_counted_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stack_sampler, "MAX_STACKS", 0)
+    sampling = Sampling(set())
+    sampling.sample()
+    answer = sampling.result(1.0, 100.0, "done")
+    assert [frame[0] for frame in answer["frames"]] == ["<stacks past the cap>"]
+    assert any("distinct stacks" in note for note in answer["notes"])
+
+
+def test_a_second_sampling_is_refused_while_one_runs() -> None:
+    results: List[Any] = []
+    first = threading.Thread(target=lambda: results.append(sample_stacks(set(), 0.5, 50.0, lambda: False)))
+    first.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not stack_sampler._busy.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with pytest.raises(stack_sampler.RequestError, match="another flame graph"):
+            sample_stacks(set(), 0.1, 50.0, lambda: False)
+    finally:
+        first.join()
+    assert results[0]["ended"] == "done" and results[0]["samples"] > 5
+
+
+def test_a_client_gone_ends_the_sampling_early() -> None:
+    answer = sample_stacks(set(), 30.0, 50.0, lambda: True)
+    assert answer["ended"] == "client gone" and answer["duration_s"] < 5
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        [],
+        {"frames": [], "stacks": [[1, "t", [0]]]},
+        {"frames": [[1, "f", 2]], "stacks": []},
+        {"frames": [["f", "a.py", 1]], "stacks": [[1, 2, [0]]]},
+    ],  # fmt: skip
+)
+def test_a_malformed_agent_answer_is_refused(answer: Any) -> None:
+    with pytest.raises(ProbingError):
+        flame_from_agent_answer(answer, "t")
+
+
+def test_pyspy_raw_output_is_parsed_with_thread_names_put_back_together() -> None:
+    text = (
+        "thread (123): worker; x;Thread.run (threading.py:982);slow (a.py:4) 198\n"
+        "thread (124): probing-agent;serve (server.py:1) 50\n"
+        "thread (125): MainThread;<module> (a.py:12) 199\n"
+        "thread (125): MainThread;<module> (a.py:12) 1\n"
+        "garbage line\n"
+    )
+    stacks = dict(parse_pyspy_raw(text))
+    assert stacks == {
+        ("worker; x", "Thread.run (threading.py:982)", "slow (a.py:4)"): 198.0,
+        ("MainThread", "<module> (a.py:12)"): 200.0,
+    }
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"duration_s": 601}, {"duration_s": "10"}, {"rate_hz": 0}, {"rate_hz": True}, {"duration_s": -1}],
+)
+def test_the_sample_method_refuses_bad_parameters(params: Any) -> None:
+    from probing.agent.handlers import METHODS
+
+    with pytest.raises(stack_sampler.RequestError) as refused:
+        METHODS["sample"](None, params)
+    assert refused.value.error_type == "BadRequest"
