@@ -68,6 +68,9 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_records.py
 	$(BIN)/python benchmarks/bench_record_query.py
 	$(BIN)/python benchmarks/bench_core_files.py
+	$(BIN)/python benchmarks/bench_trace_export.py
+	$(BIN)/python benchmarks/bench_flamegraph.py
+	$(BIN)/python benchmarks/bench_report.py
 
 soak: install ## Long: attach, eval, query, detach 200 times per interpreter and job kind (SOAK_CYCLES=N)
 	$(BIN)/python benchmarks/soak.py --cycles $(or $(SOAK_CYCLES),200) --parallel 2

@@ -39,7 +39,7 @@ def report(
     """
     from ..engine.report import Report
     from .pictures.report import report_page
-    from .render.files import write_output, wrote
+    from .render.files import counted, write_output, wrote
 
     record = invocation.record()
     gathered: Report
@@ -52,7 +52,7 @@ def report(
 
         gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples)
     written = write_output(output, [report_page(gathered)])
-    sections = f"{len(gathered.threads)} threads, {len(gathered.steps)} steps"
+    sections = f"{counted(len(gathered.threads), 'thread')}, {counted(len(gathered.steps), 'step')}"
     took = gathered.timings.get("total_s", 0.0)
     wrote(output, written, f"{sections}, gathered in {took:.1f} s", "open it in a browser")
     return ExitCode.OK

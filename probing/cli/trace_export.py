@@ -13,7 +13,7 @@ from ..errors import ExitCode
 from .invocation import Invocation
 from .pictures.timeline import HINT, Counted, ProcessTrack, Timeline, trace_document
 from .render import notes
-from .render.files import write_output, wrote
+from .render.files import counted, write_output, wrote
 from .render.per_rank import write_missing
 
 
@@ -66,8 +66,8 @@ def export_trace(
     if timeline.skipped:
         notes([f"{timeline.skipped} rows without a finite duration left out"])
     processes = len(rows.processes)
-    detail = f"{events.count:,} events, {_plural(timeline.steps, 'step')}" + (
-        f", {_plural(processes, 'rank')}" if ranks else ""
+    detail = f"{events.count:,} events, {counted(timeline.steps, 'step')}" + (
+        f", {counted(processes, 'rank')}" if ranks else ""
     )
     wrote(output, size, detail, HINT)
     write_missing(rows.missing)
@@ -79,7 +79,3 @@ def _events(timeline: Timeline, rows: TimelineRows) -> Iterator[str]:
     yield from timeline.trace_events(rows.trace_rows())
     yield from timeline.nan_events(rows.nan_rows())
     yield from timeline.memory_events(rows.memory_rows())
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count:,} {noun}" + ("" if count == 1 else "s")

@@ -183,10 +183,20 @@ def marked_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
         jobs.close()
 
 
+@pytest.fixture(scope="module")
+def working_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the documented commands run: a directory of the test's own holding `docs` (a link
+    to the repository's), so `python docs/examples/...` runs as written, and a picture written
+    with `-o step.json` lands there instead of in the source tree."""
+    directory = tmp_path_factory.mktemp("docs-cwd")
+    (directory / "docs").symlink_to(DOCS)
+    return directory
+
+
 ASSIGNMENT = re.compile(r"^([A-Z_][A-Z0-9_]*)=(\S.*)$")
 
 
-def run_steps(example: Example, pids: Dict[str, int]) -> None:
+def run_steps(example: Example, pids: Dict[str, int], cwd: Path) -> None:
     """Run a block's commands in order; fail at the first whose output differs from the docs."""
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     environment.update({name: str(pid) for name, pid in pids.items()})
@@ -200,7 +210,7 @@ def run_steps(example: Example, pids: Dict[str, int]) -> None:
         assignment = ASSIGNMENT.match(command)
         if assignment is not None and not expected:
             shell = ["bash", "-c", 'eval "$1" && printf %s "${!2}"', "bash", command, assignment.group(1)]
-            value = subprocess.run(shell, capture_output=True, text=True, env=environment, cwd=ROOT,
+            value = subprocess.run(shell, capture_output=True, text=True, env=environment, cwd=cwd,
                                    timeout=COMMAND_TIMEOUT_S, check=True).stdout  # fmt: skip
             assert value, f"{example.where}: `{command}` set nothing"
             environment[assignment.group(1)] = value
@@ -210,7 +220,7 @@ def run_steps(example: Example, pids: Dict[str, int]) -> None:
             # Through eval, so that bash does not exec a lone command: `$$` is the shell, as it
             # is for a reader typing the command.
             shell = ["bash", "-c", 'eval "$1"', "bash", command]
-            result = subprocess.run(shell, capture_output=True, text=True, env=environment, cwd=ROOT,
+            result = subprocess.run(shell, capture_output=True, text=True, env=environment, cwd=cwd,
                                     timeout=COMMAND_TIMEOUT_S)  # fmt: skip
             actual = result.stdout + result.stderr
             if output_matches(expected, actual) or time.monotonic() > deadline:
@@ -226,14 +236,14 @@ def run_steps(example: Example, pids: Dict[str, int]) -> None:
 OUTCOMES: Dict[str, Optional[str]] = {}
 
 
-def run_in_order(example: Example, jobs: Jobs) -> None:
+def run_in_order(example: Example, jobs: Jobs, cwd: Path) -> None:
     """Run the earlier blocks of the example's job first (once each), then the example."""
     assert example.target is not None
     sharing = [other for other in EXAMPLES if other.target == example.target]
     for block in sharing[: sharing.index(example) + 1]:
         if block.where not in OUTCOMES:
             try:
-                run_steps(block, {"PID": jobs.get(example.target).pid})
+                run_steps(block, {"PID": jobs.get(example.target).pid}, cwd)
                 OUTCOMES[block.where] = None
             except (AssertionError, subprocess.TimeoutExpired, RuntimeError) as failure:
                 OUTCOMES[block.where] = str(failure)
@@ -254,13 +264,13 @@ def run_in_order(example: Example, jobs: Jobs) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[example.where for example in EXAMPLES])
 def test_documented_commands_print_what_the_docs_say(
-    example: Example, request: pytest.FixtureRequest
+    example: Example, request: pytest.FixtureRequest, working_directory: Path
 ) -> None:
     if example.target is None:
         demo: Dict[str, Target] = request.getfixturevalue("demo_jobs")
-        run_steps(example, {name: job.pid for name, job in demo.items()})
+        run_steps(example, {name: job.pid for name, job in demo.items()}, working_directory)
     else:
-        run_in_order(example, request.getfixturevalue("marked_jobs"))
+        run_in_order(example, request.getfixturevalue("marked_jobs"), working_directory)
 
 
 def test_every_documented_command_runs_somewhere() -> None:

@@ -84,3 +84,8 @@ def wrote(path: str, size: int, detail: str = "", hint: str = "") -> None:
     tail = f": {hint}" if hint else ""
     sys.stderr.write(f"probing: wrote {inert(path)} ({inert(inside)}){inert(tail)}\n")
     sys.stderr.flush()
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 step`, `2 steps`, `51,210 events`: for the detail of `wrote`."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")

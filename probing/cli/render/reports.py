@@ -8,6 +8,7 @@ from typing import IO, Any, Dict, List, Optional
 
 from . import inert, inert_lines
 from .backtrace import write_backtrace_text
+from .files import counted
 from .json_writer import write_json
 from .rows import write_table
 
@@ -157,10 +158,6 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
             write_json(document, handle)
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
 def switch_fields(result: Dict[str, Any]) -> Dict[str, Any]:
     """`trace` / `nan` --format json: the status with the PID and the hook counts."""
     return dict(result["status"], pid=result["pid"], hooks_before=result["hooks_before"],
@@ -206,13 +203,13 @@ def write_switch(
     if status["stopped_at_step"] is not None:
         nan += f" (stopped the job at step {status['stopped_at_step']})"
     if action == "on":
-        out.write(f"{who}{feature} on; {_plural(added, 'hook')} added\n")
+        out.write(f"{who}{feature} on; {counted(added, 'hook')} added\n")
     elif action == "off":
         removed = -added
         kept = result["hooks_after"]
-        out.write(f"{who}{feature} off; {_plural(removed, 'hook')} removed")
+        out.write(f"{who}{feature} off; {counted(removed, 'hook')} removed")
         out.write(
-            f", {_plural(kept, 'hook')} kept for {'nan' if feature == 'trace' else 'trace'}\n"
+            f", {counted(kept, 'hook')} kept for {'nan' if feature == 'trace' else 'trace'}\n"
             if kept
             else "\n"
         )
@@ -221,8 +218,8 @@ def write_switch(
     out.write(f"  tracing:    {tracing}\n")
     out.write(f"  nan checks: {nan}\n")
     out.write(
-        f"  models:     {models} ({_plural(status['hooked_modules'], 'module')} hooked, "
-        f"{_plural(status['hooks'], 'hook')} in all)\n"
+        f"  models:     {models} ({counted(status['hooked_modules'], 'module')} hooked, "
+        f"{counted(status['hooks'], 'hook')} in all)\n"
     )
     out.write(f"  optimizers: {optimizers}\n")
     dropped = f" ({status['dropped_rows']} older rows dropped)" if status["dropped_rows"] else ""
