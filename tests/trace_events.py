@@ -4,9 +4,10 @@ nesting a viewer needs; shared by the unit and integration tests of `trace expor
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import defaultdict
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 # The phases `trace export` writes, and the fields each must carry.
 REQUIRED = {
@@ -92,21 +93,63 @@ def _inside(inner: Dict[str, Any], outer: Dict[str, Any]) -> bool:
     return bool(outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"])
 
 
+class _Around:
+    """The spans of one name sorted by start, each with the innermost earlier one around it."""
+
+    def __init__(self, events: List[Dict[str, Any]]) -> None:
+        self.events = sorted(events, key=lambda event: (event["ts"], -event["dur"]))
+        self.starts = [event["ts"] for event in self.events]
+        self.outer: List[int] = []
+        open_spans: List[int] = []
+        for position, event in enumerate(self.events):
+            while open_spans and not _inside(event, self.events[open_spans[-1]]):
+                open_spans.pop()
+            self.outer.append(open_spans[-1] if open_spans else -1)
+            open_spans.append(position)
+
+
+def _innermost_around(call: Dict[str, Any], around: "_Around") -> Optional[Dict[str, Any]]:
+    """The innermost span of `around` that contains `call` (bisection, then outwards)."""
+    position = bisect.bisect_right(around.starts, call["ts"]) - 1
+    while position >= 0:
+        if _inside(call, around.events[position]):
+            return around.events[position]
+        position = around.outer[position]
+    inside = [event for event in around.events if _inside(call, event)]  # spans partly overlapping
+    return min(inside, key=lambda event: (event["dur"], -event["ts"])) if inside else None
+
+
 def check_hierarchy(document: Dict[str, Any]) -> None:
-    """Every call lies inside its step's span, and every call of model.a.b inside a call of
-    model.a of the same step and stage (when model.a was traced)."""
+    """Every call lies inside its step's span, and every call of model.a.b inside its real parent:
+    the innermost call of model.a (same step and stage) around it, when model.a was traced. A
+    parent drawn longer than it measured (args.duration_s) must owe it to its own children: its
+    drawn start is its earliest child's or its drawn end its latest child's. (A parent stretched
+    over calls that ran in another call of its name, or over nothing, fails.)"""
     steps = {
         (event["pid"], event["args"]["step"]): event for event in spans(document) if event["cat"] == "step"
     }
     calls = [event for event in spans(document) if event["cat"] != "step"]
-    by_name: Dict[Tuple[int, int, str, str], List[Dict[str, Any]]] = defaultdict(list)
+    named: Dict[Tuple[int, int, str, str], List[Dict[str, Any]]] = defaultdict(list)
     for call in calls:
         args = call["args"]
-        by_name[(call["pid"], args["step"], args["stage"], args["module"])].append(call)
+        named[(call["pid"], args["step"], args["stage"], args["module"])].append(call)
+    by_name = {key: _Around(events) for key, events in named.items()}
+    children: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
     for call in calls:
         args = call["args"]
         assert _inside(call, steps[(call["pid"], args["step"])]), call
         parent = args["module"].rpartition(".")[0]
         parents = by_name.get((call["pid"], args["step"], args["stage"], parent))
         if parent and parents:
-            assert any(_inside(call, candidate) for candidate in parents), (call, parents)
+            real = _innermost_around(call, parents)
+            assert real is not None, (call, parents.events[:10])
+            children[id(real)].append(call)
+    for call in calls:
+        measured = round(call["args"]["duration_s"] * 1_000_000)
+        if call["dur"] <= measured + 1:
+            continue
+        own = children.get(id(call), [])
+        assert own, ("stretched over no child of its own", call)
+        first = min(child["ts"] for child in own)
+        last = max(child["ts"] + child["dur"] for child in own)
+        assert call["ts"] == first or call["ts"] + call["dur"] == last, ("stretched past its children", call, own)

@@ -29,6 +29,7 @@ memory as dicts; the common span event is formatted directly, the rest through j
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -51,6 +52,8 @@ US = 1_000_000.0
 # How far a child's span may stick out of its parent's and still be drawn inside it (see
 # cover_children): a few hook calls' time, far below any module worth looking at.
 NEST_SLACK_US = 50
+# How deep calls of one module inside calls of itself are searched for a child's parent.
+MAX_NESTED_CALLS = 64
 # Compact JSON (a million events: every space counts); NaN never reaches it (checked before).
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=str).encode
 
@@ -88,21 +91,82 @@ def cover_children(calls: List[Call]) -> None:
     A child's backward cannot begin before its parent's output gradient exists, so a backward
     child that starts before its parent and ends inside it stretches the parent's start, by any
     amount; elsewhere (forward, the ends) by at most NEST_SLACK_US. Drawn as measured, the two
-    would partly overlap; a parent spans its children. The deepest calls go first, so a stretch
-    carries up to the model. The rows' exact durations stay in each event's args (duration_s)."""
-    by_name: Dict[Tuple[str, str], List[Call]] = {}
+    would partly overlap; a parent spans its children. The rows' exact durations stay in each
+    event's args (duration_s).
+
+    Each child is matched to its own parent call, on the calls' measured bounds: the innermost
+    call of the parent's name (same stage) that contains it, else one it sticks out of by the
+    slack above. A module called in a loop has many calls of one name in a step; each child
+    stretches only the call it ran in. Then the deepest calls stretch their parents first, so a
+    stretch carries up to the model. O(n log n): a sort per name, a bisection per child."""
+    by_name: Dict[Tuple[str, str], _Calls] = {}
     for call in calls:
-        by_name.setdefault((str(call.row[3]), str(call.row[5])), []).append(call)
-    for call in sorted(calls, key=lambda call: -call.depth):
-        if not call.parent:
-            continue
-        backward = call.row[5] == "backward"
-        for parent in by_name.get((call.parent, str(call.row[5])), ()):
-            starts = parent.start - NEST_SLACK_US <= call.start or (backward and call.end > parent.start)
-            if starts and call.end <= parent.end + NEST_SLACK_US:
-                parent.start = min(parent.start, call.start)
-                parent.end = max(parent.end, call.end)
-                break
+        by_name.setdefault((str(call.row[3]), str(call.row[5])), _Calls()).calls.append(call)
+    for group in by_name.values():
+        group.index()
+    matched: List[Tuple[Call, Call]] = []
+    for call in calls:
+        group = by_name.get((call.parent, str(call.row[5]))) if call.parent else None
+        parent = group.parent_of(call) if group is not None else None
+        if parent is not None:
+            matched.append((call, parent))
+    matched.sort(key=lambda pair: -pair[0].depth)
+    for call, parent in matched:
+        parent.start = min(parent.start, call.start)
+        parent.end = max(parent.end, call.end)
+
+
+class _Calls:
+    """The calls of one module in one stage of a step, by measured start, to find a child's parent."""
+
+    __slots__ = ("calls", "starts", "ends", "outer")
+
+    def __init__(self) -> None:
+        self.calls: List[Call] = []
+        self.starts: List[int] = []
+        self.ends: List[int] = []
+        self.outer: List[int] = []  # the index of the innermost earlier call containing each, or -1
+
+    def index(self) -> None:
+        self.calls.sort(key=lambda call: (call.start, -call.end))
+        self.starts = [call.start for call in self.calls]
+        self.ends = [call.end for call in self.calls]
+        open_calls: List[int] = []  # calls of this name nest (recursion) or follow each other
+        for position, (start, end) in enumerate(zip(self.starts, self.ends)):
+            while open_calls and not (start < self.ends[open_calls[-1]] and end <= self.ends[open_calls[-1]]):
+                open_calls.pop()
+            self.outer.append(open_calls[-1] if open_calls else -1)
+            open_calls.append(position)
+
+    def _containing(self, position: int, start: int, end: int) -> Optional[Call]:
+        """The innermost call at `position` or around it that contains [start, end]."""
+        for _ in range(MAX_NESTED_CALLS):
+            if position < 0:
+                return None
+            if self.starts[position] <= start and end <= self.ends[position]:
+                return self.calls[position]
+            position = self.outer[position]
+        return None
+
+    def parent_of(self, child: Call) -> Optional[Call]:
+        before = bisect.bisect_right(self.starts, child.start) - 1
+        found = self._containing(before, child.start, child.end)
+        if found is not None:
+            return found
+        # Sticking out by a hook's time: past the end of the call it began in, or starting just
+        # before the next call of the name begins.
+        if before >= 0 and child.start < self.ends[before] and child.end <= self.ends[before] + NEST_SLACK_US:
+            return self.calls[before]
+        after = before + 1
+        if after < len(self.calls) and self.starts[after] - NEST_SLACK_US <= child.start:
+            if child.end <= self.ends[after] + NEST_SLACK_US:
+                return self.calls[after]
+        if child.row[5] == "backward":
+            # A backward child begun before its parent, any amount, ending inside it.
+            around = bisect.bisect_left(self.starts, child.end) - 1
+            if around >= 0 and self.starts[around] > child.start:
+                return self._containing(around, self.starts[around], child.end)
+        return None
 
 
 def _round(value: float) -> int:
