@@ -5,7 +5,9 @@ A job with torch imported fills its tracer's ring synthetically (a real 1 M-row 
 hours of steps), shaped like a 12-layer model's traced steps: the model's forward around its
 layers', the loss, the backward passes, the optimizer, 28 rows a step, times that nest as the
 hooks would stamp them. With --cuda-columns every row carries allocated/reserved values that
-change (the worst case for counters). Then, alternately, each a new `probing` process:
+change (the worst case for counters). With --one-step every row is in step 0 (an inference or
+eval job: python.torch_trace counts optimizer steps, so its steps never advance), the model
+called again and again within the step: one step of a million rows. Then, alternately, each a new `probing` process:
 
 - export:   probing PID trace export -o FILE
 - baseline: probing PID query "SELECT * FROM python.torch_trace" --format csv > /dev/null
@@ -15,7 +17,7 @@ change (the worst case for counters). Then, alternately, each a new `probing` pr
 Reported: the median of each, their ratio, the file's size and events, and each command's peak
 RSS (from wait4), which shows whether the export streams.
 
-    .venv/bin/python benchmarks/bench_trace_export.py [--rows 1000000] [--repeats 3] [--cuda-columns]
+    .venv/bin/python benchmarks/bench_trace_export.py [--rows 1000000] [--repeats 3] [--cuda-columns] [--one-step]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ FILLED_JOB = """
 import sys, time
 import torch
 from probing.agent.pytorch import tracer as torchtrace
-rows, cuda = int(sys.argv[1]), sys.argv[2] == "1"
+rows, cuda, one_step = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
 active = torchtrace.tracer()
 active.clock.new_ring(rows * 17 // 15)  # a ring holds 15/16 of its capacity at least
 ring = active.ring
@@ -59,7 +61,9 @@ for step in range(steps):
     calls += [(optimizer, adamw, optimize, 0.009, 0.0008)]
     for seq, (name, kind, stage, offset, duration) in enumerate(calls):
         memory = (1000.0 + (count % 97), 2000.0, 2048.0 + (count // 1000) % 7) if cuda else (None, None, None)
-        ring.append((step, seq, name, kind, stage, duration, offset, *memory, 0, t0 + offset))
+        in_step = step * step_s + offset if one_step else offset
+        number = 0 if one_step else step
+        ring.append((number, count if one_step else seq, name, kind, stage, duration, in_step, *memory, 0, t0 + offset))
         count += 1
         if count == rows:
             break
@@ -83,11 +87,11 @@ def timed(command: List[str], stdout: Any) -> Tuple[float, int, subprocess.Compl
     return seconds, usage.ru_maxrss, subprocess.CompletedProcess(command, code, None, stderr)
 
 
-def run(rows: int, repeats: int, cuda: bool) -> Dict[str, Any]:
+def run(rows: int, repeats: int, cuda: bool, one_step: bool) -> Dict[str, Any]:
     scratch = tempfile.mkdtemp(prefix="bench_trace_export_")
     env = dict(os.environ, PROBING="1", PROBING_SOCKET_DIR=os.path.join(scratch, "sock"))
     job = subprocess.Popen(
-        [sys.executable, "-c", FILLED_JOB, str(rows), "1" if cuda else "0"],
+        [sys.executable, "-c", FILLED_JOB, str(rows), "1" if cuda else "0", "1" if one_step else "0"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
     )  # fmt: skip
     try:
@@ -123,6 +127,7 @@ def run(rows: int, repeats: int, cuda: bool) -> Dict[str, Any]:
     return {
         "rows": held,
         "cuda_columns": cuda,
+        "one_step": one_step,
         "export_s": round(export_s, 2),
         "query_csv_s": round(query_s, 2),
         "export_over_query": round(export_s / query_s, 2),
@@ -143,8 +148,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cuda-columns", action="store_true")
+    parser.add_argument("--one-step", action="store_true", help="every row in step 0")
     options = parser.parse_args()
-    result = run(options.rows, options.repeats, options.cuda_columns)
+    result = run(options.rows, options.repeats, options.cuda_columns, options.one_step)
     print(json.dumps(result, indent=2))
 
 

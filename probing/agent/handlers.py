@@ -255,11 +255,11 @@ def _cuda_snapshot() -> Reply:
 
 def _sample(server: Any, params: Dict[str, Any]) -> Reply:
     from .connections import client_gone
-    from .stack_sampler import DEFAULT_RATE_HZ, MAX_DURATION_S, MAX_RATE_HZ, encode, sample_stacks
+    from .stack_sampler import DEFAULT_RATE_HZ, MAX_DURATION_S, MAX_RATE_HZ, sample_stacks
 
     duration = float_param(params, "duration_s", 10.0, 0.01, MAX_DURATION_S)
     rate = float_param(params, "rate_hz", DEFAULT_RATE_HZ, 0.1, MAX_RATE_HZ)
-    data = encode(sample_stacks(server.own_threads, duration, rate, client_gone))
+    data = sample_stacks(server.own_threads, duration, rate, client_gone)
     return {"bytes": len(data)}, [data]
 
 

@@ -3,10 +3,20 @@
 The sampler runs in the connection thread that serves the request (an AgentThread: no tracer,
 in the agent's own threads, which are left out of what it counts). Each sample takes the GIL
 from the job for as long as `sys._current_frames()` and the walk of its frames take, so that
-time is measured around every sample and the interval is stretched until it is at most
-COST_SHARE of the wall time: the job loses at most 0.5 % of its GIL time to sampling, however
-many threads or frames it has, and at most the requested rate is taken (py-spy's 100 Hz by
-default). Only code objects and line numbers are read: never a local, never tensor data.
+time is measured around every sample and the interval is stretched until the samples take at
+most SAMPLES_SHARE of the wall time, at most the requested rate (py-spy's 100 Hz by default).
+Everything the sampling costs the job is counted in the share it reports (`cost_share`): the
+samples, the reading of thread names, the building and encoding of the answer; a sample is
+skipped when it, and what it adds to the answer, would take the whole past COST_SHARE of
+the window, the first one too (its cost is estimated from the number of threads), and a
+sample that runs past its share is given up half-way (a walk of 1000 deep stacks can take
+100 ms). The answer is built and encoded in
+chunks, letting other threads run between them (time.sleep(0)), so no one step of it holds
+the GIL for long. What can still pass 0.5 %: the switch to this thread each time it wakes (not
+measurable from inside), and an answer that takes more than the share kept for it (many
+distinct deep stacks); the reported share then says so. Only code objects, offsets and
+thread names are read (from the interpreter's own fields: no property of a Thread subclass
+runs): never a local, never tensor data.
 
 What is kept is bounded: MAX_STACKS distinct stacks (the rest are counted under one "stacks
 past the cap" entry per thread) of at most MAX_DEPTH frames each (deeper stacks keep their
@@ -16,6 +26,7 @@ the client goes away or the agent stops.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import sys
@@ -30,6 +41,16 @@ from .stacks import leaving
 
 # The share of wall time the sampler may hold the GIL: half of the 1 % the job may lose.
 COST_SHARE = 0.005
+# The share the samples are paced to: the rest of COST_SHARE is kept for building the answer.
+SAMPLES_SHARE = 0.004
+# What a sample is assumed to cost per thread before one was measured: a 64-frame walk at
+# 1 us a frame (measured: 0.6-0.9 us a frame on a loaded 2-core machine).
+FIRST_SAMPLE_S_PER_THREAD = 64e-6
+# How much of the answer is made between two chances for the job's threads to take the GIL.
+ANSWER_CHUNK = 256
+# What the answer is assumed to cost per frame of a distinct stack (measured: 0.6 us on a
+# 2-core machine): a sample that finds new stacks adds to the answer up to twice its own walk.
+ANSWER_S_PER_FRAME = 1e-6
 MAX_DURATION_S = 600.0
 MAX_RATE_HZ = 1000.0
 DEFAULT_RATE_HZ = 100.0
@@ -79,29 +100,42 @@ class Sampling:
         self.names: Dict[int, str] = {}
         self.codes: Dict[int, CodeType] = {}
         self.names_at = -NAMES_EVERY_S
+        self.skipped = 0  # samples left out: they would have cost more than the budget
+        self.abandoned = 0  # samples begun and given up: they took longer than the budget left
+        self.new_frames = 0  # frames of the distinct stacks: what the answer will cost
+        self.threads = 0
 
     def _refresh_names(self, now: float) -> None:
-        self.names = {thread.ident or 0: thread.name for thread in threading.enumerate()}
+        self.names = thread_names()
         self.names_at = now
 
-    def sample(self) -> float:
-        """Take one sample; the seconds it held the GIL."""
+    def sample(self, limit_s: float = float("inf")) -> float:
+        """Take one sample; the seconds it held the GIL. A sample that has taken `limit_s` is
+        abandoned where it is (nothing of it counted): the budget bounds even a 1000-thread walk."""
         started = time.perf_counter()
         if started - self.names_at >= NAMES_EVERY_S:
             self._refresh_names(started)
         # In a function of its own: no reference to a frame (nor to its locals) outlives it.
-        self._count_all()
-        self.samples += 1
+        if self._count_all(started + limit_s):
+            self.samples += 1
+        else:
+            self.abandoned += 1
         spent = time.perf_counter() - started
         self.cost_s += spent
         return spent
 
-    def _count_all(self) -> None:
-        counts, names, exclude = self.counts, self.names, self.exclude
+    def _count_all(self, deadline: float) -> bool:
+        """Walk every thread's stack, then count them; False (nothing counted) past `deadline`."""
+        names, exclude = self.names, self.exclude
         depths, offsets = range(MAX_DEPTH), OFFSETS  # locals: read for every frame
+        clock = time.perf_counter
+        walked: List[Tuple[StackKey, FrameType]] = []
+        deep = 0
         for ident, frame in sys._current_frames().items():
             if ident in exclude or ident in leaving:
                 continue
+            if len(walked) % 16 == 15 and clock() > deadline:
+                return False
             # Code objects by id: hashing a code object hashes its bytecode and constants, which
             # made a sample 3 times slower. `codes` keeps each alive, so its id stays its own.
             key: List[Any] = [names.get(ident) or f"Thread-{ident}"]
@@ -117,15 +151,20 @@ class Sampling:
                 if current is not None:
                     append(0)  # no code object has id 0: the marker of frames cut
                     append(0)
-                    self.deep += 1
-            stack = tuple(key)
+                    deep += 1
+            walked.append((tuple(key), frame))
+        counts = self.counts
+        self.deep += deep
+        for stack, frame in walked:
             if stack in counts:
                 counts[stack] += 1
             elif len(counts) < MAX_STACKS:
                 counts[stack] = 1
+                self.new_frames += len(stack) // 2
                 self._keep_codes(frame)
             else:
-                self.overflow[key[0]] = self.overflow.get(key[0], 0) + 1
+                self.overflow[stack[0]] = self.overflow.get(stack[0], 0) + 1
+        return True
 
     def _keep_codes(self, frame: Optional[FrameType]) -> None:
         """The code objects of a stack seen for the first time, kept so that their ids stay theirs."""
@@ -136,20 +175,25 @@ class Sampling:
             codes.setdefault(id(frame.f_code), frame.f_code)
             frame = frame.f_back
 
-    def result(self, wall_s: float, rate: float, ended: str) -> Dict[str, Any]:
-        """The counted stacks with a frame table: `frames` [function, file, line] each, `stacks`
-        [count, thread, [frame index, ...] root to leaf] each."""
+    def result(self, started: float, rate: float, ended: str) -> bytes:
+        """The answer, encoded: `frames` [function, file, line] each, `stacks` [count, thread,
+        [frame index, ...] root to leaf] each, and the figures, `cost_share` counting the time
+        spent here. `started` is the time.monotonic() the sampling began."""
+        building = time.perf_counter()
         frames: List[List[Any]] = []
         index: Dict[Tuple[int, int], int] = {}
         described: Dict[Tuple[Any, ...], int] = {}  # [function, file, line] -> its frame index
         merged: Dict[Tuple[Any, ...], int] = {}  # offsets on one line make one stack
-        for key, count in self.counts.items():
+        lines: Dict[int, Tuple[List[int], List[Tuple[int, int]]]] = {}  # per code: its line table
+        for made, (key, count) in enumerate(self.counts.items()):
+            if made % ANSWER_CHUNK == ANSWER_CHUNK - 1:
+                building = self._let_others_run(building)
             path: List[int] = []
             for position in range(len(key) - 2, 0, -2):  # outermost frame first
                 code_id, where = key[position], key[position + 1]
                 at = index.get((code_id, where))
                 if at is None:
-                    frame = _describe(self.codes.get(code_id), where)
+                    frame = _describe(self.codes.get(code_id), where, lines)
                     at = described.get(tuple(frame))
                     if at is None:
                         at = described[tuple(frame)] = len(frames)
@@ -176,9 +220,28 @@ class Sampling:
                 f"{self.deep} thread samples were deeper than {MAX_DEPTH} frames: their outermost "
                 "frames are shown as '<frames cut>'"
             )
-        return {
-            "frames": frames,
-            "stacks": stacks,
+        if self.abandoned:
+            notes.append(
+                f"{self.abandoned} samples were given up half-way: they took longer than the "
+                f"{COST_SHARE:.1%} of the time left them ({self.threads} threads)"
+            )
+        if self.skipped:
+            notes.append(
+                f"{self.skipped} samples were left out: with the answer they would have held the "
+                f"GIL more than {COST_SHARE:.1%} of the time ({self.threads} threads)"
+            )
+        # Encoded in pieces: json.dumps of a whole 8 MB answer is one C call that never lets go.
+        parts: List[bytes] = [b'{"frames":[']
+        for at in range(0, len(frames), ANSWER_CHUNK * 8):
+            building = self._let_others_run(building)
+            parts.append((b"," if at else b"") + _dumps(frames[at : at + ANSWER_CHUNK * 8])[1:-1])
+        parts.append(b'],"stacks":[')
+        for at in range(0, len(stacks), ANSWER_CHUNK * 4):
+            building = self._let_others_run(building)
+            parts.append((b"," if at else b"") + _dumps(stacks[at : at + ANSWER_CHUNK * 4])[1:-1])
+        self.cost_s += time.perf_counter() - building
+        wall_s = time.monotonic() - started
+        figures = {
             "samples": self.samples,
             "duration_s": round(wall_s, 3),
             "requested_rate_hz": rate,
@@ -188,34 +251,88 @@ class Sampling:
             "ended": ended,
             "notes": notes,
         }
+        parts.append(b"]," + _dumps(figures)[1:])
+        return b"".join(parts)
+
+    def _let_others_run(self, since: float) -> float:
+        """Count the time held since `since`, let the job's threads take the GIL; now."""
+        self.cost_s += time.perf_counter() - since
+        time.sleep(0)
+        return time.perf_counter()
 
 
-def _line_at(code: CodeType, offset: int) -> int:
-    for start, end, line in code.co_lines():  # type: ignore[attr-defined,unused-ignore]
-        if start <= offset < end and line is not None:
-            return int(line)
+def _line_at(code: CodeType, offset: int, lines: Dict[int, Tuple[List[int], List[Tuple[int, int]]]]) -> int:
+    """The line of instruction `offset`, from the code's line table read once (`lines` caches
+    it per code: a big generated function has thousands of offsets sampled)."""
+    table = lines.get(id(code))
+    if table is None:
+        starts: List[int] = []
+        spans: List[Tuple[int, int]] = []
+        for start, end, line in code.co_lines():  # type: ignore[attr-defined,unused-ignore]
+            if line is not None:
+                starts.append(start)
+                spans.append((end, int(line)))
+        table = lines[id(code)] = (starts, spans)
+    at = bisect.bisect_right(table[0], offset) - 1
+    if at >= 0 and offset < table[1][at][0]:
+        return table[1][at][1]
     return code.co_firstlineno
 
 
-def _describe(code: Optional[CodeType], where: int) -> List[Any]:
+def _describe(
+    code: Optional[CodeType], where: int, lines: Dict[int, Tuple[List[int], List[Tuple[int, int]]]]
+) -> List[Any]:
     """[function, file, line] of a frame; `where` is its instruction offset (OFFSETS) or line."""
     if code is None:
         return ["<frames cut>", "", 0]
-    line = _line_at(code, where) if OFFSETS else where
+    line = _line_at(code, where, lines) if OFFSETS else where
     # co_qualname (3.11+) is what py-spy shows: Thread.run rather than run.
     return [getattr(code, "co_qualname", code.co_name), code.co_filename, line]
 
 
 def next_interval(rate: float, cost_s: float) -> float:
     """Seconds from one sample to the next: 1/rate, or longer when a sample costs more than
-    COST_SHARE of it. `cost_s` is the recent cost of a sample (smoothed)."""
-    return max(1.0 / rate, cost_s / COST_SHARE)
+    SAMPLES_SHARE of it. `cost_s` is the recent cost of a sample (smoothed)."""
+    return max(1.0 / rate, cost_s / SAMPLES_SHARE)
+
+
+# The instance dict of a Thread, read by the interpreter's own descriptor: a subclass that
+# defines `__dict__`, `name` or `ident` as a property is not asked.
+_THREAD_FIELDS: Any = threading.Thread.__dict__["__dict__"]
+
+
+def thread_names() -> Dict[int, str]:
+    """ident -> name of every thread the threading module knows, from its own fields (`_name`),
+    never through a property: a Thread subclass may define `name` as one, and the job's code
+    must not run in the agent (it could block, take a lock of the job's, or raise)."""
+    names: Dict[int, str] = {}
+    active = getattr(threading, "_active", None)
+    if type(active) is not dict:
+        return names
+    for ident, thread in list(active.items()):
+        if type(ident) is not int or not issubclass(type(thread), threading.Thread):
+            continue
+        try:
+            fields = _THREAD_FIELDS.__get__(thread)
+        except Exception:  # noqa: BLE001 - a thread without its dict is named by its ident
+            continue
+        name = fields.get("_name") if type(fields) is dict else None
+        if type(name) is str:
+            names[ident] = name
+    return names
+
+
+def _dumps(value: Any) -> bytes:
+    # ASCII: a name with a lone surrogate (a file name of bytes that are not UTF-8) stays
+    # valid JSON (\udcxx), and the C encoder's ASCII path is the faster one.
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def sample_stacks(
     exclude: Set[int], duration: float, rate: float, client_gone: Callable[[], bool]
-) -> Dict[str, Any]:
-    """Sample every thread but `exclude` for `duration` seconds at up to `rate` per second."""
+) -> bytes:
+    """Sample every thread but `exclude` for `duration` seconds at up to `rate` per second;
+    the answer encoded (see Sampling.result)."""
     if not _busy.acquire(blocking=False):
         raise RequestError(
             ErrorKind.BUSY, "another flame graph is being sampled in this process; try when it ends"
@@ -227,13 +344,24 @@ def sample_stacks(
         started = time.monotonic()
         end = started + duration
         checked = started
-        smoothed = 0.0
+        counting = time.perf_counter()
+        sampling.threads = len(sys._current_frames())
+        smoothed = sampling.threads * FIRST_SAMPLE_S_PER_THREAD
+        sampling.cost_s += time.perf_counter() - counting
+        budget = COST_SHARE * duration
         wake = started
         ended = "done"
         while True:
-            spent = sampling.sample()
-            # The mean of recent samples: one slow sample (a page fault) must not stall the rest.
-            smoothed = spent if smoothed == 0.0 else 0.8 * smoothed + 0.2 * spent
+            # What one more sample may take: a third of what is left once the answer is paid
+            # for, as new stacks add up to twice their walk to the answer.
+            left = budget - sampling.cost_s - sampling.new_frames * ANSWER_S_PER_FRAME
+            if smoothed <= left / 3:
+                taken = sampling.samples
+                spent = sampling.sample(left / 3)
+                # The mean of recent samples: one slow sample (a page fault) must not stall the rest.
+                smoothed = spent if taken == 0 else 0.8 * smoothed + 0.2 * spent
+            else:
+                sampling.skipped += 1
             now = time.monotonic()
             # Kept on a schedule: the wait for the GIL after each wake-up (up to a switch
             # interval, 5 ms, behind a busy thread) is not added to every interval, but a late
@@ -250,11 +378,6 @@ def sample_stacks(
                 break
             if time.monotonic() >= end:
                 break
-        return sampling.result(time.monotonic() - started, rate, ended)
+        return sampling.result(started, rate, ended)
     finally:
         _busy.release()
-
-
-def encode(result: Dict[str, Any]) -> bytes:
-    """The answer as JSON for the reply's payload (the header is capped at 1 MB)."""
-    return json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")

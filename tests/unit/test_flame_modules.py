@@ -51,4 +51,4 @@ def test_steps_parse_and_default_to_whole_steps() -> None:
 
 def test_the_sampling_interval_stretches_to_keep_the_cost_under_half_a_percent() -> None:
     assert next_interval(100.0, 0.00001) == pytest.approx(0.01)  # cheap: the requested rate
-    assert next_interval(100.0, 0.0001) == pytest.approx(0.02)  # 100 us a sample: 50 Hz
+    assert next_interval(100.0, 0.0001) == pytest.approx(0.025)  # 100 us a sample: 40 Hz

@@ -3,9 +3,10 @@ reads the agent's answer and py-spy's raw output."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -33,7 +34,7 @@ def test_samples_name_the_thread_and_cut_deep_stacks(monkeypatch: pytest.MonkeyP
         sampling = Sampling({threading.get_ident()})
         for _ in range(3):
             sampling.sample()
-        answer = sampling.result(1.0, 100.0, "done")
+        answer = json.loads(sampling.result(time.monotonic() - 1.0, 100.0, "done"))
     finally:
         stop.set()
         thread.join()
@@ -49,14 +50,14 @@ def test_stacks_past_the_cap_are_counted_apart(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(stack_sampler, "MAX_STACKS", 0)
     sampling = Sampling(set())
     sampling.sample()
-    answer = sampling.result(1.0, 100.0, "done")
+    answer = json.loads(sampling.result(time.monotonic() - 1.0, 100.0, "done"))
     assert [frame[0] for frame in answer["frames"]] == ["<stacks past the cap>"]
     assert any("distinct stacks" in note for note in answer["notes"])
 
 
 def test_a_second_sampling_is_refused_while_one_runs() -> None:
     results: List[Any] = []
-    first = threading.Thread(target=lambda: results.append(sample_stacks(set(), 0.5, 50.0, lambda: False)))
+    first = threading.Thread(target=lambda: results.append(json.loads(sample_stacks(set(), 0.5, 50.0, lambda: False))))
     first.start()
     try:
         deadline = time.monotonic() + 5
@@ -70,7 +71,7 @@ def test_a_second_sampling_is_refused_while_one_runs() -> None:
 
 
 def test_a_client_gone_ends_the_sampling_early() -> None:
-    answer = sample_stacks(set(), 30.0, 50.0, lambda: True)
+    answer = json.loads(sample_stacks(set(), 30.0, 50.0, lambda: True))
     assert answer["ended"] == "client gone" and answer["duration_s"] < 5
 
 
@@ -113,3 +114,85 @@ def test_the_sample_method_refuses_bad_parameters(params: Any) -> None:
     with pytest.raises(stack_sampler.RequestError) as refused:
         METHODS["sample"](None, params)
     assert refused.value.error_type == "BadRequest"
+
+
+class NameProperty(threading.Thread):
+    """A job's Thread subclass whose `name` and `ident` are properties: job code."""
+
+    asked: List[str] = []
+
+    @property  # type: ignore[override]
+    def name(self) -> str:
+        NameProperty.asked.append("name")
+        return "from the property"
+
+    @name.setter
+    def name(self, value: str) -> None:
+        NameProperty.asked.append("set")
+
+    @property  # type: ignore[override]
+    def ident(self) -> int:
+        NameProperty.asked.append("ident")
+        return 1
+
+
+def test_thread_names_are_read_without_running_the_jobs_properties() -> None:
+    stop = threading.Event()
+    thread = NameProperty(target=stop.wait, name="the real name", daemon=True)
+    thread.start()
+    NameProperty.asked.clear()
+    try:
+        answer = json.loads(sample_stacks(set(), 0.2, 50.0, lambda: False))
+    finally:
+        stop.set()
+        thread.join()
+    assert NameProperty.asked == []
+    assert "the real name" in {stack[1] for stack in answer["stacks"]}
+
+
+def waiting(depth: int, started: threading.Barrier, stop: threading.Event) -> None:
+    if depth:
+        waiting(depth - 1, started, stop)
+        return
+    started.wait()
+    stop.wait()
+
+
+def many_threads(count: int, depth: int) -> Tuple[List[threading.Thread], threading.Event]:
+    stop = threading.Event()
+    started = threading.Barrier(count + 1)
+    threads = [threading.Thread(target=waiting, args=(depth, started, stop), daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    started.wait(30)
+    return threads, stop
+
+
+@pytest.mark.parametrize("duration", [0.2, 8.0])
+def test_two_hundred_threads_cost_at_most_half_a_percent_answer_included(duration: float) -> None:
+    threads, stop = many_threads(200, 40)
+    try:
+        answer = json.loads(sample_stacks(set(), duration, 100.0, lambda: False))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert answer["cost_share"] <= stack_sampler.COST_SHARE, {key: answer[key] for key in ("samples", "sampling_s", "cost_share", "notes")}
+    # too short a window for even one sample of 200 threads: none is taken, and it says so
+    if duration < 1:
+        assert answer["samples"] == 0 and any("left out" in note for note in answer["notes"])
+    else:
+        assert answer["samples"] >= 1
+
+
+def test_the_answer_lets_the_job_run_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampling = Sampling(set())
+    sampling.sample()
+    code, where = next((key[1], key[2]) for key in sampling.counts)
+    for number in range(3000):  # 3000 distinct stacks (threads of their own)
+        sampling.counts[(f"t{number}", code, where)] = 1
+    slept: List[float] = []
+    monkeypatch.setattr(stack_sampler.time, "sleep", slept.append)
+    answer = json.loads(sampling.result(time.monotonic() - 1.0, 100.0, "done"))
+    assert len(answer["stacks"]) >= 3000 and len(slept) >= 3000 // stack_sampler.ANSWER_CHUNK
+    assert answer["sampling_s"] > 0
