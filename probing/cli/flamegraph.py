@@ -4,7 +4,8 @@ speedscope JSON or folded text."""
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+import sys
+from typing import IO, Iterable, Iterator, Optional
 
 import click
 
@@ -15,8 +16,9 @@ from .options import apply, pass_invocation
 from .pictures.flame import folded_lines, speedscope_text, total_weight
 from .pictures.flame_html import html_parts
 from .pictures.flame_svg import svg_parts
+from .render import inert_lines
 from .render import notes as say_notes
-from .render.files import write_output, wrote
+from .render.files import counted, write_output, wrote
 from .spec import timeout
 
 FORMATS = ("html", "svg", "speedscope", "folded")
@@ -43,25 +45,48 @@ def format_of(path: str, chosen: Optional[str]) -> str:
     )
 
 
+def _counted(value: object, noun: str) -> str:
+    return counted(value, noun) if isinstance(value, int) else f"{value} {noun}s"
+
+
 def figures_line(flame: Flame) -> str:
     figures = flame.figures
     if flame.unit == "seconds":
         return (
-            f"{figures.get('modules')} modules, mean of {figures.get('steps')} steps "
+            f"{_counted(figures.get('modules'), 'module')}, mean of {_counted(figures.get('steps'), 'step')} "
             f"({figures.get('range')}); {total_weight(flame.stacks) * 1000:.3f} ms traced per step"
         )
     if figures.get("source") != "agent":
         return (
-            f"{figures.get('samples')} thread samples in {figures.get('duration_s')} s "
+            f"{_counted(figures.get('samples'), 'thread sample')} in {figures.get('duration_s')} s "
             f"at {figures.get('rate_hz')} Hz from outside (py-spy)"
         )
     said = (
-        f"{figures.get('samples')} samples in {figures.get('duration_s')} s "
+        f"{_counted(figures.get('samples'), 'sample')} in {figures.get('duration_s')} s "
         f"({figures.get('rate_hz')} Hz) from the agent"
     )
     if figures.get("cost_share") is not None:
         said += f"; sampling held the GIL {100 * float(figures['cost_share']):.3f}% of the time"
     return said
+
+
+def for_output(parts: Iterable[str], output: str, out: IO[str]) -> Iterator[str]:
+    """The picture's text as it may be written: a lone surrogate (a name of bytes that are not
+    UTF-8) becomes `\\udcxx` rather than failing the write; to a terminal (`-o -`), every
+    control character a job-chosen name holds is made visible (render.inert_lines). A file
+    keeps the exact names."""
+    terminal = output == "-" and _is_terminal(out)
+    for part in parts:
+        if not part.isascii():
+            part = part.encode("utf-8", "backslashreplace").decode("utf-8")
+        yield inert_lines(part, out) if terminal else part
+
+
+def _is_terminal(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def parts_of(flame: Flame, kind: str) -> Iterator[str]:
@@ -131,6 +156,6 @@ def flamegraph(
     say_notes(picture.notes)
     if not picture.stacks:
         say_notes(["no stacks were sampled: the picture is empty"])
-    size = write_output(output, parts_of(picture, chosen))
+    size = write_output(output, for_output(parts_of(picture, chosen), output, sys.stdout))
     wrote(output, size, figures_line(picture), HINTS[chosen])
     return ExitCode.OK

@@ -80,7 +80,7 @@ def flame_from_agent_answer(answer: Any, title: str) -> Flame:
         names.append(frame_name(frame[0], frame[1], frame[2]))
     counted: List[Tuple[Tuple[str, ...], float]] = []
     for stack in stacks:
-        if not (isinstance(stack, list) and len(stack) == 3 and isinstance(stack[0], int)
+        if not (isinstance(stack, list) and len(stack) == 3 and _count(stack[0])
                 and isinstance(stack[1], str) and isinstance(stack[2], list)):  # fmt: skip
             raise ProbingError("a stack of the agent's stack samples is malformed")
         path = stack[2]
@@ -89,10 +89,32 @@ def flame_from_agent_answer(answer: Any, title: str) -> Flame:
         if stack[0] > 0:
             counted.append(((stack[1], *(names[at] for at in path)), float(stack[0])))
     notes = [str(note) for note in answer.get("notes") or [] if isinstance(note, str)]
-    figures = {key: answer.get(key) for key in ("samples", "rate_hz", "requested_rate_hz", "duration_s",
-                                                 "sampling_s", "cost_share", "ended")}  # fmt: skip
-    figures["source"] = "agent"
+    figures: Dict[str, Any] = {"source": "agent"}
+    for key in FIGURES:
+        value = answer.get(key)
+        if value is None:
+            continue
+        if key == "samples" and not _count(value):
+            raise ProbingError(f"the agent's figure 'samples' is not a count: {str(value)[:40]!r}")
+        if key == "ended" and not (isinstance(value, str) and len(value) <= 64):
+            raise ProbingError("the agent's figure 'ended' is not a short text")
+        if key not in ("samples", "ended") and not _finite(value):
+            raise ProbingError(f"the agent's figure {key!r} is not a finite number: {str(value)[:40]!r}")
+        figures[key] = value
     return Flame(counted, "samples", title, notes, figures)
+
+
+# What the agent's answer says of its sampling beyond the stacks, and what each must be.
+FIGURES = ("samples", "rate_hz", "requested_rate_hz", "duration_s", "sampling_s", "cost_share", "ended")
+
+
+def _count(value: Any) -> bool:
+    """A whole number a float holds exactly (not a bool, not 10**400)."""
+    return type(value) is int and 0 <= value < 2**53
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and -1e15 < value < 1e15
 
 
 def _sample_from_agent(target: Target, duration: float, rate: float, timeout: float) -> Flame:
@@ -153,7 +175,9 @@ def sample_stacks(target: Target, duration: float, rate: float, timeout: float) 
 
 # "thread (TID): NAME" as py-spy's raw format (with --threads) begins each stack.
 _THREAD_LABEL = re.compile(r"thread \((0x[0-9a-fA-F]+|\d+)\)(?:: (.*))?$", re.DOTALL)
-_FRAME = re.compile(r".* \(.*:\d+\)$", re.DOTALL)
+# A frame ends in ` (file:line)`; searched from the last ` (` with no paren inside, so a long
+# name full of ` (` is read in linear time, not backtracked over.
+_FRAME = re.compile(r" \([^()]*:\d+\)$")
 
 
 def parse_pyspy_raw(text: str) -> List[Tuple[Tuple[str, ...], float]]:
@@ -172,7 +196,7 @@ def parse_pyspy_raw(text: str) -> List[Tuple[Tuple[str, ...], float]]:
         if label is not None:
             rest = 1
             thread = label.group(2) or ""
-            while rest < len(parts) and not _FRAME.match(parts[rest]):
+            while rest < len(parts) and not _FRAME.search(parts[rest]):
                 thread = f"{thread};{parts[rest]}"
                 rest += 1
             tid = label.group(1)

@@ -10,21 +10,18 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import ProbingError, UsageError
 from .flame import Flame
 from .target import Target
+from .timeline import parse_steps as parse_step_range
 
 
 def parse_steps(text: Optional[str]) -> Optional[Tuple[Optional[int], Optional[int]]]:
-    """`--steps A:B` (either end may be left out), both ends included."""
+    """`--steps A:B`, `A:`, `:B` or `N`, both ends included: trace export's reading."""
     if text is None:
         return None
-    low, colon, high = text.partition(":")
     try:
-        first = int(low) if low.strip() else None
-        last = int(high) if high.strip() else (first if not colon else None)
-    except ValueError:
-        raise UsageError(f"--steps takes A:B (step numbers, either may be left out), not {text!r}") from None
-    if first is not None and last is not None and last < first:
-        raise UsageError(f"--steps {text}: the last step comes before the first")
-    return first, last
+        chosen = parse_step_range(text)
+    except ValueError as error:
+        raise UsageError(f"--steps {text!r}: {error}; give A:B, A:, :B or N") from None
+    return chosen.first, chosen.last
 
 
 def steps_clause(steps: Optional[Tuple[Optional[int], Optional[int]]]) -> str:

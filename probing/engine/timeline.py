@@ -5,6 +5,7 @@ DuckDB in batches so a million rows are never Python tuples all at once."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 from ..errors import ProbingError
@@ -48,13 +49,15 @@ EVERY_STEP = StepRange(None, None)
 
 
 def parse_steps(text: str) -> StepRange:
-    """'A:B', 'A:', ':B' or 'N' (steps A to B, both included); ValueError otherwise."""
+    """'A:B', 'A:', ':B' or 'N' (steps A to B, both included); ValueError otherwise. The one
+    reading of --steps, for `trace export` and `flamegraph --torch`: ASCII digits only (not
+    '1_0', '-3', '²' or other scripts' digits), and '' or ':' alone is no range."""
 
     def number(part: str) -> Optional[int]:
         part = part.strip()
         if not part:
             return None
-        if not part.isdigit():
+        if not re.fullmatch("[0-9]+", part):
             raise ValueError(f"{part!r} is not a step number (steps count from 0)")
         return int(part)
 
@@ -66,6 +69,8 @@ def parse_steps(text: str) -> StepRange:
     if text.count(":") > 1:
         raise ValueError(f"{text!r} has more than one ':'")
     first, last = (number(part) for part in text.split(":"))
+    if first is None and last is None:
+        raise ValueError("empty step range")
     if first is not None and last is not None and first > last:
         raise ValueError(f"{text!r} ends before it starts")
     return StepRange(first, last)
