@@ -51,7 +51,7 @@ EVERY_STEP = StepRange(None, None)
 def parse_steps(text: str) -> StepRange:
     """'A:B', 'A:', ':B' or 'N' (steps A to B, both included); ValueError otherwise. The one
     reading of --steps, for `trace export` and `flamegraph --torch`: ASCII digits only (not
-    '1_0', '-3', '²' or other scripts' digits), and '' or ':' alone is no range."""
+    '1_0', '-3', '²' or other scripts' digits), '' is no range, ':' is every step."""
 
     def number(part: str) -> Optional[int]:
         part = part.strip()
@@ -69,8 +69,6 @@ def parse_steps(text: str) -> StepRange:
     if text.count(":") > 1:
         raise ValueError(f"{text!r} has more than one ':'")
     first, last = (number(part) for part in text.split(":"))
-    if first is None and last is None:
-        raise ValueError("empty step range")
     if first is not None and last is not None and first > last:
         raise ValueError(f"{text!r} ends before it starts")
     return StepRange(first, last)

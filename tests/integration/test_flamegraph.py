@@ -108,6 +108,27 @@ def test_a_client_that_leaves_mid_sampling_stops_the_sampler(tmp_path: Path) -> 
         assert job.alive()
 
 
+DRAWN_FRAMES_JS = """Array.from(document.querySelectorAll('#chart g.frame')).map(function (g) {
+  var rect = g.querySelector('rect'), label = g.querySelector('.d3-flame-graph-label');
+  return {name: g.getAttribute('name') || '', width: rect ? parseFloat(rect.getAttribute('width')) : 0,
+          label: label ? label.textContent : ''};
+})"""
+
+SEARCH_JS = """(function (term) {
+  var box = document.getElementById('search');
+  box.value = term;
+  box.dispatchEvent(new Event('input'));
+  return new Promise(function (resolve) {  // the redraw lands on the next frame
+    requestAnimationFrame(function () { setTimeout(function () {
+      resolve(Array.from(document.querySelectorAll('#chart g.frame rect')).filter(function (rect) {
+        return (rect.getAttribute('fill') || rect.style.fill || '').toUpperCase() === '#E600E6'
+          || rect.style.fill === 'rgb(230, 0, 230)';
+      }).length);
+    }, 50); });
+  });
+})(%s)"""
+
+
 @pytest.mark.pictures
 def test_the_page_draws_in_chromium(tmp_path: Path) -> None:
     with Target("slow_and_fast.py", via="plain") as job:
@@ -119,8 +140,21 @@ def test_the_page_draws_in_chromium(tmp_path: Path) -> None:
         assert page.problems() == []
         svgs = page.marks()["svgs"]
         assert svgs and max(svg["marks"] for svg in svgs) > 5, svgs
-        assert page.evaluate("document.body.textContent.includes('slow_function')")
+        # What was drawn, not the data in the page: the frames' rects and their labels.
+        frames = page.evaluate(DRAWN_FRAMES_JS)
+        widths: Dict[str, float] = {}
+        for frame in frames:
+            leaf = frame["name"].split(" (")[0]
+            widths[leaf] = max(widths.get(leaf, 0.0), frame["width"])
+        assert widths.get("slow_function", 0) > 5 * widths.get("fast_function", 0), widths
+        labels = [frame["label"] for frame in frames if frame["name"].startswith("slow_function (")]
+        assert labels and all(label.startswith("slow_function (") for label in labels), labels
         page.screenshot(screenshot_path(tmp_path, "flamegraph.png"))
+        # Typing a frame name ("(" and all) in the search box highlights, no error.
+        for term in ("(", "slow_function (slow"):
+            found = page.evaluate(SEARCH_JS % json.dumps(term))
+            assert found > 0, term
+            assert page.problems() == [], term
 
 
 def test_a_job_that_exits_mid_sampling_gets_a_clear_error(tmp_path: Path) -> None:

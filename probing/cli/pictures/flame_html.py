@@ -51,6 +51,12 @@ SCRIPT = """<script>
   chart.label(function (d) {
     return d.data.name + " (" + amount(d.data.value) + ", " + (100 * d.data.value / total).toFixed(2) + "%)";
   });
+  // A plain substring match: the library's default makes a RegExp of what is typed, and every
+  // frame name holds "(file:line)", an unterminated group.
+  chart.setSearchMatch(function (d, term) {
+    var name = d.data && d.data.name;
+    return Boolean(term) && typeof name === "string" && name.indexOf(term) >= 0;
+  });
   d3.select("#chart").datum(data.tree).call(chart);
   var search = document.getElementById("search");
   search.addEventListener("input", function () {

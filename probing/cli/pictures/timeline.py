@@ -330,13 +330,20 @@ class Timeline:
             )
         )
         spans.sort()
+        # Yielded as made: a step of a million calls (an inference job's step 0) does not also
+        # hold its million event texts.
+        yield from out
+        out = []
         for start, negative_end, _, _, _, family, head, tail in spans:
             lanes = self.lanes.get((key, family)) or self.lanes.setdefault((key, family), _Lanes())
             index = lanes.place(start, -negative_end)
-            tid = lanes.tids[index] if index < len(lanes.tids) else self._tid(key, pid, family, index, out)
-            out.append(
-                f'{{{head},"ts":{start},"dur":{-negative_end - start},{tail},"pid":{pid},"tid":{tid}}}'
-            )
+            if index >= len(lanes.tids):
+                self._tid(key, pid, family, index, out)
+                yield from out
+                out = []
+            tid = lanes.tids[index]
+            yield f'{{{head},"ts":{start},"dur":{-negative_end - start},{tail},"pid":{pid},"tid":{tid}}}'
+        del spans
         for call in calls:
             if call.row[8] is not None or call.row[10] is not None:
                 self._counter(key, pid, "CUDA allocated (MB)", call.end, call.row[8], out)
