@@ -6,6 +6,9 @@ import json
 import xml.etree.ElementTree as ElementTree
 from typing import List, Sequence, Tuple
 
+import pytest
+from speedscope_schema import check_speedscope
+
 from probing.cli.flamegraph import format_of
 from probing.cli.pictures.flame import SPEEDSCOPE_SCHEMA, folded_lines, merged_tree, speedscope_document
 from probing.cli.pictures.flame_html import html_parts
@@ -50,6 +53,29 @@ def test_speedscope_has_the_schema_one_profile_per_thread_and_valid_indices() ->
             assert all(0 <= at < len(frames) for at in sample)
     assert [frames[at]["name"] for at in main["samples"][0]] == ["main (a.py:1)", "slow (a.py:5)"]
     json.dumps(speedscope_document([((HOSTILE, HOSTILE), 1.0)], HOSTILE, "seconds"))
+
+
+def test_speedscope_files_are_valid_by_speedscopes_own_schema() -> None:
+    for document in (
+        speedscope_document(STACKS, "t", "samples"),
+        speedscope_document(STACKS, "t", "seconds"),
+        speedscope_document([((HOSTILE, HOSTILE), 1.0)], HOSTILE, "seconds"),
+        speedscope_document([], "empty", "samples"),
+    ):
+        check_speedscope(json.loads(json.dumps(document)))
+
+
+def test_the_schema_check_finds_what_speedscope_would_refuse() -> None:
+    good = json.loads(json.dumps(speedscope_document(STACKS, "t", "samples")))
+    broken = [
+        {key: value for key, value in good.items() if key != "shared"},
+        {**good, "profiles": [{**good["profiles"][0], "weights": ["1"] * len(good["profiles"][0]["weights"])}]},
+        {**good, "profiles": [{**good["profiles"][0], "unit": "furlongs"}]},
+        {**good, "profiles": [{**good["profiles"][0], "samples": [[len(good["shared"]["frames"])]], "weights": [1]}]},
+    ]
+    for document in broken:
+        with pytest.raises(AssertionError):
+            check_speedscope(document)
 
 
 def _rects(svg_text: str) -> List[Tuple[str, float]]:
