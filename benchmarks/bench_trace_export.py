@@ -7,7 +7,8 @@ layers', the loss, the backward passes, the optimizer, 28 rows a step, times tha
 hooks would stamp them. With --cuda-columns every row carries allocated/reserved values that
 change (the worst case for counters). With --one-step every row is in step 0 (an inference or
 eval job: python.torch_trace counts optimizer steps, so its steps never advance), the model
-called again and again within the step: one step of a million rows. Then, alternately, each a new `probing` process:
+called again and again within the step: one step of a million rows. Then, alternately, each a
+new `probing` process:
 
 - export:   probing PID trace export -o FILE
 - baseline: probing PID query "SELECT * FROM python.torch_trace" --format csv > /dev/null
@@ -17,7 +18,8 @@ called again and again within the step: one step of a million rows. Then, altern
 Reported: the median of each, their ratio, the file's size and events, and each command's peak
 RSS (from wait4), which shows whether the export streams.
 
-    .venv/bin/python benchmarks/bench_trace_export.py [--rows 1000000] [--repeats 3] [--cuda-columns] [--one-step]
+    .venv/bin/python benchmarks/bench_trace_export.py [--rows 1000000] [--repeats 3] [--cuda-columns]
+                                                      [--one-step]
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ for step in range(steps):
         memory = (1000.0 + (count % 97), 2000.0, 2048.0 + (count // 1000) % 7) if cuda else (None, None, None)
         in_step = step * step_s + offset if one_step else offset
         number = 0 if one_step else step
-        ring.append((number, count if one_step else seq, name, kind, stage, duration, in_step, *memory, 0, t0 + offset))
+        order = count if one_step else seq
+        ring.append((number, order, name, kind, stage, duration, in_step, *memory, 0, t0 + offset))
         count += 1
         if count == rows:
             break

@@ -108,7 +108,7 @@ class _Around:
             open_spans.append(position)
 
 
-def _innermost_around(call: Dict[str, Any], around: "_Around") -> Optional[Dict[str, Any]]:
+def _innermost_around(call: Dict[str, Any], around: _Around) -> Optional[Dict[str, Any]]:
     """The innermost span of `around` that contains `call` (bisection, then outwards)."""
     position = bisect.bisect_right(around.starts, call["ts"]) - 1
     while position >= 0:
@@ -152,4 +152,8 @@ def check_hierarchy(document: Dict[str, Any]) -> None:
         assert own, ("stretched over no child of its own", call)
         first = min(child["ts"] for child in own)
         last = max(child["ts"] + child["dur"] for child in own)
-        assert call["ts"] == first or call["ts"] + call["dur"] == last, ("stretched past its children", call, own)
+        assert call["ts"] == first or call["ts"] + call["dur"] == last, (
+            "stretched past its children",
+            call,
+            own,
+        )

@@ -328,9 +328,7 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-def sample_stacks(
-    exclude: Set[int], duration: float, rate: float, client_gone: Callable[[], bool]
-) -> bytes:
+def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: Callable[[], bool]) -> bytes:
     """Sample every thread but `exclude` for `duration` seconds at up to `rate` per second;
     the answer encoded (see Sampling.result)."""
     if not _busy.acquire(blocking=False):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from probing.agent.stack_sampler import next_interval
@@ -64,7 +66,10 @@ def test_trace_export_and_flamegraph_torch_refuse_the_same_steps(text: str) -> N
         parse_steps(text)
 
 
-@pytest.mark.parametrize("text, chosen", [("3:7", (3, 7)), (" 3 : 7 ", (3, 7)), ("5", (5, 5)), (":7", (None, 7)), (":", (None, None))])
+@pytest.mark.parametrize(
+    "text, chosen",
+    [("3:7", (3, 7)), (" 3 : 7 ", (3, 7)), ("5", (5, 5)), (":7", (None, 7)), (":", (None, None))],
+)
 def test_trace_export_and_flamegraph_torch_read_steps_alike(text: str, chosen: Any) -> None:
     from probing.engine.timeline import parse_steps as export_steps
 

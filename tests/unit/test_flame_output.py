@@ -25,7 +25,9 @@ class Terminal(io.StringIO):
 
 
 def flame(*names: str) -> Flame:
-    stacks: List[Tuple[Tuple[str, ...], float]] = [((name, f"f{n} (a.py:1)"), 3.0) for n, name in enumerate(names)]
+    stacks: List[Tuple[Tuple[str, ...], float]] = [
+        ((name, f"f{n} (a.py:1)"), 3.0) for n, name in enumerate(names)
+    ]
     return Flame(stacks, "samples", " ".join(names), [], {"source": "agent", "samples": 3})
 
 
@@ -55,8 +57,8 @@ def test_a_lone_surrogate_in_a_name_writes_with_a_replacement(
 
 
 def answer(**figures: Any) -> Dict[str, Any]:
-    base: Dict[str, Any] = {"frames": [["f", "a.py", 1]], "stacks": [[1, "t", [0]]], "samples": 1,
-                            "rate_hz": 1.0, "duration_s": 1.0, "cost_share": 0.001, "ended": "done"}  # fmt: skip
+    base: Dict[str, Any] = {"frames": [["f", "a.py", 1]], "stacks": [[1, "t", [0]]], "samples": 1}
+    base.update({"rate_hz": 1.0, "duration_s": 1.0, "cost_share": 0.001, "ended": "done"})
     base.update(figures)
     return base
 

@@ -69,9 +69,17 @@ def test_the_schema_check_finds_what_speedscope_would_refuse() -> None:
     good = json.loads(json.dumps(speedscope_document(STACKS, "t", "samples")))
     broken = [
         {key: value for key, value in good.items() if key != "shared"},
-        {**good, "profiles": [{**good["profiles"][0], "weights": ["1"] * len(good["profiles"][0]["weights"])}]},
+        {
+            **good,
+            "profiles": [{**good["profiles"][0], "weights": ["1"] * len(good["profiles"][0]["weights"])}],
+        },
         {**good, "profiles": [{**good["profiles"][0], "unit": "furlongs"}]},
-        {**good, "profiles": [{**good["profiles"][0], "samples": [[len(good["shared"]["frames"])]], "weights": [1]}]},
+        {
+            **good,
+            "profiles": [
+                {**good["profiles"][0], "samples": [[len(good["shared"]["frames"])]], "weights": [1]}
+            ],
+        },
     ]
     for document in broken:
         with pytest.raises(AssertionError):

@@ -57,7 +57,9 @@ def test_stacks_past_the_cap_are_counted_apart(monkeypatch: pytest.MonkeyPatch) 
 
 def test_a_second_sampling_is_refused_while_one_runs() -> None:
     results: List[Any] = []
-    first = threading.Thread(target=lambda: results.append(json.loads(sample_stacks(set(), 0.5, 50.0, lambda: False))))
+    first = threading.Thread(
+        target=lambda: results.append(json.loads(sample_stacks(set(), 0.5, 50.0, lambda: False)))
+    )
     first.start()
     try:
         deadline = time.monotonic() + 5
@@ -161,7 +163,9 @@ def waiting(depth: int, started: threading.Barrier, stop: threading.Event) -> No
 def many_threads(count: int, depth: int) -> Tuple[List[threading.Thread], threading.Event]:
     stop = threading.Event()
     started = threading.Barrier(count + 1)
-    threads = [threading.Thread(target=waiting, args=(depth, started, stop), daemon=True) for _ in range(count)]
+    threads = [
+        threading.Thread(target=waiting, args=(depth, started, stop), daemon=True) for _ in range(count)
+    ]
     for thread in threads:
         thread.start()
     started.wait(30)
@@ -177,7 +181,9 @@ def test_two_hundred_threads_cost_at_most_half_a_percent_answer_included(duratio
         stop.set()
         for thread in threads:
             thread.join()
-    assert answer["cost_share"] <= stack_sampler.COST_SHARE, {key: answer[key] for key in ("samples", "sampling_s", "cost_share", "notes")}
+    assert answer["cost_share"] <= stack_sampler.COST_SHARE, {
+        key: answer[key] for key in ("samples", "sampling_s", "cost_share", "notes")
+    }
     # too short a window for even one sample of 200 threads: none is taken, and it says so
     if duration < 1:
         assert answer["samples"] == 0 and any("left out" in note for note in answer["notes"])
