@@ -4,8 +4,7 @@ speedscope JSON or folded text."""
 
 from __future__ import annotations
 
-import sys
-from typing import IO, Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import click
 
@@ -16,7 +15,7 @@ from .options import apply, pass_invocation
 from .pictures.flame import folded_lines, speedscope_text, total_weight
 from .pictures.flame_html import html_parts
 from .pictures.flame_svg import svg_parts
-from .render import inert_lines
+from .render import inert_parts
 from .render import notes as say_notes
 from .render.files import counted, write_output, wrote
 from .spec import timeout
@@ -70,23 +69,15 @@ def figures_line(flame: Flame) -> str:
     return said
 
 
-def for_output(parts: Iterable[str], output: str, out: IO[str]) -> Iterator[str]:
+def for_output(parts: Iterable[str], output: str) -> Iterator[str]:
     """The picture's text as it may be written: a lone surrogate (a name of bytes that are not
-    UTF-8) becomes `\\udcxx` rather than failing the write; to a terminal (`-o -`), every
-    control character a job-chosen name holds is made visible (render.inert_lines). A file
-    keeps the exact names."""
-    terminal = output == "-" and _is_terminal(out)
-    for part in parts:
-        if not part.isascii():
-            part = part.encode("utf-8", "backslashreplace").decode("utf-8")
-        yield inert_lines(part, out) if terminal else part
-
-
-def _is_terminal(out: IO[str]) -> bool:
-    try:
-        return out.isatty()
-    except (AttributeError, ValueError):
-        return False
+    UTF-8) becomes `\\udcxx` rather than failing the write; to standard output on a terminal,
+    every control character a job-chosen name holds is made visible (render.inert_parts). A
+    file keeps the exact names."""
+    safe = (
+        part if part.isascii() else part.encode("utf-8", "backslashreplace").decode("utf-8") for part in parts
+    )
+    return inert_parts(safe) if output == "-" else safe
 
 
 def parts_of(flame: Flame, kind: str) -> Iterator[str]:
@@ -156,6 +147,6 @@ def flamegraph(
     say_notes(picture.notes)
     if not picture.stacks:
         say_notes(["no stacks were sampled: the picture is empty"])
-    size = write_output(output, for_output(parts_of(picture, chosen), output, sys.stdout))
+    size = write_output(output, for_output(parts_of(picture, chosen), output))
     wrote(output, size, figures_line(picture), HINTS[chosen])
     return ExitCode.OK

@@ -4,6 +4,7 @@ what it makes of a hostile agent's figures, and py-spy's text with long names.""
 from __future__ import annotations
 
 import io
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -32,13 +33,15 @@ def flame(*names: str) -> Flame:
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-def test_names_reach_a_terminal_inert_and_a_file_exact(kind: str) -> None:
+def test_names_reach_a_terminal_inert_and_a_file_exact(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     picture = flame(ESCAPES)
-    to_terminal = "".join(for_output(parts_of(picture, kind), "-", Terminal()))
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    to_terminal = "".join(for_output(parts_of(picture, kind), "-"))
     assert "\x1b" not in to_terminal and "\x07" not in to_terminal and "\x9b" not in to_terminal
     assert "pwned" in to_terminal  # the name is still there, its escapes made visible or replaced
-    to_pipe = "".join(for_output(parts_of(picture, kind), "-", io.StringIO()))
-    to_file = "".join(for_output(parts_of(picture, kind), "cpu.out", Terminal()))
+    to_file = "".join(for_output(parts_of(picture, kind), "cpu.out"))
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    to_pipe = "".join(for_output(parts_of(picture, kind), "-"))
     assert to_pipe == to_file == "".join(parts_of(picture, kind))
 
 
@@ -47,12 +50,12 @@ def test_a_lone_surrogate_in_a_name_writes_with_a_replacement(
     kind: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     picture = flame(SURROGATE)
-    size = write_output(str(tmp_path / "out"), for_output(parts_of(picture, kind), "x", io.StringIO()))
+    size = write_output(str(tmp_path / "out"), for_output(parts_of(picture, kind), "x"))
     written = (tmp_path / "out").read_bytes()
     # SVG holds no character XML cannot (U+FFFD); the others show the surrogate escaped
     replaced = "\ufffd".encode() if kind == "svg" else b"\\ud800"
     assert size == len(written) and replaced in written
-    write_output("-", for_output(parts_of(picture, kind), "-", io.StringIO()))
+    write_output("-", for_output(parts_of(picture, kind), "-"))
     assert replaced.decode() in capfd.readouterr().out
 
 

@@ -15,7 +15,7 @@ from ...errors import EvalTimedOut, ProbingError, RemoteError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Optional
+    from typing import IO, Any, Iterable, Iterator, Optional
 
 
 # --- what the job controls, made inert ----------------------------------------------------
@@ -55,6 +55,13 @@ def inert_lines(text: str, out: IO[str]) -> str:
     except (AttributeError, ValueError):
         terminal = False
     return text.translate(_ESCAPED_KEEPING_LINES) if terminal else text
+
+
+def inert_parts(parts: Iterable[str]) -> Iterator[str]:
+    """A file's text on its way to standard output (`-o -`): inert_lines on a terminal, exact
+    to a pipe."""
+    for part in parts:
+        yield inert_lines(part, sys.stdout)
 
 
 class _InertStream:
