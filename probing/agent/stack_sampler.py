@@ -51,6 +51,8 @@ ANSWER_CHUNK = 256
 # What the answer is assumed to cost per frame of a distinct stack (measured: 0.6 us on a
 # 2-core machine): a sample that finds new stacks adds to the answer up to twice its own walk.
 ANSWER_S_PER_FRAME = 1e-6
+# And what any answer costs (measured: 120-260 us on a loaded 2-core machine).
+ANSWER_BASE_S = 400e-6
 MAX_DURATION_S = 600.0
 MAX_RATE_HZ = 1000.0
 DEFAULT_RATE_HZ = 100.0
@@ -352,7 +354,7 @@ def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: 
         while True:
             # What one more sample may take: a third of what is left once the answer is paid
             # for, as new stacks add up to twice their walk to the answer.
-            left = budget - sampling.cost_s - sampling.new_frames * ANSWER_S_PER_FRAME
+            left = budget - sampling.cost_s - ANSWER_BASE_S - sampling.new_frames * ANSWER_S_PER_FRAME
             if smoothed <= left / 3:
                 taken = sampling.samples
                 spent = sampling.sample(left / 3)
