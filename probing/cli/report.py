@@ -36,11 +36,21 @@ def report(
 
     Sections that do not apply (no torch, no traced steps) are left out. When the agent cannot
     answer (a thread holds the GIL), the stacks are read from outside and the page says so.
+    Threads with the same stack are drawn once, and at most 200 stacks are drawn.
+
+    Exit status: 0 when the page is whole (a "Hung" verdict is on the page, not in the status:
+    `probing PID hang` exits 11); 14 (partial) when a part failed, the target exited during
+    the report included: the page is still written with what was read, and says what is
+    missing at the top; an error, and no file, when nothing could be read. The directory of
+    FILE is checked before the job is probed (exit 2 when it cannot be written). The file is
+    made readable by its owner only (0600).
     """
     from ..engine.report import Report
     from .pictures.report import report_page
-    from .render.files import counted, write_output, wrote
+    from .render import notes
+    from .render.files import check_output, counted, write_output, wrote
 
+    check_output(output)
     record = invocation.record()
     gathered: Report
     if record is not None:
@@ -55,4 +65,13 @@ def report(
     sections = f"{counted(len(gathered.threads), 'thread')}, {counted(len(gathered.steps), 'step')}"
     took = gathered.timings.get("total_s", 0.0)
     wrote(output, written, f"{sections}, gathered in {took:.1f} s", "open it in a browser")
+    if gathered.failures:
+        notes(
+            [
+                ("the process exited during the report; " if gathered.gone else "")
+                + "the page is partial: "
+                + "; ".join(gathered.failures)
+            ]
+        )
+        return ExitCode.PARTIAL
     return ExitCode.OK
