@@ -21,10 +21,20 @@ from .spec import timeout
 @click.option(
     "--hang-samples", type=click.IntRange(min=2), default=5, show_default=True, help="Stack samples it takes."
 )
+@click.option(
+    "--no-tensors", "tensors", flag_value=False, default=True,
+    help="List the largest object types instead of the largest tensors (the job's objects are walked once "
+    "either way: about one step's worth of its time).",
+)  # fmt: skip
 @apply(timeout(5.0, "Seconds to wait for each answer from the agent."))
 @pass_invocation
 def report(
-    invocation: Invocation, output: str, hang_duration: float, hang_samples: int, timeout: float
+    invocation: Invocation,
+    output: str,
+    hang_duration: float,
+    hang_samples: int,
+    tensors: bool,
+    timeout: float,
 ) -> int:
     """One HTML page of the job to open offline or attach to an incident: the process, every
     thread's stack with its state, the hang verdict, step time, the slowest modules, memory
@@ -60,7 +70,7 @@ def report(
     else:
         from ..engine.report import gather_live
 
-        gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples)
+        gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples, tensors)
     written = write_output(output, [report_page(gathered)])
     sections = f"{counted(len(gathered.threads), 'thread')}, {counted(len(gathered.steps), 'step')}"
     took = gathered.timings.get("total_s", 0.0)

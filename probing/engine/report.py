@@ -34,9 +34,10 @@ from .requests import memory, switch
 from .target import Target
 
 # Every table the page reads from a live agent, fetched in one connection.
-REPORT_TABLES_SQL = (
-    "SELECT 1 FROM python.threads, process.memory, python.torch_trace, python.nan_events, python.tensors"
-)
+REPORT_TABLES_SQL = "SELECT 1 FROM python.threads, process.memory, python.torch_trace, python.nan_events"
+# python.tensors walks the job's objects in its agent thread and waits for a step boundary to read
+# gradients: the report's largest cost to the job's step (see gather_live's `tensors`).
+TENSORS_SQL = ", python.tensors"
 TORCH_TABLES = ["python.torch_trace", "python.nan_events", "python.tensors"]
 OBJECT_TYPES_SHOWN = 15
 
@@ -148,11 +149,11 @@ class _Tables(NamedTuple):
     held: Set[str]
 
 
-def _tables(target: Target, timeout: float, notes: List[str]) -> _Tables:
+def _tables(target: Target, timeout: float, notes: List[str], tensors: bool) -> _Tables:
     """Every table the page reads, in one connection. The torch tables are asked for whether or
     not torch is there (they are empty without it): whether it is must not hang on another
     request succeeding."""
-    loaded = load_tables(target, REPORT_TABLES_SQL, timeout)
+    loaded = load_tables(target, REPORT_TABLES_SQL + (TENSORS_SQL if tensors else ""), timeout)
     notes.extend(loaded.notes)
     session = loaded.session
     return _Tables(
@@ -174,8 +175,11 @@ def _no_steps_yet(target: Target, pid: Optional[int], timeout: float) -> str:
     )
 
 
-def gather_live(target: Target, timeout: float, hang_duration: float, hang_samples: int) -> Report:
-    """The report of a live process; `hang_duration` 0 leaves the hang verdict out. A part that
+def gather_live(
+    target: Target, timeout: float, hang_duration: float, hang_samples: int, tensors: bool = True
+) -> Report:
+    """The report of a live process; `hang_duration` 0 leaves the hang verdict out; `tensors`
+    False leaves python.tensors out (the census of object types is taken instead). A part that
     fails is left out and named in `failures` (the command then exits PARTIAL); a target that
     cannot be read at all raises."""
     started = time.monotonic()
@@ -210,7 +214,7 @@ def gather_live(target: Target, timeout: float, hang_duration: float, hang_sampl
     else:
         begun = time.monotonic()
         try:
-            tables = _tables(target, timeout, notes)
+            tables = _tables(target, timeout, notes, tensors)
         except ProbingError as error:
             absent["tables"] = f"the agent's tables could not be read: {error.message}"
             failures.append(absent["tables"])
