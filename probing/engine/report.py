@@ -168,7 +168,8 @@ def _no_steps_yet(target: Target, pid: Optional[int], timeout: float) -> str:
         status = switch(target, "trace", {"action": "status"}, timeout)
     except ProbingError as error:
         return f"no traced steps (whether tracing is on could not be read: {error.message})"
-    if status.get("trace"):
+    state = status.get("status")  # the agent's answer: {"status": {...}, "hooks_before": ...}
+    if isinstance(state, dict) and state.get("trace"):
         return "tracing is on, but no traced step has finished yet"
     return (
         f"no traced steps: `probing {pid or 'PID'} trace on` records them (per module, forward and backward)"
