@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 from ..analysis.progress import HangReport
 from ..analysis.states import thread_state
 from ..errors import ProbingError
-from ..procfs import start_time
+from ..procfs import process_alive, start_time
 from .backtrace import Stacks, read_stacks
 from .hang import sample_hang
 from .query import load_tables
@@ -286,7 +286,8 @@ def gather_live(
     if sources.left_unread:
         notes.append(f"{sources.left_unread} source files were not read (over {FILE_BYTES >> 20} MB, "
                      f"or past the {TOTAL_BYTES >> 20} MB a report reads)")  # fmt: skip
-    gone = pid is not None and failures != [] and start_time(pid) != born
+    # Gone: exited (a zombie not yet reaped has), or its PID is another process's now.
+    gone = pid is not None and failures != [] and (not process_alive(pid) or start_time(pid) != born)
     shown, left_out = fold_threads(threads)
     now = time.time()
     timings["total_s"] = time.monotonic() - started
