@@ -72,7 +72,8 @@ def report(
 
         gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples, tensors)
     written = write_output(output, [report_page(gathered)])
-    sections = f"{counted(len(gathered.threads), 'thread')}, {counted(len(gathered.steps), 'step')}"
+    threads = counted(gathered.thread_count or len(gathered.threads), "thread")
+    sections = f"{threads}, {counted(len(gathered.steps), 'step')}"
     took = gathered.timings.get("total_s", 0.0)
     wrote(output, written, f"{sections}, gathered in {took:.1f} s", "open it in a browser")
     if gathered.failures:

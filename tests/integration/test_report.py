@@ -278,7 +278,10 @@ def test_many_threads_make_a_bounded_page(browser: Browser, tmp_path: Path) -> N
         )  # fmt: skip
         assert started.returncode == 0, started.stderr
         output = tmp_path / "many.html"
-        report(str(job.pid), output, "--hang-duration", "0")
+        result = probing(str(job.pid), "report", "-o", str(output), "--hang-duration", "0")
+        assert result.returncode == 0 and "(" in result.stderr, result.stderr
+        # All of them, not the entries drawn.
+        assert re.search(r"\b60\d threads\b", result.stderr), result.stderr
     assert output.stat().st_size < 600_000
     page = browser.open(output)
     assert page.problems() == []
