@@ -4,39 +4,58 @@ one line that says what was written.
 A file is written whole or not at all: under a temporary name in its own directory, then renamed
 onto its name, so a reader (Perfetto, a browser, a script polling the file) never sees half of
 it and an existing file is replaced only once the new one is complete, as py-spy and
-torch.profiler do. The temporary name is created with O_EXCL|O_NOFOLLOW: a symlink planted where
-it goes is never written through. `-` writes standard output instead.
+torch.profiler do. The temporary name is random and created with O_EXCL (tempfile.mkstemp): no
+name another user could plant beforehand, and a symlink is never written through. The file is
+made 0600 whatever the umask: what a picture shows of a job (argv, cwd, source lines, names) is
+the job owner's, and the CLI may run as root. `-` writes standard output instead, as UTF-8 bytes
+(a lone surrogate, from a name made of bytes that are not UTF-8, shows as \\udcxx).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from typing import Iterable
 
-from ...errors import ProbingError
+from ...errors import ProbingError, UsageError
 from . import inert
 
 STDOUT = "-"
 
 
+def check_output(path: str) -> None:
+    """Fail now, before a job is probed, when `path` cannot be written: its directory is missing,
+    not a directory or not writable (a usage error, exit 2). A temporary file is made there and
+    removed, so a read-only file system is found too."""
+    if path == STDOUT:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror or error}", hint="") from None
+    os.close(descriptor)
+    _remove(temporary)
+
+
 def write_output(path: str, parts: Iterable[str]) -> int:
-    """Write the text `parts` make, in order, to `path` (atomically) or stdout (`-`); the bytes
-    written. A failure while the parts are made (a target gone mid-way) leaves no file behind
-    and whatever was at `path` untouched."""
+    """Write the text `parts` make, in order, to `path` (atomically, mode 0600) or stdout (`-`);
+    the bytes written. A failure while the parts are made (a target gone mid-way) leaves no file
+    behind and whatever was at `path` untouched."""
     if path == STDOUT:
         written = 0
-        out = sys.stdout
+        sys.stdout.flush()
+        out = sys.stdout.buffer
         for part in parts:
-            out.write(part)
-            written += len(part.encode("utf-8"))
+            data = part.encode("utf-8", "backslashreplace")
+            out.write(data)
+            written += len(data)
         out.flush()
         return written
     directory, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        descriptor = os.open(temporary, flags, 0o644)
+        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
     except OSError as error:
         raise ProbingError(f"cannot write {path}: {error.strerror or error}", hint="") from None
     try:
@@ -47,6 +66,7 @@ def write_output(path: str, parts: Iterable[str]) -> int:
                 out.write(part)
             out.flush()
             written = out.tell()
+            os.fsync(out.fileno())
         os.replace(temporary, path)
     except OSError as error:
         _remove(temporary)
