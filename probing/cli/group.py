@@ -125,6 +125,9 @@ def cli(
       probing PID query "SQL"      DuckDB SQL over python.backtrace, python.threads, ...
       probing PID memory           RSS/USS, Python objects by type, torch memory, growth
       probing PID ranks            every rank of the torchrun job PID belongs to, at a glance
+      probing PID report -o F.html one page of the job (stacks, verdict, step time, memory charts)
+      probing PID flamegraph -o F.html   sampled stacks as a flame graph (--torch: by module)
+      probing PID trace export -o F.json the traced steps as a timeline for ui.perfetto.dev
       probing PID hang --ranks all which rank of the job is stuck, and where (--ranks: most commands)
       probing tcp://HOST:PORT ...  an agent on another node, over TCP (PROBING_LISTEN, PROBING_TOKEN)
       probing list                 Python processes by job, and which have an agent

@@ -21,10 +21,20 @@ from .spec import timeout
 @click.option(
     "--hang-samples", type=click.IntRange(min=2), default=5, show_default=True, help="Stack samples it takes."
 )
+@click.option(
+    "--no-tensors", "tensors", flag_value=False, default=True,
+    help="List the largest object types instead of the largest tensors (the job's objects are walked once "
+    "either way: about one step's worth of its time).",
+)  # fmt: skip
 @apply(timeout(5.0, "Seconds to wait for each answer from the agent."))
 @pass_invocation
 def report(
-    invocation: Invocation, output: str, hang_duration: float, hang_samples: int, timeout: float
+    invocation: Invocation,
+    output: str,
+    hang_duration: float,
+    hang_samples: int,
+    tensors: bool,
+    timeout: float,
 ) -> int:
     """One HTML page of the job to open offline or attach to an incident: the process, every
     thread's stack with its state, the hang verdict, step time, the slowest modules, memory
@@ -36,11 +46,21 @@ def report(
 
     Sections that do not apply (no torch, no traced steps) are left out. When the agent cannot
     answer (a thread holds the GIL), the stacks are read from outside and the page says so.
+    Threads with the same stack are drawn once, and at most 200 stacks are drawn.
+
+    Exit status: 0 when the page is whole (a "Hung" verdict is on the page, not in the status:
+    `probing PID hang` exits 11); 14 (partial) when a part failed, the target exited during
+    the report included: the page is still written with what was read, and says what is
+    missing at the top; an error, and no file, when nothing could be read. The directory of
+    FILE is checked before the job is probed (exit 2 when it cannot be written). The file is
+    made readable by its owner only (0600).
     """
     from ..engine.report import Report
     from .pictures.report import report_page
-    from .render.files import counted, write_output, wrote
+    from .render import notes
+    from .render.files import check_output, counted, write_output, wrote
 
+    check_output(output)
     record = invocation.record()
     gathered: Report
     if record is not None:
@@ -50,9 +70,19 @@ def report(
     else:
         from ..engine.report import gather_live
 
-        gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples)
+        gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples, tensors)
     written = write_output(output, [report_page(gathered)])
-    sections = f"{counted(len(gathered.threads), 'thread')}, {counted(len(gathered.steps), 'step')}"
+    threads = counted(gathered.thread_count or len(gathered.threads), "thread")
+    sections = f"{threads}, {counted(len(gathered.steps), 'step')}"
     took = gathered.timings.get("total_s", 0.0)
     wrote(output, written, f"{sections}, gathered in {took:.1f} s", "open it in a browser")
+    if gathered.failures:
+        notes(
+            [
+                ("the process exited during the report; " if gathered.gone else "")
+                + "the page is partial: "
+                + "; ".join(gathered.failures)
+            ]
+        )
+        return ExitCode.PARTIAL
     return ExitCode.OK

@@ -10,15 +10,16 @@ then the hang verdict over a short window (engine/hang.py, the one `probing PID 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from ..analysis.progress import HangReport
 from ..analysis.states import thread_state
 from ..errors import ProbingError
-from ..procfs import start_time
+from ..procfs import process_alive, start_time
 from .backtrace import Stacks, read_stacks
 from .hang import sample_hang
 from .query import load_tables
+from .report_sources import FILE_BYTES, TOTAL_BYTES, ReportSources, torch_version_of
 from .report_tables import (
     held_tables,
     largest_tensors,
@@ -27,16 +28,16 @@ from .report_tables import (
     slowest_modules,
     step_times,
     thread_details,
-    torch_version_of,
 )
-from .requests import memory
-from .sources import SourceLines
+from .report_threads import fold_threads
+from .requests import memory, switch
 from .target import Target
 
 # Every table the page reads from a live agent, fetched in one connection.
-REPORT_TABLES_SQL = (
-    "SELECT 1 FROM python.threads, process.memory, python.torch_trace, python.nan_events, python.tensors"
-)
+REPORT_TABLES_SQL = "SELECT 1 FROM python.threads, process.memory, python.torch_trace, python.nan_events"
+# python.tensors walks the job's objects in its agent thread and waits for a step boundary to read
+# gradients: the report's largest cost to the job's step (see gather_live's `tensors`).
+TENSORS_SQL = ", python.tensors"
 TORCH_TABLES = ["python.torch_trace", "python.nan_events", "python.tensors"]
 OBJECT_TYPES_SHOWN = 15
 
@@ -63,6 +64,10 @@ class Report(NamedTuple):
     notes: List[str]
     timings: Dict[str, float]  # what took how long, seconds
     generated_at: float
+    failures: Tuple[str, ...] = ()  # parts left out because a request failed (not "does not apply")
+    gone: bool = False  # the process exited (or was replaced) while the report was gathered
+    thread_count: int = 0  # threads the process has; `threads` holds them folded and capped
+    threads_left_out: int = 0  # past the entries drawn (report_threads.THREADS_SHOWN)
 
 
 def describe_threads(
@@ -112,18 +117,19 @@ def _hang_summary(report: HangReport, took: float) -> Dict[str, Any]:
     }
 
 
-def _process(stacks: Stacks, pid: Optional[int], now: float) -> Dict[str, Any]:
+def _process(
+    stacks: Stacks, pid: Optional[int], started: Optional[float], now: float, torch_version: Optional[str]
+) -> Dict[str, Any]:
     info = stacks.info
-    started = start_time(pid) if pid is not None else None
     rank = info.get("rank") if isinstance(info.get("rank"), dict) else None
     return {
-        "pid": info.get("pid") or pid,
+        "pid": pid or info.get("pid"),
         "argv": [str(arg) for arg in info.get("argv") or []],
         "python_version": info.get("python_version"),
         "executable": info.get("executable"),
         "cwd": info.get("cwd"),
         "probing_version": info.get("probing_version"),
-        "torch_version": torch_version_of(pid),
+        "torch_version": torch_version,
         "started_at": started,
         "uptime_s": None if started is None else max(0.0, now - started),
         "rank": None if rank is None else rank.get("rank"),
@@ -133,32 +139,73 @@ def _process(stacks: Stacks, pid: Optional[int], now: float) -> Dict[str, Any]:
     }
 
 
-def gather_live(target: Target, timeout: float, hang_duration: float, hang_samples: int) -> Report:
-    """The report of a live process; `hang_duration` 0 leaves the hang verdict out."""
+class _Tables(NamedTuple):
+    details: Dict[Any, Dict[str, Any]]
+    steps: List[Dict[str, Any]]
+    modules: List[Dict[str, Any]]
+    memory: List[Dict[str, Any]]
+    nans: Tuple[List[Dict[str, Any]], List[int], int]
+    tensors: List[Dict[str, Any]]
+    held: Set[str]
+
+
+def _tables(target: Target, timeout: float, notes: List[str], tensors: bool) -> _Tables:
+    """Every table the page reads, in one connection. The torch tables are asked for whether or
+    not torch is there (they are empty without it): whether it is must not hang on another
+    request succeeding."""
+    loaded = load_tables(target, REPORT_TABLES_SQL + (TENSORS_SQL if tensors else ""), timeout)
+    notes.extend(loaded.notes)
+    session = loaded.session
+    return _Tables(
+        thread_details(session), step_times(session), slowest_modules(session), memory_history(session),
+        nan_events(session), largest_tensors(session), held_tables(session, TORCH_TABLES),
+    )  # fmt: skip
+
+
+def _no_steps_yet(target: Target, pid: Optional[int], timeout: float) -> str:
+    """Why python.torch_trace is empty while torch is there: tracing off, or on and no step done."""
+    try:
+        status = switch(target, "trace", {"action": "status"}, timeout)
+    except ProbingError as error:
+        return f"no traced steps (whether tracing is on could not be read: {error.message})"
+    state = status.get("status")  # the agent's answer: {"status": {...}, "hooks_before": ...}
+    if isinstance(state, dict) and state.get("trace"):
+        return "tracing is on, but no traced step has finished yet"
+    return (
+        f"no traced steps: `probing {pid or 'PID'} trace on` records them (per module, forward and backward)"
+    )
+
+
+def gather_live(
+    target: Target, timeout: float, hang_duration: float, hang_samples: int, tensors: bool = True
+) -> Report:
+    """The report of a live process; `hang_duration` 0 leaves the hang verdict out; `tensors`
+    False leaves python.tensors out (the census of object types is taken instead). A part that
+    fails is left out and named in `failures` (the command then exits PARTIAL); a target that
+    cannot be read at all raises."""
     started = time.monotonic()
     timings: Dict[str, float] = {}
     notes: List[str] = []
     absent: Dict[str, str] = {}
+    failures: List[str] = []
+    # Only a PID the user named is read in /proc: for a socket target the agent's own claim
+    # could name any process (or one of another PID namespace).
+    pid = None if target.remote else target.pid
+    born = start_time(pid) if pid is not None else None
     stacks = read_stacks(target, False, None, timeout)
     timings["stacks_s"] = time.monotonic() - started
     notes.extend(stacks.notes)
-    pid = None if target.remote else stacks.pid
-    sources = SourceLines(pid)
+    sources = ReportSources(pid)
 
     def code_line(frame: Dict[str, Any]) -> str:
         return sources.line(str(frame.get("file")), frame.get("lineno"))
 
     from_outside = any(row.get("source") == "py-spy" for row in stacks.rows)
-    details: Dict[Any, Dict[str, Any]] = {}
-    steps: List[Dict[str, Any]] = []
-    modules: List[Dict[str, Any]] = []
-    history: List[Dict[str, Any]] = []
-    nans: List[Dict[str, Any]] = []
-    nan_steps: List[int] = []
-    nan_count = 0
-    tensors: List[Dict[str, Any]] = []
+    tables = _Tables({}, [], [], [], ([], [], 0), [], set())
     types: List[Dict[str, Any]] = []
-    has_torch = False
+    torch_version = torch_version_of(pid)
+    # True, False, or None: not known (a request failed and nothing else told).
+    torch_seen: Optional[bool] = True if torch_version else None
     if from_outside:
         why = stacks.notes[0] if stacks.notes else "the agent could not answer"
         absent["agent"] = (
@@ -168,36 +215,40 @@ def gather_live(target: Target, timeout: float, hang_duration: float, hang_sampl
     else:
         begun = time.monotonic()
         try:
-            summary = memory(target, None, False, None, OBJECT_TYPES_SHOWN, timeout, 1.0).result
-        except ProbingError as error:
-            summary = {}
-            absent["object_types"] = f"the memory summary failed: {error.message}"
-        types = list((summary.get("gc") or {}).get("types") or [])
-        has_torch = summary.get("torch") is not None
-        notes.extend(str(note) for note in summary.get("notes") or [])
-        timings["memory_s"] = time.monotonic() - begun
-        begun = time.monotonic()
-        sql = REPORT_TABLES_SQL if has_torch else "SELECT 1 FROM python.threads, process.memory"
-        try:
-            loaded = load_tables(target, sql, timeout)
+            tables = _tables(target, timeout, notes, tensors)
         except ProbingError as error:
             absent["tables"] = f"the agent's tables could not be read: {error.message}"
-        else:
-            notes.extend(loaded.notes)
-            session = loaded.session
-            details = thread_details(session)
-            history = memory_history(session)
-            if has_torch:
-                steps, modules = step_times(session), slowest_modules(session)
-                (nans, nan_steps, nan_count), tensors = nan_events(session), largest_tensors(session)
-                if "python.torch_trace" not in held_tables(session, TORCH_TABLES):
-                    absent["steps"] = (
-                        f"no traced steps: `probing {pid or 'PID'} trace on` records them "
-                        "(per module, forward and backward)"
-                    )
+            failures.append(absent["tables"])
         timings["tables_s"] = time.monotonic() - begun
-        if not has_torch:
+        if tables.held:
+            torch_seen = True
+        if tables.tensors:
+            # python.tensors has just walked the job's objects; the census would walk them again.
+            absent["object_types"] = (
+                f"object types are left out so the job's objects are walked once (for the tensors): "
+                f"`probing {pid or 'PID'} memory` lists them"
+            )
+        else:
+            begun = time.monotonic()
+            try:
+                summary = memory(target, None, False, None, OBJECT_TYPES_SHOWN, timeout, 1.0).result
+            except ProbingError as error:
+                absent["object_types"] = f"the memory summary failed: {error.message}"
+                failures.append(absent["object_types"])
+            else:
+                types = list((summary.get("gc") or {}).get("types") or [])
+                notes.extend(str(note) for note in summary.get("notes") or [])
+                if summary.get("torch") is not None:
+                    torch_seen = True
+                elif torch_seen is None and "tables" not in absent:
+                    torch_seen = False
+            timings["memory_s"] = time.monotonic() - begun
+        if torch_seen is False:
             absent["torch"] = "torch is not imported in this process"
+        elif torch_seen is None:
+            absent["torch"] = "whether torch is imported could not be told (the requests that say it failed)"
+        elif "python.torch_trace" not in tables.held and "tables" not in absent:
+            absent["steps"] = _no_steps_yet(target, pid, timeout)
     hang: Optional[Dict[str, Any]] = None
     hang_report: Optional[HangReport] = None
     if hang_duration > 0:
@@ -206,6 +257,7 @@ def gather_live(target: Target, timeout: float, hang_duration: float, hang_sampl
             answer = sample_hang(target, hang_duration, hang_samples, timeout, code_line)
         except ProbingError as error:
             absent["hang"] = f"the hang check failed: {error.message}"
+            failures.append(absent["hang"])
         else:
             hang_report = answer.report
             notes.extend(note for note in answer.notes if note not in notes)
@@ -225,18 +277,27 @@ def gather_live(target: Target, timeout: float, hang_duration: float, hang_sampl
             return known.state
         return thread_state(frames, code_line, outside.get(first.get("native_id")))
 
-    rows = [dict(row, code=code_line(row).strip() if row.get("frame_type") != "Native" else None)
+    rows = [dict(row, code=code_line(row) if row.get("frame_type") != "Native" else None)
             for row in stacks.rows]  # fmt: skip
-    threads = describe_threads(rows, state_of, details)
+    threads = describe_threads(rows, state_of, tables.details)
     for thread in threads:
         known = judged.get((thread["thread_id"], thread["native_id"]))
         thread["activity"] = known.activity if known is not None else None
+    if sources.left_unread:
+        notes.append(f"{sources.left_unread} source files were not read (over {FILE_BYTES >> 20} MB, "
+                     f"or past the {TOTAL_BYTES >> 20} MB a report reads)")  # fmt: skip
+    # Gone: exited (a zombie not yet reaped has), or its PID is another process's now.
+    gone = pid is not None and failures != [] and (not process_alive(pid) or start_time(pid) != born)
+    shown, left_out = fold_threads(threads)
     now = time.time()
     timings["total_s"] = time.monotonic() - started
+    (nans, nan_steps, nan_count) = tables.nans
     return Report(
-        process=_process(stacks, pid, now), threads=threads,
-        stacks_source="py-spy" if from_outside else "agent", hang=hang, record=None, steps=steps,
-        modules=modules, memory=history, nan_events=nans, nan_steps=nan_steps, nan_event_count=nan_count,
-        object_types=types, tensors=tensors,
-        has_torch=has_torch, absent=absent, notes=notes, timings=timings, generated_at=now,
+        process=_process(stacks, pid, born, now, torch_version),
+        threads=shown, stacks_source="py-spy" if from_outside else "agent", hang=hang,
+        record=None, steps=tables.steps, modules=tables.modules, memory=tables.memory, nan_events=nans,
+        nan_steps=nan_steps, nan_event_count=nan_count, object_types=types, tensors=tables.tensors,
+        has_torch=bool(torch_seen), absent=absent, notes=notes, timings=timings, generated_at=now,
+        failures=tuple(failures), gone=gone, thread_count=len(threads),
+        threads_left_out=left_out,
     )  # fmt: skip

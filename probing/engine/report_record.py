@@ -12,6 +12,7 @@ from .record_fields import integer, number
 from .record_reports import record_hang
 from .record_sql import record_session
 from .report import TORCH_TABLES, Report, describe_threads
+from .report_sources import ReportSources
 from .report_tables import (
     held_tables,
     largest_tensors,
@@ -21,7 +22,7 @@ from .report_tables import (
     step_times,
     thread_details,
 )
-from .sources import SourceLines
+from .report_threads import fold_threads
 
 OBJECT_TYPES_SHOWN = 15
 
@@ -40,7 +41,7 @@ def _object_types(record: Record) -> List[Dict[str, Any]]:
 
 def gather_record(record: Record) -> Report:
     started = time.monotonic()
-    sources = SourceLines(None)
+    sources = ReportSources(None)
 
     def code_line(frame: Dict[str, Any]) -> str:
         return sources.line(str(frame.get("file")), frame.get("lineno"))
@@ -51,7 +52,7 @@ def gather_record(record: Record) -> Report:
     snapshot = record_hang(record, code_line)
     states = {(thread["thread_id"], thread["native_id"]): thread["state"] for thread in snapshot["threads"]}
     rows = [
-        dict(row, code=code_line(row).strip() if row.get("frame_type") != "Native" else None)
+        dict(row, code=code_line(row) if row.get("frame_type") != "Native" else None)
         for row in backtrace_rows(record)
     ]
     threads = describe_threads(
@@ -63,11 +64,20 @@ def gather_record(record: Record) -> Report:
     rank = record.rank() or {}
     header_started = number(record.header.get("started_at"))
     written = record.written_at
-    torch_seen = bool(held) or any("torch" in str(row.get("type")) for row in record.rows("python.gc"))
+    types = _object_types(record)
+    # A torch object's type is named from its module: torch.Tensor, torch.nn.Parameter...
+    gc_rows = record.rows("python.gc")
+    torch_seen = bool(held) or any(str(row.get("type")).startswith("torch.") for row in gc_rows)
     absent: Dict[str, str] = {
         "hang": "a record holds one snapshot of a job that has ended: whether its threads progressed "
         "cannot be told from it"
     }
+    if not types:
+        absent["object_types"] = (
+            "the record holds no object census (python.gc is counted when asked, not kept)"
+        )
+    if torch_seen and "python.tensors" not in held:
+        absent["tensors"] = "the record holds no tensors (python.tensors)"
     if not torch_seen:
         absent["torch"] = "the record holds no torch tables (torch was not traced, or not imported)"
     elif "python.torch_trace" not in held:
@@ -91,13 +101,15 @@ def gather_record(record: Record) -> Report:
         "world_size": rank.get("world_size"),
         "node": record.header.get("hostname") if rank else None,
     }
+    shown, left_out = fold_threads(threads)
     return Report(
-        process=process, threads=threads, stacks_source="record", hang=None,
+        process=process, threads=shown, stacks_source="record", hang=None,
         record={"path": record.path, "kind": record.kind, "written_at": written,
                 "reason": record.reason(), "exception": record.exception(),
                 "stuck": snapshot["hung"], "verdict": snapshot["reason"]},
         steps=step_times(session), modules=slowest_modules(session), memory=memory_history(session),
-        nan_events=nans, nan_steps=nan_steps, nan_event_count=nan_count, object_types=_object_types(record),
+        nan_events=nans, nan_steps=nan_steps, nan_event_count=nan_count, object_types=types,
         tensors=largest_tensors(session), has_torch=torch_seen, absent=absent, notes=list(record.notes),
         timings={"total_s": time.monotonic() - started}, generated_at=time.time(),
+        thread_count=len(threads), threads_left_out=left_out,
     )  # fmt: skip

@@ -4,9 +4,7 @@ live target's fetched tables or a record's): bounded summaries, never the raw ro
 
 from __future__ import annotations
 
-import os
-import re
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 from ..errors import BadSQL
 from ..sql.session import SqlSession
@@ -20,27 +18,46 @@ MEMORY_POINTS = 600
 NAN_EVENTS_SHOWN = 20
 TENSORS_SHOWN = 20
 
+# A step's time is from its start to the next traced step's start (per step, when steps between
+# were not traced: `trace on --every N`), as a user reads "step time": the gap between steps
+# (data loading, host work) counts. Its start is a call's ts less its offset into the step.
+# `traced_s` is the end of its last traced call, the part spent in traced calls.
 _STEPS_SQL = f"""
 WITH per_step AS (
-  SELECT step, max(time_offset + duration) AS seconds, epoch(min(ts)) AS started
+  SELECT step, max(time_offset + duration) AS traced_s, min(epoch(ts) - time_offset) AS started
   FROM python.torch_trace WHERE step IS NOT NULL GROUP BY step
+), paced AS (
+  SELECT step, traced_s, started,
+         (lead(started) OVER (ORDER BY step) - started) / (lead(step) OVER (ORDER BY step) - step) AS seconds
+  FROM per_step
 ), newest AS (SELECT max(step) AS step, count(*) AS steps FROM per_step)
-SELECT per_step.step, seconds, started FROM per_step, newest
-WHERE newest.steps = 1 OR per_step.step < newest.step
-ORDER BY per_step.step DESC LIMIT {STEPS_SHOWN}
+SELECT paced.step, seconds, traced_s, started FROM paced, newest
+WHERE newest.steps = 1 OR paced.step < newest.step
+ORDER BY paced.step DESC LIMIT {STEPS_SHOWN}
 """
 
+# Per module over the window: seconds per step in each stage, and calls per step (the most of
+# any stage: a module called once per step has one forward and one backward call, not two).
 _MODULES_SQL = f"""
 WITH bounds AS (SELECT max(step) AS newest, count(DISTINCT step) AS steps FROM python.torch_trace),
 recent AS (
   SELECT t.* FROM python.torch_trace t, bounds
   WHERE t.step > bounds.newest - {MODULE_WINDOW_STEPS + 1}
     AND (bounds.steps = 1 OR t.step < bounds.newest)
-), counted AS (SELECT count(DISTINCT step) AS steps FROM recent)
-SELECT module, any_value(module_type) AS module_type, stage,
-       sum(duration) / any_value(counted.steps) AS per_step, count(*) AS calls,
+), counted AS (SELECT count(DISTINCT step) AS steps FROM recent),
+per_stage AS (
+  SELECT module, any_value(module_type) AS module_type,
+         CASE WHEN stage IN ('backward', 'optimizer') THEN stage ELSE 'forward' END AS stage,
+         sum(duration) AS seconds, count(*) AS calls
+  FROM recent WHERE module IS NOT NULL GROUP BY ALL
+)
+SELECT module, any_value(module_type) AS module_type,
+       sum(seconds) FILTER (WHERE stage = 'forward') / any_value(counted.steps) AS forward_s,
+       sum(seconds) FILTER (WHERE stage = 'backward') / any_value(counted.steps) AS backward_s,
+       sum(seconds) FILTER (WHERE stage = 'optimizer') / any_value(counted.steps) AS optimizer_s,
+       sum(seconds) / any_value(counted.steps) AS total_s, max(calls) AS calls,
        any_value(counted.steps) AS steps
-FROM recent, counted WHERE module IS NOT NULL GROUP BY module, stage
+FROM per_stage, counted GROUP BY module ORDER BY total_s DESC, module LIMIT {MODULES_SHOWN}
 """
 
 _MEMORY_SQL = f"""
@@ -79,32 +96,26 @@ def _count(session: SqlSession, table: str) -> int:
 
 
 def step_times(session: SqlSession) -> List[Dict[str, Any]]:
-    """The last STEPS_SHOWN steps, oldest first: how long each took (its last call's end),
-    the step under way left out."""
+    """The last STEPS_SHOWN steps, oldest first: `seconds` from its start to the next traced
+    step's (None for the last: the step after it is under way), `traced_s` to the end of its
+    last traced call; the step under way left out."""
     if _count(session, "python.torch_trace") == 0:
         return []
     return list(reversed(_rows(session, _STEPS_SQL)))
 
 
 def slowest_modules(session: SqlSession) -> List[Dict[str, Any]]:
-    """The modules that take longest per step over the last MODULE_WINDOW_STEPS whole steps:
-    seconds per step in forward, backward and optimizer apart, slowest first."""
+    """The modules that take longest per step over the last MODULE_WINDOW_STEPS step numbers
+    (the traced ones among them: `steps`): seconds per step in forward, backward and optimizer
+    apart, slowest first."""
     if _count(session, "python.torch_trace") == 0:
         return []
-    modules: Dict[str, Dict[str, Any]] = {}
-    for row in _rows(session, _MODULES_SQL):
-        entry = modules.setdefault(
-            row["module"],
-            {"module": row["module"], "module_type": row["module_type"], "forward_s": 0.0,
-             "backward_s": 0.0, "optimizer_s": 0.0, "calls": 0, "steps": row["steps"]},
-        )  # fmt: skip
-        stage = row["stage"] if row["stage"] in ("forward", "backward", "optimizer") else "forward"
-        entry[f"{stage}_s"] += float(row["per_step"] or 0.0)
-        entry["calls"] += int(row["calls"] or 0)
-    for entry in modules.values():
-        entry["total_s"] = entry["forward_s"] + entry["backward_s"] + entry["optimizer_s"]
-    ranked = sorted(modules.values(), key=lambda entry: -entry["total_s"])
-    return ranked[:MODULES_SHOWN]
+    modules = _rows(session, _MODULES_SQL)
+    for entry in modules:
+        for key in ("forward_s", "backward_s", "optimizer_s", "total_s"):
+            entry[key] = float(entry[key] or 0.0)
+        entry["calls"] = int(entry["calls"] or 0)
+    return modules
 
 
 def memory_history(session: SqlSession) -> List[Dict[str, Any]]:
@@ -141,28 +152,3 @@ def thread_details(session: SqlSession) -> Dict[Any, Dict[str, Any]]:
 def held_tables(session: SqlSession, names: List[str]) -> Set[str]:
     """Those of `names` that hold rows in the session."""
     return {name for name in names if _count(session, name) > 0}
-
-
-def torch_version_of(pid: Optional[int]) -> Optional[str]:
-    """The torch version a local process has loaded, read from outside: the torch package its
-    memory maps show (libtorch's directory), then that package's version.py. Nothing runs in
-    the job; None when it has no torch loaded or the files cannot be read."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as handle:
-            package = None
-            for line in handle:
-                path = line.rstrip("\n").split(" ", 5)[-1].strip()
-                marker = path.rfind("/torch/lib/")
-                if marker >= 0:
-                    package = path[: marker + len("/torch")]
-                    break
-        if package is None:
-            return None
-        with open(os.path.join(package, "version.py"), encoding="utf-8", errors="replace") as handle:
-            source = handle.read(8192)
-    except OSError:
-        return None
-    found = re.search(r"""^__version__\s*=\s*['"]([^'"]{1,64})['"]""", source, re.MULTILINE)
-    return found.group(1) if found else None

@@ -43,8 +43,8 @@ class SourceLines:
         return []
 
 
-def _read_regular_file(path: str) -> Optional[bytes]:
-    """The bytes of `path` if it is a regular file of at most MAX_SOURCE_BYTES, else None.
+def _read_regular_file(path: str, limit: int = MAX_SOURCE_BYTES) -> Optional[bytes]:
+    """The bytes of `path` if it is a regular file of at most `limit` bytes, else None.
 
     The job names the path, a job may be hostile, and the CLI may run as root. O_PATH looks at
     what the path is without opening it: a device's open may act (/dev/watchdog arms, a tape
@@ -53,7 +53,7 @@ def _read_regular_file(path: str) -> Optional[bytes]:
     where = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         info = os.fstat(where)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SOURCE_BYTES:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             return None
         fd = os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     finally:
@@ -66,7 +66,7 @@ def _read_regular_file(path: str) -> Optional[bytes]:
             if not chunk:
                 return b"".join(chunks)
             total += len(chunk)
-            if total > MAX_SOURCE_BYTES:
+            if total > limit:
                 return None
             chunks.append(chunk)
     finally:

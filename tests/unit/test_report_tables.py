@@ -18,10 +18,12 @@ from probing.sql.session import SqlSession
 START = 1.7e9
 
 
-def traced(steps: int) -> SqlSession:
-    """Each step: model.2 forward 20 ms at 0, its backward 5 ms at 30 ms, the optimizer 2 ms at 40 ms."""
+def traced(steps: int, every: int = 1) -> SqlSession:
+    """Each step starts 1 s after the one before (most of it outside traced calls: data loading):
+    model.2 forward 20 ms at 0, its backward 5 ms at 30 ms, the optimizer 2 ms at 40 ms. Every
+    `every`th step is traced."""
     rows = []
-    for step in range(steps):
+    for step in range(0, steps, every):
         base = START + step
         for seq, (module, kind, stage, duration, offset) in enumerate([
             ("model.2", "Middle", "forward", 0.020, 0.0),
@@ -39,7 +41,18 @@ def traced(steps: int) -> SqlSession:
 def test_step_times_leave_the_step_under_way_out() -> None:
     steps = step_times(traced(5))
     assert [step["step"] for step in steps] == [0, 1, 2, 3]
-    assert all(abs(step["seconds"] - 0.042) < 1e-9 for step in steps)
+    assert all(abs(step["traced_s"] - 0.042) < 1e-9 for step in steps)
+
+
+def test_a_step_lasts_from_its_start_to_the_next_one_s_the_gap_between_steps_included() -> None:
+    steps = step_times(traced(5))
+    assert all(abs(step["seconds"] - 1.0) < 1e-6 for step in steps)  # not the 42 ms in traced calls
+
+
+def test_with_untraced_steps_between_the_time_is_per_step() -> None:
+    steps = step_times(traced(13, every=4))  # steps 0, 4, 8 and 12 (under way)
+    assert [step["step"] for step in steps] == [0, 4, 8]
+    assert all(abs(step["seconds"] - 1.0) < 1e-6 for step in steps)
 
 
 def test_a_single_step_is_shown_though_it_may_be_under_way() -> None:
@@ -51,7 +64,8 @@ def test_slowest_modules_are_per_step_means_with_the_stages_apart() -> None:
     assert [module["module"] for module in modules] == ["model.2", "optimizer"]
     middle = modules[0]
     assert abs(middle["forward_s"] - 0.020) < 1e-9 and abs(middle["backward_s"] - 0.005) < 1e-9
-    assert middle["steps"] == 20 and middle["calls"] == 40  # the last 20 whole steps
+    # The last 20 whole steps; one forward and one backward call a step is 20 calls, not 40.
+    assert middle["steps"] == 20 and middle["calls"] == 20
 
 
 def test_memory_history_is_bounded_and_keeps_the_peak() -> None:
@@ -64,6 +78,16 @@ def test_memory_history_is_bounded_and_keeps_the_peak() -> None:
     assert len(history) <= MEMORY_POINTS
     assert max(point["rss_mb"] for point in history) == 600.0
     assert history[0]["ts"] == START and [p["ts"] for p in history] == sorted(p["ts"] for p in history)
+
+
+def test_slowest_modules_are_ranked_and_cut_in_sql() -> None:
+    rows = [(0, n, f"m{n}", "Linear", "forward", n / 1e6, 0.0, None, None, None, 0, START)
+            for n in range(500)]  # fmt: skip
+    rows += [(1, 0, "m0", "Linear", "forward", 0.0, 0.0, None, None, None, 0, START + 1)]
+    session = static_session()
+    session.load_rows(TORCH_TRACE, rows)
+    modules = slowest_modules(session)
+    assert [module["module"] for module in modules] == [f"m{n}" for n in range(499, 484, -1)]
 
 
 def test_tables_that_are_empty_give_nothing() -> None:

@@ -66,6 +66,11 @@ ol.frames .code { display: block; white-space: pre-wrap; word-break: break-word;
   padding-left: 18px; }
 ol.frames li.native .func { font-weight: 400; color: var(--muted); }
 ul.left-out { margin: 6px 0 0; padding-left: 20px; color: var(--muted); }
+p.left-out, p.others { color: var(--muted); margin: 6px 10px; font-size: 12.5px; }
+ol.frames li.elided { color: var(--muted); font-style: italic; }
+/* Text the job chose (names, argv, paths, code) is isolated: a right-to-left override in it
+   cannot reorder what is drawn around it. */
+.tname, .where, .file, .code, .func, .command, dd, td.name, p.others { unicode-bidi: isolate; }
 footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
 footer ul { padding-left: 18px; }
 """
@@ -90,24 +95,32 @@ SCRIPT = """
 
   if (canvas('chart-steps') && data.steps.length) {
     const nanSteps = new Set(data.nan_steps);
-    const points = data.steps.map(s => ({x: s.step, y: s.seconds}));
+    // Step time (start to next start) when there is one; else the one step's traced calls.
+    const paced = data.steps.some(s => s.seconds !== null);
+    const points = data.steps.filter(s => (paced ? s.seconds : s.traced_s) !== null)
+      .map(s => ({x: s.step, y: paced ? s.seconds : s.traced_s}));
+    const traced = paced
+      ? data.steps.filter(s => s.traced_s !== null).map(s => ({x: s.step, y: s.traced_s})) : [];
     // Every step after the first bad one is often bad too: then only where it began is marked.
     const bad = points.filter(p => nanSteps.has(p.x));
     const marks = bad.length > 30 ? bad.slice(0, 1) : bad;
     new Chart(canvas('chart-steps'), {
       type: 'line',
       data: {datasets: [
-        {label: 'step time', data: points, borderColor: blue, backgroundColor: 'rgba(47,111,219,.12)',
+        {label: paced ? 'step time' : 'in traced calls', data: points, borderColor: blue,
+         backgroundColor: 'rgba(47,111,219,.12)',
          fill: true, pointRadius: points.length > 60 ? 0 : 2.5, borderWidth: 1.6, tension: 0},
+        {label: 'in traced calls', data: traced, borderColor: orange, backgroundColor: orange,
+         pointRadius: traced.length > 60 ? 0 : 2, borderWidth: 1.2, borderDash: [4, 3], tension: 0},
         {label: bad.length > 30 ? 'first NaN/Inf' : 'NaN/Inf seen', data: marks, type: 'scatter',
          borderColor: red, backgroundColor: red,
          pointStyle: 'triangle', pointRadius: 6, showLine: false},
-      ]},
+      ].filter(set => set.data.length > 0)},
       options: {scales: {x: {type: 'linear', title: {display: true, text: 'step'},
                               ticks: {precision: 0}},
                          y: {beginAtZero: true, title: {display: true, text: 'seconds'},
                              ticks: {callback: v => seconds(v)}}},
-                plugins: {legend: {display: marks.length > 0},
+                plugins: {legend: {display: marks.length > 0 || traced.length > 0},
                           tooltip: {callbacks: {label: c => c.dataset.label + ': ' + seconds(c.parsed.y)}}}},
     });
   }
