@@ -5,6 +5,8 @@ of a job that does not trace or has no torch."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
@@ -161,3 +163,17 @@ def test_every_rank_of_a_torchrun_job_is_a_process(tmp_path: Path) -> None:
         assert abs(first[job.pids[0]] - first[job.pids[1]]) < 1_000_000
         partial = export(str(job.agent_pid), tmp_path / "one.json", "--ranks", "1", "--steps", "1:")
         assert {e["pid"] for e in spans(partial)} == {job.pids[1]}
+        # A rank that cannot answer (frozen): the others' file, that rank named, exit 14.
+        os.kill(job.pids[1], signal.SIGSTOP)
+        try:
+            out = tmp_path / "missing.json"
+            missing = probing(str(job.agent_pid), "trace", "export", "-o", str(out), "--ranks", "all",
+                              "--timeout", "3")  # fmt: skip
+        finally:
+            os.kill(job.pids[1], signal.SIGCONT)
+        assert missing.returncode == ExitCode.PARTIAL, missing.stderr
+        assert "rank 1" in missing.stderr and f"probing: wrote {out} (" in missing.stderr
+        document = load_trace(out.read_text())
+        check_tracks_nest(document)
+        check_hierarchy(document)
+        assert {e["pid"] for e in spans(document)} == {job.pids[0]}
