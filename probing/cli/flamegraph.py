@@ -17,7 +17,7 @@ from .pictures.flame_html import html_parts
 from .pictures.flame_svg import svg_parts
 from .render import inert_parts
 from .render import notes as say_notes
-from .render.files import counted, write_output, wrote
+from .render.files import check_output, counted, write_output, wrote
 from .spec import timeout
 
 FORMATS = ("html", "svg", "speedscope", "folded")
@@ -130,6 +130,7 @@ def flamegraph(
         raise click.UsageError("--steps goes with --torch")
     if torch_modules and duration is not None:
         raise click.UsageError("--duration samples stacks; --torch draws what tracing measured")
+    check_output(output)  # a path that cannot be written fails before the job is sampled
     if torch_modules:
         from ..engine.flame_modules import torch_flame_of_record, torch_flame_of_target
 

@@ -13,7 +13,7 @@ from ..errors import ExitCode
 from .invocation import Invocation
 from .pictures.timeline import HINT, Counted, ProcessTrack, Timeline, trace_document
 from .render import notes
-from .render.files import counted, write_output, wrote
+from .render.files import check_output, counted, write_output, wrote
 from .render.per_rank import write_missing
 
 
@@ -34,6 +34,7 @@ def export_trace(
 ) -> int:
     """Read the rows (engine), make the events (pictures), write the file (render)."""
     chosen = steps or EVERY_STEP
+    check_output(output)  # a path that cannot be written fails before the job is asked anything
     record = invocation.record()
     if record is not None:
         from ..engine.timeline import record_timeline

@@ -160,7 +160,8 @@ def live_timeline(target: Target, steps: StepRange, timeout: float) -> TimelineR
     def empty() -> ProbingError:
         # Why it is empty: no torch (NoTorch says so), tracing off, or no traced step yet.
         status = switch(target, "trace", {"action": "status"}, timeout)
-        if status.get("trace"):
+        state = status.get("status")  # the agent's answer: {"status": {...}, "hooks_before": ...}
+        if isinstance(state, dict) and state.get("trace"):
             return ProbingError(
                 "python.torch_trace has no rows yet: tracing is on, but no traced call has ended",
                 hint="let the job run a step, then export again",

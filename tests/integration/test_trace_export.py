@@ -142,6 +142,21 @@ def test_a_job_that_does_not_trace_and_one_without_torch_get_clear_errors(tmp_pa
     assert not out.exists()
 
 
+def test_tracing_on_before_any_step_says_so_and_a_bad_path_fails_before_asking(tmp_path: Path) -> None:
+    with Target("torch_job.py", via="plain", args=["--gate"]) as job:
+        on = probing(str(job.pid), "trace", "on")
+        assert on.returncode == 0, on.stderr
+        result = probing(str(job.pid), "trace", "export", "-o", str(tmp_path / "x.json"))
+        assert result.returncode == ExitCode.ERROR, result.stderr
+        assert "tracing is on, but no traced call has ended" in result.stderr, result.stderr
+        missing = tmp_path / "no such directory" / "x.json"
+        result = probing("-v", str(job.pid), "trace", "export", "-o", str(missing))
+        assert result.returncode == ExitCode.USAGE, result.stderr
+        assert f"cannot write {missing}" in result.stderr
+        assert "fetching" not in result.stderr  # the job was not asked for its rows
+        assert job.alive()
+
+
 def test_every_rank_of_a_torchrun_job_is_a_process(tmp_path: Path) -> None:
     with TorchrunJob("healthy", ranks=2) as job:
         on = probing(str(job.agent_pid), "trace", "on", "--every", "1", "--ranks", "all")
