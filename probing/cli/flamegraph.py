@@ -99,6 +99,11 @@ def parts_of(flame: Flame, kind: str) -> Iterator[str]:
     "--rate", type=click.FloatRange(min=1, max=1000), default=100.0, show_default=True, metavar="HZ",
     help="Samples per second at most; fewer when sampling would cost the job more than 0.5 %.",
 )  # fmt: skip
+@click.option(
+    "--outside", is_flag=True,
+    help="Sample from outside with py-spy instead of the agent: no GIL needed, so a thread running "
+    "pure Python is seen wherever it is, not where it lets go of the GIL.",
+)  # fmt: skip
 @click.option("--torch", "torch_modules", is_flag=True, help="The module hierarchy from python.torch_trace.")
 @click.option("--steps", metavar="A:B", help="With --torch: only steps A to B (either end may be left out).")
 @click.option(
@@ -110,8 +115,8 @@ def parts_of(flame: Flame, kind: str) -> Iterator[str]:
 @apply(timeout(10.0, "Seconds to wait for the agent, beyond the sampling."))
 @pass_invocation
 def flamegraph(
-    invocation: Invocation, duration: Optional[float], rate: float, torch_modules: bool, steps: Optional[str],
-    output: str, kind: Optional[str], timeout: float,
+    invocation: Invocation, duration: Optional[float], rate: float, outside: bool, torch_modules: bool,
+    steps: Optional[str], output: str, kind: Optional[str], timeout: float,
 ) -> int:  # fmt: skip
     """A flame graph: sampled stacks of every thread, or (--torch) step time by module.
 
@@ -128,8 +133,8 @@ def flamegraph(
     chosen = format_of(output, kind)
     if steps is not None and not torch_modules:
         raise click.UsageError("--steps goes with --torch")
-    if torch_modules and duration is not None:
-        raise click.UsageError("--duration samples stacks; --torch draws what tracing measured")
+    if torch_modules and (duration is not None or outside):
+        raise click.UsageError("--duration and --outside sample stacks; --torch draws what tracing measured")
     check_output(output)  # a path that cannot be written fails before the job is sampled
     if torch_modules:
         from ..engine.flame_modules import torch_flame_of_record, torch_flame_of_target
@@ -144,7 +149,7 @@ def flamegraph(
 
         if invocation.is_record():
             raise invocation.live_only("`flamegraph` without --torch (sampling)")
-        picture = sample_stacks(invocation.target(), duration or 10.0, rate, timeout)
+        picture = sample_stacks(invocation.target(), duration or 10.0, rate, timeout, outside)
     say_notes(picture.notes)
     if not picture.stacks:
         say_notes(["no stacks were sampled: the picture is empty"])

@@ -150,9 +150,16 @@ def _sample_from_agent(target: Target, duration: float, rate: float, timeout: fl
     return flame
 
 
-def sample_stacks(target: Target, duration: float, rate: float, timeout: float) -> Flame:
+def sample_stacks(
+    target: Target, duration: float, rate: float, timeout: float, outside: bool = False
+) -> Flame:
     """Stacks of every thread sampled for `duration` seconds at up to `rate` per second: by the
-    agent, or by py-spy from outside when the agent cannot answer (with a note that says why)."""
+    agent, or by py-spy from outside when the agent cannot answer (with a note that says why) or
+    when asked (`outside`)."""
+    if outside:
+        if target.remote:
+            raise ProbingError(f"--outside reads this machine's processes; {REMOTE_HINT}") from None
+        return sample_with_pyspy(target.require_pid("--outside"), duration, rate, "asked for with --outside")
     try:
         return _sample_from_agent(target, duration, rate, timeout)
     except NoAgent:

@@ -59,6 +59,22 @@ def test_the_slow_function_dominates_and_every_format_is_written(tmp_path: Path)
         assert job.alive()
 
 
+def test_outside_samples_with_py_spy_and_sees_the_same_slow_function(tmp_path: Path) -> None:
+    with Target("slow_and_fast.py", via="plain") as job:
+        out = tmp_path / "cpu.folded"
+        result = probing(str(job.pid), "flamegraph", "--outside", "--duration", "2", "-o", str(out))
+        assert result.returncode == 0, result.stderr
+        assert "asked for with --outside; sampled from outside the process (py-spy record)" in result.stderr
+        worker = [
+            (names, count) for names, count in folded(out) if any(n.startswith("work (") for n in names)
+        ]
+        totals = leaf_totals(worker)
+        assert max(totals, key=lambda name: totals[name]) == "slow_function", totals
+        assert job.alive()
+        both = probing(str(job.pid), "flamegraph", "--outside", "--torch", "-o", str(tmp_path / "m.html"))
+        assert both.returncode == ExitCode.USAGE
+
+
 def test_a_second_sampling_is_refused_and_a_record_is_not_live(tmp_path: Path) -> None:
     with Target("slow_and_fast.py", via="run") as job:
         first = threading.Thread(

@@ -1,7 +1,9 @@
 """A job whose steps are a little pure-Python work each, timed: every step prints
 `step START_MONOTONIC SECONDS` (CLOCK_MONOTONIC is the machine's, so a test can line steps up
 with what it did meanwhile). Ready after a few steps; exits when its stdin closes. --fork also
-forks a child (a DataLoader worker, say) that lives until stdin closes, even if the job dies."""
+forks a child (a DataLoader worker, say) that lives until stdin closes, even if the job dies.
+--long-steps makes each step's work last longer than the GIL's switch interval (5 ms), so a
+sampler inside the job finds the step in `work`, not only where it sleeps."""
 
 import os
 import sys
@@ -17,8 +19,11 @@ def watch_stdin():
     stop.set()
 
 
+ITERATIONS = 400000 if "--long-steps" in sys.argv else 100000
+
+
 def work():
-    return sum(i * i for i in range(100000))
+    return sum(i * i for i in range(ITERATIONS))
 
 
 threading.Thread(target=watch_stdin, name="stdin-watcher", daemon=True).start()
