@@ -222,15 +222,17 @@ class Sampling:
                 f"{self.deep} thread samples were deeper than {MAX_DEPTH} frames: their outermost "
                 "frames are shown as '<frames cut>'"
             )
+        # What a user can do when the budget left few samples: sample from outside, no GIL needed.
+        outside = "; `flamegraph --outside` samples with py-spy, which needs no GIL"
         if self.abandoned:
             notes.append(
-                f"{self.abandoned} samples were given up half-way: they took longer than the "
-                f"{COST_SHARE:.1%} of the time left them ({self.threads} threads)"
+                f"{_samples(self.abandoned)} given up half-way: they took longer than the "
+                f"{COST_SHARE:.1%} of the time left them ({self.threads} threads){outside}"
             )
         if self.skipped:
             notes.append(
-                f"{self.skipped} samples were left out: with the answer they would have held the "
-                f"GIL more than {COST_SHARE:.1%} of the time ({self.threads} threads)"
+                f"{_samples(self.skipped)} left out: with the answer they would have held the "
+                f"GIL more than {COST_SHARE:.1%} of the time ({self.threads} threads){outside}"
             )
         # Encoded in pieces: json.dumps of a whole 8 MB answer is one C call that never lets go.
         parts: List[bytes] = [b'{"frames":[']
@@ -322,6 +324,10 @@ def thread_names() -> Dict[int, str]:
         if type(name) is str:
             names[ident] = name
     return names
+
+
+def _samples(count: int) -> str:
+    return "1 sample was" if count == 1 else f"{count} samples were"
 
 
 def _dumps(value: Any) -> bytes:

@@ -43,13 +43,16 @@ class SourceLines:
         return []
 
 
-def _read_regular_file(path: str, limit: int = MAX_SOURCE_BYTES) -> Optional[bytes]:
-    """The bytes of `path` if it is a regular file of at most `limit` bytes, else None.
+def _read_regular_file(path: str, limit: Optional[int] = None) -> Optional[bytes]:
+    """The bytes of `path` if it is a regular file of at most `limit` bytes (MAX_SOURCE_BYTES
+    unless given), else None.
 
     The job names the path, a job may be hostile, and the CLI may run as root. O_PATH looks at
     what the path is without opening it: a device's open may act (/dev/watchdog arms, a tape
     rewinds, /dev/tty takes a terminal), a FIFO's would wait for a writer. Only a regular file
     is then opened, through the same inode (native/front/sources.c read_whole does the same)."""
+    if limit is None:
+        limit = MAX_SOURCE_BYTES
     where = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         info = os.fstat(where)
