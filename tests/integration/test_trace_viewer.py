@@ -10,32 +10,20 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from browser import Browser, screenshot_path
+from test_trace_export import traced  # noqa: F401 - the traced job, a fixture shared with its tests
 
-from support import Target, probing, wait_until
+from support import Target, probing
 
 pytest.importorskip("torch")
 
 SPEEDSCOPE = Path(sys.prefix) / "share" / "speedscope-1.25.0"
 
 
-@pytest.fixture(scope="module")
-def traced() -> Iterator[Target]:
-    """A torch job with a slow module that trained 8 traced steps, backward too, then idles."""
-    with Target("torch_job.py", via="plain", args=["--slow", "--gate", "--steps", "8"]) as job:
-        on = probing(str(job.pid), "trace", "on", "--backward", "--every", "1")
-        assert on.returncode == 0, on.stderr
-        job.process.stdin.write(b"go\n")  # type: ignore[union-attr]
-        job.process.stdin.flush()  # type: ignore[union-attr]
-        assert wait_until(lambda: "done" in job.stdout_lines, 120, 0.1), job.output()
-        yield job
-
-
 @pytest.mark.pictures
-def test_speedscope_draws_the_exported_steps(traced: Target, tmp_path: Path) -> None:
+def test_speedscope_draws_the_exported_steps(traced: Target, tmp_path: Path) -> None:  # noqa: F811
     if not (SPEEDSCOPE / "index.html").exists():
         pytest.fail(f"speedscope is not unpacked in {SPEEDSCOPE}: `make browser` does it")
     exported = tmp_path / "steps.json"
