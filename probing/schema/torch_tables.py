@@ -184,7 +184,11 @@ PROCESS_GROUPS = Table(
         Column("backend", "VARCHAR", "e.g. gloo, nccl"),
         Column("last_enqueued", "BIGINT", "sequence number of the last collective enqueued"),
         Column("last_started", "BIGINT", "of the last one seen started (NCCL only)"),
-        Column("last_completed", "BIGINT", "of the last one completed"),
+        Column(
+            "last_completed",
+            "BIGINT",
+            "of the last one completed (torch's count, or its highest completed entry where that count lags)",
+        ),
         Column("source", "VARCHAR", "'flight_recorder' or 'probing'"),
     ],
 )

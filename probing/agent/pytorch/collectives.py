@@ -320,6 +320,8 @@ def process_group_rows() -> Tuple[Rows, List[str]]:
                     _sequence(status.get("last_started_collective")),
                     _sequence(status.get("last_completed_collective")),
                 ]
+        if any((last[2] or 0) < (last[0] or 0) for last in progress.values()):
+            _raise_to_completed_entries(progress, (flight_recorder_dump() or {}).get("entries") or ())
     elif COMPILER in sys.modules:
         source = "probing"
         notes.append(COMPILED.format(table="python.process_groups"))
@@ -346,6 +348,24 @@ def process_group_rows() -> Tuple[Rows, List[str]]:
             enqueued, started, completed, source,
         ))  # fmt: skip
     return rows, notes
+
+
+def _raise_to_completed_entries(progress: Dict[str, List[Optional[int]]], entries: Any) -> None:
+    """torch's gloo sets a group's last completed number from whichever worker thread finishes
+    last, so under load it can fall back below one already completed (9 after 10): a group's
+    collectives complete in order, so the highest completed entry is a floor for it."""
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        seq = _sequence(entry.get("collective_seq_id"))
+        if seq is None or entry.get("is_p2p") or _state(entry) != "completed":
+            continue
+        pg_id = _text((entry.get("process_group") or (entry.get("pg_id"),))[0])
+        last = progress.get(pg_id or "")
+        if last is not None:
+            last[2] = max(last[2] or 0, seq)
+            if last[1] is not None:
+                last[1] = max(last[1], seq)
 
 
 def _group_order(pg_id: str) -> Tuple[int, str]:
