@@ -15,6 +15,7 @@ from .lifecycle import run_fork_hooks
 from .listener.address import listen_setting
 from .server import AgentServer
 from .sockets import AGENT_THREAD_NAME, descriptor_identity, release
+from .stacks import thread_name
 
 _lock = threading.Lock()
 _server: Optional[AgentServer] = None
@@ -32,8 +33,8 @@ def _another_copy_serves(own: Optional[AgentServer]) -> bool:
     # server's accept thread may still be blocked on its closed socket: it is not one.
     dead = own._thread if own is not None else None
     return any(
-        thread.name == AGENT_THREAD_NAME and thread.is_alive() and thread is not dead
-        for thread in threading.enumerate()
+        thread is not dead and thread_name(thread) == AGENT_THREAD_NAME and thread.is_alive()
+        for thread in threading.enumerate()  # its limbo too: a starting agent thread is in it
     )
 
 

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .lifecycle import on_stop
 from .requests import ErrorKind, RequestError
-from .stacks import leaving
+from .stacks import leaving, thread_names
 
 # The share of wall time the sampler may hold the GIL: half of the 1 % the job may lose.
 COST_SHARE = 0.005
@@ -298,32 +298,6 @@ def next_interval(rate: float, cost_s: float) -> float:
     """Seconds from one sample to the next: 1/rate, or longer when a sample costs more than
     SAMPLES_SHARE of it. `cost_s` is the recent cost of a sample (smoothed)."""
     return max(1.0 / rate, cost_s / SAMPLES_SHARE)
-
-
-# The instance dict of a Thread, read by the interpreter's own descriptor: a subclass that
-# defines `__dict__`, `name` or `ident` as a property is not asked.
-_THREAD_FIELDS: Any = threading.Thread.__dict__["__dict__"]
-
-
-def thread_names() -> Dict[int, str]:
-    """ident -> name of every thread the threading module knows, from its own fields (`_name`),
-    never through a property: a Thread subclass may define `name` as one, and the job's code
-    must not run in the agent (it could block, take a lock of the job's, or raise)."""
-    names: Dict[int, str] = {}
-    active = getattr(threading, "_active", None)
-    if type(active) is not dict:
-        return names
-    for ident, thread in list(active.items()):
-        if type(ident) is not int or not issubclass(type(thread), threading.Thread):
-            continue
-        try:
-            fields = _THREAD_FIELDS.__get__(thread)
-        except Exception:  # noqa: BLE001 - a thread without its dict is named by its ident
-            continue
-        name = fields.get("_name") if type(fields) is dict else None
-        if type(name) is str:
-            names[ident] = name
-    return names
 
 
 def _samples(count: int) -> str:

@@ -15,24 +15,76 @@ from .requests import ErrorKind, RequestError
 MAX_LOCALS_PER_FRAME = 40
 
 
-class ThreadStack:
-    __slots__ = ("ident", "thread", "frame", "is_main")
+# The instance dict of a Thread, read by the interpreter's own descriptor: a subclass that
+# defines `__dict__`, `name` or `ident` as a property is not asked.
+_THREAD_FIELDS: Any = threading.Thread.__dict__["__dict__"]
 
-    def __init__(
-        self, ident: int, thread: Optional[threading.Thread], frame: FrameType, is_main: bool
-    ) -> None:
+
+def thread_fields(thread: Any) -> Dict[str, Any]:
+    """A Thread's own fields (`_name`, `_ident`, `_native_id`, `_daemonic`), read without running
+    any of the job's code: a Thread subclass may define `name` or `ident` as a property, and the
+    job's code must not run in the agent (it could block, take a lock of the job's, or raise)."""
+    if not issubclass(type(thread), threading.Thread):  # isinstance would ask its __class__
+        return {}
+    try:
+        fields = _THREAD_FIELDS.__get__(thread)
+    except Exception:  # noqa: BLE001 - a thread without its dict is known by its ident alone
+        return {}
+    return fields if type(fields) is dict else {}
+
+
+def known_threads() -> Dict[int, Dict[str, Any]]:
+    """ident -> fields of every thread the threading module knows, in the order they started
+    (its `_active` dict, copied whole under the GIL: no lock of threading's is taken)."""
+    active = getattr(threading, "_active", None)
+    if type(active) is not dict:
+        return {}
+    return {ident: thread_fields(thread) for ident, thread in list(active.items()) if type(ident) is int}
+
+
+def thread_names() -> Dict[int, str]:
+    """ident -> name of every thread the threading module knows."""
+    names = {}
+    for ident, fields in known_threads().items():
+        name = fields.get("_name")
+        if type(name) is str:
+            names[ident] = name
+    return names
+
+
+def thread_name(thread: Any) -> Optional[str]:
+    name = thread_fields(thread).get("_name")
+    return name if type(name) is str else None
+
+
+class ThreadStack:
+    __slots__ = ("ident", "fields", "frame", "is_main")
+
+    def __init__(self, ident: int, fields: Dict[str, Any], frame: FrameType, is_main: bool) -> None:
         self.ident = ident
-        self.thread = thread
+        self.fields = fields  # empty for a thread that threading does not know
         self.frame = frame
         self.is_main = is_main
 
     @property
     def name(self) -> str:
-        return self.thread.name if self.thread is not None else f"Thread-{self.ident}"
+        name = self.fields.get("_name")
+        return name if type(name) is str else f"Thread-{self.ident}"
 
     @property
     def native_id(self) -> Optional[int]:
-        return getattr(self.thread, "native_id", None) if self.thread is not None else None
+        native_id = self.fields.get("_native_id")
+        return native_id if type(native_id) is int else None
+
+    @property
+    def daemon(self) -> Optional[bool]:
+        daemon = self.fields.get("_daemonic")
+        return daemon if type(daemon) is bool else None
+
+    @property
+    def alive(self) -> bool:
+        """It has a frame, so it runs; threading marks one stopped on its way out (3.8-3.12)."""
+        return self.fields.get("_is_stopped") is not True
 
     def matches(self, selector: str) -> bool:
         """A thread is selected by its name, its Python ident or its native (OS) id."""
@@ -69,11 +121,11 @@ def thread_stacks(exclude: Set[int]) -> List[ThreadStack]:
         if not os.path.exists(f"/proc/self/task/{native_id}"):
             leaving.pop(ident, None)
     frames = sys._current_frames()
-    threads = {thread.ident: thread for thread in threading.enumerate()}
-    main_ident = threading.main_thread().ident
+    threads = known_threads()
+    main_ident = thread_fields(threading.main_thread()).get("_ident")
     order = {ident: position for position, ident in enumerate(threads)}
     stacks = [
-        ThreadStack(ident, threads.get(ident), frame, ident == main_ident)
+        ThreadStack(ident, threads.get(ident, {}), frame, ident == main_ident)
         for ident, frame in frames.items()
         if ident not in exclude
     ]

@@ -53,12 +53,10 @@ def _build_threads(server: Any, params: Dict[str, Any]) -> TableBuilder:
     builder = new_builder(THREADS)
     pid = os.getpid()
     for stack in thread_stacks(server.own_threads):
-        thread = stack.thread
         user, system = thread_cpu_seconds(stack.native_id)
         builder.append((
-            pid, stack.ident, stack.native_id, stack.name,
-            thread.daemon if thread is not None else None, stack.is_main,
-            thread.is_alive() if thread is not None else True, user, system,
+            pid, stack.ident, stack.native_id, stack.name, stack.daemon, stack.is_main, stack.alive,
+            user, system,
         ))  # fmt: skip
     return builder
 

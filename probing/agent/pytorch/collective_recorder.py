@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..lifecycle import JOB_HOOKS, on_fork_in_child, on_stop
+from ..stacks import thread_names
 
 # Calls kept; the oldest go first.
 RING_ROWS = 2000
@@ -293,7 +294,7 @@ class CollectiveRecorder:
 
     def recorded_calls(self) -> List[Call]:
         calls = list(self.calls)
-        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        names = thread_names()
         for call in calls:
             if call.thread_name is None:
                 call.thread_name = names.get(call.thread_ident)
@@ -331,7 +332,7 @@ class CollectiveRecorder:
                 note_tensors(local.get(name), call.inputs)
             for name in outputs:
                 note_tensors(local.get(name), call.outputs)
-            call.thread_name = next((t.name for t in threading.enumerate() if t.ident == ident), None)
+            call.thread_name = thread_names().get(ident)
             call.thread_ident = ident
             return call
         except Exception:  # noqa: BLE001 - a frame that cannot show its locals

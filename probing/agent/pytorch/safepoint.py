@@ -32,6 +32,7 @@ from types import FrameType
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from ..lifecycle import JOB_HOOKS, on_stop
+from ..stacks import thread_names
 
 Result = TypeVar("Result")
 
@@ -186,7 +187,7 @@ def at_step(torch: Any, function: Callable[[], Result], wait_s: float) -> Result
 def busy_thread(own_threads: Any) -> Optional[str]:
     """'MainThread in torch/autograd/graph.py:_engine_run_backward' for the first thread of the
     job that is inside autograd, an optimizer or gradient clipping; None when none is."""
-    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    names = thread_names()
     for ident, innermost in sys._current_frames().items():
         if ident in own_threads:
             continue

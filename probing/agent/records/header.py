@@ -12,6 +12,7 @@ from ... import __version__
 from ...procfs import process_start_time
 from ..identity import python_version, working_directory
 from ..listener.rank import rank_identity
+from ..stacks import thread_name
 from .trigger import Trigger
 
 
@@ -38,7 +39,7 @@ def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, A
             "signal": trigger.signum,
             "exit_status": trigger.status,
         },
-        "exception": _described(error, thread.name),
+        "exception": _described(error, thread_name(thread) or "a thread without a name"),
         "rank": None
         if rank is None
         else {

@@ -22,7 +22,7 @@ from ...protocol.records import write_record
 from ...schema.tables import BACKTRACE
 from ..reprs import BoundedRepr
 from ..ring import Ring
-from ..stacks import frame_locals_json, thread_stacks
+from ..stacks import frame_locals_json, thread_fields, thread_stacks
 from ..tables import BUILDERS, new_builder
 from . import settings
 from .header import header
@@ -50,6 +50,11 @@ class RecordFailed(Exception):
         self.refused = refused
 
 
+def _ident_of(thread: Any) -> Optional[int]:
+    ident = thread_fields(thread).get("_ident")
+    return ident if type(ident) is int else None
+
+
 def _frames_of(
     thread_ident: int, trigger: Trigger, current: Optional[FrameType]
 ) -> List[Tuple[FrameType, int]]:
@@ -58,7 +63,7 @@ def _frames_of(
     error = trigger.error
     if (
         error is not None and error.__traceback__ is not None
-        and trigger.thread is not None and trigger.thread.ident == thread_ident
+        and _ident_of(trigger.thread) == thread_ident
     ):  # fmt: skip
         tb: Optional[TracebackType] = error.__traceback__
         frames: List[Tuple[FrameType, int]] = []
@@ -72,7 +77,7 @@ def _frames_of(
             outer = outer.f_back
         return frames
     frame = current
-    if trigger.frame is not None and trigger.thread is not None and trigger.thread.ident == thread_ident:
+    if trigger.frame is not None and _ident_of(trigger.thread) == thread_ident:
         frame = trigger.frame  # the interrupted frame, not our handler waiting for the record
     elif thread_ident == threading.get_ident():
         frame = trigger.frame if trigger.frame is not None else sys._getframe()
