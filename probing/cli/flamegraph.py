@@ -4,7 +4,7 @@ speedscope JSON or folded text."""
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import click
 
@@ -18,7 +18,11 @@ from .pictures.flame_svg import svg_parts
 from .render import inert_parts
 from .render import notes as say_notes
 from .render.files import check_output, counted, write_output, wrote
-from .spec import timeout
+from .spec import RANKS, timeout
+
+if TYPE_CHECKING:
+    from ..engine.fanout import Missing
+    from ..engine.target import Target
 
 FORMATS = ("html", "svg", "speedscope", "folded")
 HINTS = {
@@ -50,20 +54,25 @@ def _counted(value: object, noun: str) -> str:
 
 def figures_line(flame: Flame) -> str:
     figures = flame.figures
+    ranks = figures.get("ranks")
     if flame.unit == "seconds":
+        traced = total_weight(flame.stacks) * 1000 / (ranks or 1)
         return (
             f"{_counted(figures.get('modules'), 'module')}, mean of {_counted(figures.get('steps'), 'step')} "
-            f"({figures.get('range')}); {total_weight(flame.stacks) * 1000:.3f} ms traced per step"
+            f"({figures.get('range')}); {traced:.3f} ms traced per step"
+            + (f" and rank, over {counted(ranks, 'rank')}" if ranks else "")
         )
-    if figures.get("source") != "agent":
-        return (
-            f"{_counted(figures.get('samples'), 'thread sample')} in {figures.get('duration_s')} s "
-            f"at {figures.get('rate_hz')} Hz from outside (py-spy)"
-        )
-    said = (
-        f"{_counted(figures.get('samples'), 'sample')} in {figures.get('duration_s')} s "
-        f"({figures.get('rate_hz')} Hz) from the agent"
-    )
+    source = figures.get("source")
+    noun = "sample" if source == "agent" else "thread sample"
+    took = f"{_counted(figures.get('samples'), noun)} in {figures.get('duration_s')} s"
+    if source == "mixed":
+        said = f"{took} from the agents and from outside (py-spy)"
+    elif source != "agent":
+        said = f"{took} at {figures.get('rate_hz')} Hz from outside (py-spy)"
+    else:
+        said = f"{took} ({figures.get('rate_hz')} Hz) from the agent{'s' if ranks else ''}"
+    if ranks:
+        said += f" of {counted(ranks, 'rank')}"
     if figures.get("cost_share") is not None:
         said += f"; sampling held the GIL {100 * float(figures['cost_share']):.3f}% of the time"
     return said
@@ -112,11 +121,11 @@ def parts_of(flame: Flame, kind: str) -> Iterator[str]:
 @click.option(
     "--format", "kind", type=click.Choice(FORMATS), help="The format (default: from FILE's extension)."
 )
-@apply(timeout(10.0, "Seconds to wait for the agent, beyond the sampling."))
+@apply(timeout(10.0, "Seconds to wait for the agent, beyond the sampling."), RANKS)
 @pass_invocation
 def flamegraph(
     invocation: Invocation, duration: Optional[float], rate: float, outside: bool, torch_modules: bool,
-    steps: Optional[str], output: str, kind: Optional[str], timeout: float,
+    steps: Optional[str], output: str, kind: Optional[str], timeout: float, ranks: Optional[str],
 ) -> int:  # fmt: skip
     """A flame graph: sampled stacks of every thread, or (--torch) step time by module.
 
@@ -125,10 +134,12 @@ def flamegraph(
       probing PID flamegraph --duration 30 -o cpu.svg    also .speedscope.json and .folded
       probing PID flamegraph --torch -o modules.html     mean time per step by module (trace on first)
       probing FILE flamegraph --torch -o modules.html    the same from a record
+      probing PID flamegraph --ranks all -o job.html     every rank sampled at once, side by side
 
     Samples are taken by the agent at up to --rate per second (fewer when a sample would cost
     the job more than 0.5 % of its time); when the agent cannot answer (a thread holds the GIL),
-    py-spy samples from outside and the picture says so.
+    py-spy samples from outside and the picture says so. With --ranks, every rank over the same
+    window (or its module times), each under a root frame `rank N`.
     """
     chosen = format_of(output, kind)
     if steps is not None and not torch_modules:
@@ -136,7 +147,13 @@ def flamegraph(
     if torch_modules and (duration is not None or outside):
         raise click.UsageError("--duration and --outside sample stacks; --torch draws what tracing measured")
     check_output(output)  # a path that cannot be written fails before the job is sampled
-    if torch_modules:
+    missing: List[Missing] = []
+    if ranks is not None:
+        if invocation.is_record():
+            raise invocation.live_only("flamegraph --ranks")
+        picture, missing = _every_rank(invocation, ranks, duration or 10.0, rate, outside, torch_modules,
+                                       steps, timeout)  # fmt: skip
+    elif torch_modules:
         from ..engine.flame_modules import torch_flame_of_record, torch_flame_of_target
 
         record = invocation.record()
@@ -155,4 +172,30 @@ def flamegraph(
         say_notes(["no stacks were sampled: the picture is empty"])
     size = write_output(output, for_output(parts_of(picture, chosen), output))
     wrote(output, size, figures_line(picture), HINTS[chosen])
+    if missing:
+        from .render.per_rank import write_missing
+
+        write_missing(missing)
+        return ExitCode.PARTIAL
     return ExitCode.OK
+
+
+def _every_rank(
+    invocation: Invocation, ranks: str, duration: float, rate: float, outside: bool, torch_modules: bool,
+    steps: Optional[str], timeout: float,
+) -> Tuple[Flame, List[Missing]]:  # fmt: skip
+    from ..engine.flame_ranks import job_flame, sampling_deadline
+
+    _, chosen = invocation.job(ranks)
+    one: Callable[[Target], Flame]
+    if torch_modules:
+        from ..engine.flame_modules import torch_flame_of_target
+
+        one, window = (lambda target: torch_flame_of_target(target, steps, timeout)), 0.0
+    else:
+        from ..engine.flame import sample_stacks
+
+        one, window = (lambda target: sample_stacks(target, duration, rate, timeout, outside)), duration
+    deadline = sampling_deadline(window, timeout, invocation.attach_timeout)
+    picture, gathered = job_flame(chosen, invocation.rank_target, one, deadline)
+    return picture, gathered.missing
