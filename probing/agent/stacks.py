@@ -15,16 +15,27 @@ from .requests import ErrorKind, RequestError
 MAX_LOCALS_PER_FRAME = 40
 
 
-# The instance dict of a Thread, read by the interpreter's own descriptor: a subclass that
-# defines `__dict__`, `name` or `ident` as a property is not asked.
-_THREAD_FIELDS: Any = threading.Thread.__dict__["__dict__"]
+def _fields_descriptor() -> Tuple[type, Any]:
+    """The class that gives threads their instance dict, and the interpreter's own descriptor of
+    that dict: a subclass that defines `__dict__`, `name` or `ident` as a property is not asked.
+    Found through the MRO, so a Thread the job replaced by a subclass of its own before the
+    agent loaded still leads to threading's."""
+    interpreters = type(type.__dict__["__dict__"])  # getset_descriptor: C, not the job's Python
+    for base in threading.Thread.__mro__:
+        descriptor = base.__dict__.get("__dict__")
+        if type(descriptor) is interpreters:
+            return base, descriptor
+    return threading.Thread, None
+
+
+_THREAD_CLASS, _THREAD_FIELDS = _fields_descriptor()
 
 
 def thread_fields(thread: Any) -> Dict[str, Any]:
     """A Thread's own fields (`_name`, `_ident`, `_native_id`, `_daemonic`), read without running
     any of the job's code: a Thread subclass may define `name` or `ident` as a property, and the
     job's code must not run in the agent (it could block, take a lock of the job's, or raise)."""
-    if not issubclass(type(thread), threading.Thread):  # isinstance would ask its __class__
+    if _THREAD_FIELDS is None or not issubclass(type(thread), _THREAD_CLASS):  # not isinstance: __class__
         return {}
     try:
         fields = _THREAD_FIELDS.__get__(thread)

@@ -54,27 +54,49 @@ def _counted(value: object, noun: str) -> str:
 
 def figures_line(flame: Flame) -> str:
     figures = flame.figures
-    ranks = figures.get("ranks")
+    if figures.get("ranks"):
+        return _ranks_line(flame)
     if flame.unit == "seconds":
-        traced = total_weight(flame.stacks) * 1000 / (ranks or 1)
         return (
             f"{_counted(figures.get('modules'), 'module')}, mean of {_counted(figures.get('steps'), 'step')} "
-            f"({figures.get('range')}); {traced:.3f} ms traced per step"
-            + (f" and rank, over {counted(ranks, 'rank')}" if ranks else "")
+            f"({figures.get('range')}); {total_weight(flame.stacks) * 1000:.3f} ms traced per step"
         )
-    source = figures.get("source")
-    noun = "sample" if source == "agent" else "thread sample"
-    took = f"{_counted(figures.get('samples'), noun)} in {figures.get('duration_s')} s"
-    if source == "mixed":
-        said = f"{took} from the agents and from outside (py-spy)"
-    elif source != "agent":
-        said = f"{took} at {figures.get('rate_hz')} Hz from outside (py-spy)"
-    else:
-        said = f"{took} ({figures.get('rate_hz')} Hz) from the agent{'s' if ranks else ''}"
-    if ranks:
-        said += f" of {counted(ranks, 'rank')}"
+    if figures.get("source") != "agent":
+        return (
+            f"{_counted(figures.get('samples'), 'thread sample')} in {figures.get('duration_s')} s "
+            f"at {figures.get('rate_hz')} Hz from outside (py-spy)"
+        )
+    said = (
+        f"{_counted(figures.get('samples'), 'sample')} in {figures.get('duration_s')} s "
+        f"({figures.get('rate_hz')} Hz) from the agent"
+    )
     if figures.get("cost_share") is not None:
         said += f"; sampling held the GIL {100 * float(figures['cost_share']):.3f}% of the time"
+    return said
+
+
+def _ranks_line(flame: Flame) -> str:
+    """What `--ranks` drew: modules per rank, or how each rank was sampled."""
+    figures = flame.figures
+    ranks = counted(figures["ranks"], "rank")
+    if not figures.get("sampled"):
+        traced = total_weight(flame.stacks) * 1000 / figures["ranks"]
+        return (
+            f"{ranks}, {_counted(figures.get('modules'), 'module')} at most, mean of "
+            f"{_counted(figures.get('steps'), 'step')} ({figures.get('range')}); "
+            f"{traced:.3f} ms traced per step and rank"
+        )
+    outside = figures.get("outside") or []
+    if not outside:
+        source = "by their agents"
+    elif len(outside) == figures["ranks"]:
+        source = "from outside (py-spy)"
+    else:
+        named = ",".join(str(rank) for rank in outside)
+        source = f"by their agents, {'rank' if len(outside) == 1 else 'ranks'} {named} from outside (py-spy)"
+    said = f"{ranks} sampled for {figures.get('duration_s')} s at {figures.get('rate_hz')} Hz {source}"
+    if figures.get("cost_share") is not None:
+        said += f"; sampling held a rank's GIL {100 * float(figures['cost_share']):.3f}% of the time at most"
     return said
 
 

@@ -18,35 +18,45 @@ OUTSIDE_SLACK_S = 5.0
 
 
 def sampling_deadline(duration: float, timeout: float, attach_timeout: float) -> float:
-    """How long the slowest rank may take to sample: attach, the early look, the window, the
-    agent's reply or py-spy's."""
-    return attach_timeout + PING_TIMEOUT_S + duration + timeout + REPLY_SLACK_S + OUTSIDE_SLACK_S
+    """How long the slowest rank may take: attach, the early look, the window and the agent's
+    reply, then (an agent that stopped answering while it sampled) the window again from outside."""
+    agent = attach_timeout + PING_TIMEOUT_S + duration + timeout + REPLY_SLACK_S
+    return agent + duration + OUTSIDE_SLACK_S
 
 
 def job_flame(
     ranks: List[Rank], target_of: Callable[[Rank], Target], one: Callable[[Target], Flame], deadline_s: float
 ) -> Tuple[Flame, Gathered]:
     """`one(target)` for every rank at once, merged under a frame per rank; what did not answer
-    is in the Gathered (a rank's own error when no rank answered is raised)."""
+    is in the Gathered (a rank's own error when no rank answered is raised).
+
+    Sampled stacks are drawn in seconds (a rank's counts over its rate): each rank's agent paces
+    itself by what a sample costs there, and py-spy samples at the rate asked, so counts of two
+    ranks are not on one scale, and their seconds are."""
     gathered = gather(ranks, lambda rank: one(target_of(rank)), deadline_s)
     if not gathered.answers:
         raise gathered.missing[0].error
     answers = sorted(gathered.answers, key=lambda answer: answer[0].rank)
-    stacks = [
-        ((f"rank {rank.rank}", *names), weight) for rank, flame in answers for names, weight in flame.stacks
-    ]
     notes = [f"rank {rank.rank}: {note}" for rank, flame in answers for note in flame.notes]
+    notes += [f"rank {rank.rank}: nothing to draw" for rank, flame in answers if not flame.stacks]
     flames = [flame for _, flame in answers]
     numbers = [rank.rank for rank, _ in answers]
-    unit = flames[0].unit
-    if unit == "seconds":
+    if flames[0].unit == "seconds":
+        scales = [1.0] * len(flames)
         figures = _module_figures(flames)
         what = f"mean time per step by module, {figures['range']}"
     else:
-        figures = _sample_figures(flames)
-        what = "sampled stacks of every thread"
+        scales = [1.0 / float(flame.figures.get("rate_hz") or 1.0) for flame in flames]
+        figures = _sample_figures(numbers, flames)
+        what = "sampled stacks of every thread, in seconds of each thread's time"
     figures["ranks"] = len(answers)
-    return Flame(stacks, unit, f"ranks {_numbers_text(numbers)}: {what}", notes, figures), gathered
+    stacks = [
+        ((f"rank {number}", *names), weight * scale)
+        for number, flame, scale in zip(numbers, flames, scales)
+        for names, weight in flame.stacks
+    ]
+    word = "rank" if len(numbers) == 1 else "ranks"
+    return Flame(stacks, "seconds", f"{word} {_numbers_text(numbers)}: {what}", notes, figures), gathered
 
 
 def _numbers_text(numbers: List[int]) -> str:
@@ -63,13 +73,19 @@ def _spread(values: List[Any]) -> Any:
     return known[0] if len(known) == 1 else f"{known[0]}-{known[-1]}"
 
 
-def _sample_figures(flames: List[Flame]) -> Dict[str, Any]:
-    sources = {flame.figures.get("source") or "py-spy" for flame in flames}
+def _rounded(value: Any, digits: int) -> Any:
+    if not isinstance(value, (int, float)):
+        return None
+    return int(round(value)) if digits == 0 else round(value, digits)
+
+
+def _sample_figures(numbers: List[int], flames: List[Flame]) -> Dict[str, Any]:
+    outside = [number for number, flame in zip(numbers, flames) if flame.figures.get("source") != "agent"]
     figures: Dict[str, Any] = {
-        "source": sources.pop() if len(sources) == 1 else "mixed",
-        "samples": sum(int(flame.figures.get("samples") or 0) for flame in flames),
-        "duration_s": _spread([flame.figures.get("duration_s") for flame in flames]),
-        "rate_hz": _spread([flame.figures.get("rate_hz") for flame in flames]),
+        "sampled": True,
+        "outside": outside,
+        "duration_s": _spread([_rounded(flame.figures.get("duration_s"), 1) for flame in flames]),
+        "rate_hz": _spread([_rounded(flame.figures.get("rate_hz"), 0) for flame in flames]),
     }
     shares = [flame.figures["cost_share"] for flame in flames if flame.figures.get("cost_share") is not None]
     if shares:

@@ -68,7 +68,7 @@ THREADS = Table(
         Column("name", "VARCHAR", "threading.Thread name"),
         Column("daemon", "BOOLEAN", "whether the thread is a daemon thread"),
         Column("is_main", "BOOLEAN", "whether this is the main thread"),
-        Column("alive", "BOOLEAN", "Thread.is_alive()"),
+        Column("alive", "BOOLEAN", "whether it still runs (false once threading marks it stopped)"),
         Column("cpu_user_s", "DOUBLE", "user CPU seconds used by the thread (/proc/self/task)"),
         Column("cpu_system_s", "DOUBLE", "system CPU seconds used by the thread (/proc/self/task)"),
     ],

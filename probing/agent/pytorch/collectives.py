@@ -25,7 +25,7 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from ..lifecycle import on_fork_in_child, on_stop
 from . import collective_recorder
@@ -320,8 +320,12 @@ def process_group_rows() -> Tuple[Rows, List[str]]:
                     _sequence(status.get("last_started_collective")),
                     _sequence(status.get("last_completed_collective")),
                 ]
-        if any((last[2] or 0) < (last[0] or 0) for last in progress.values()):
-            _raise_to_completed_entries(progress, (flight_recorder_dump() or {}).get("entries") or ())
+        lagging = {
+            pg_id: last for pg_id, last in progress.items()
+            if (last[2] or 0) < (last[0] or 0) and pg_id in groups and "gloo" in (groups[pg_id].backend or "")
+        }  # fmt: skip
+        if lagging:
+            _raise_to_completed_entries(lagging, (flight_recorder_dump() or {}).get("entries") or ())
     elif COMPILER in sys.modules:
         source = "probing"
         notes.append(COMPILED.format(table="python.process_groups"))
@@ -352,8 +356,10 @@ def process_group_rows() -> Tuple[Rows, List[str]]:
 
 def _raise_to_completed_entries(progress: Dict[str, List[Optional[int]]], entries: Any) -> None:
     """torch's gloo sets a group's last completed number from whichever worker thread finishes
-    last, so under load it can fall back below one already completed (9 after 10): a group's
-    collectives complete in order, so the highest completed entry is a floor for it."""
+    last, so under load it can fall back below one already completed (9 after 10). It is raised
+    over the entries completed right after it, one by one: never past one still running (gloo
+    may finish a later collective first), so it never says more than is known."""
+    completed: Dict[str, Set[int]] = {}
     for entry in entries:
         if not isinstance(entry, dict):
             continue
@@ -361,11 +367,15 @@ def _raise_to_completed_entries(progress: Dict[str, List[Optional[int]]], entrie
         if seq is None or entry.get("is_p2p") or _state(entry) != "completed":
             continue
         pg_id = _text((entry.get("process_group") or (entry.get("pg_id"),))[0])
-        last = progress.get(pg_id or "")
-        if last is not None:
-            last[2] = max(last[2] or 0, seq)
-            if last[1] is not None:
-                last[1] = max(last[1], seq)
+        completed.setdefault(pg_id or "", set()).add(seq)
+    for pg_id, last in progress.items():
+        done = completed.get(pg_id, set())
+        highest = last[2] or 0
+        while highest + 1 in done:
+            highest += 1
+        last[2] = highest if highest or last[2] is not None else None
+        if last[1] is not None:
+            last[1] = max(last[1], highest)
 
 
 def _group_order(pg_id: str) -> Tuple[int, str]:

@@ -18,7 +18,7 @@ from .trigger import Trigger
 
 def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, Any]:
     error = trigger.error
-    thread = trigger.thread or threading.current_thread()
+    thread = trigger.thread if trigger.thread is not None else threading.current_thread()
     rank = rank_identity()
     hostname = socket.gethostname()
     return {
