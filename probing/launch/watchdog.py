@@ -92,10 +92,12 @@ class Watchdog:
         return read_stacks(self._target(pid), with_locals, None, SAMPLE_TIMEOUT_S)
 
     def _job(self) -> Optional[Job]:
-        """The distributed job the command started, if it did: found again only when one of
-        its ranks has gone (a restart), else kept from the last tick."""
-        if self.job is not None and all(process_alive(rank.pid) for rank in self.job.ranks):
-            return self.job
+        """The distributed job the command started, if it did: kept from the last tick once it
+        is whole, found again while a rank of this node is missing (torchrun still starting
+        them, a loaded machine) or when one has gone (a restart)."""
+        kept = self.job
+        if kept is not None and not kept.absent and all(process_alive(rank.pid) for rank in kept.ranks):
+            return kept
         try:
             job: Optional[Job] = find_job(self.pid)
         except (NotAJob, ProbingError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict
 
@@ -91,3 +92,19 @@ def test_the_run_watchdog_judges_the_whole_job(tmp_path: Path) -> None:
     assert document["hung"] and document["job"]["behind"][0]["rank"] == 2
     assert document["job"]["waiting"][0]["ranks"] == [0, 1, 3]
     assert len(document["processes"]) == 5  # torchrun and its 4 ranks, each with its stacks
+
+
+def test_the_run_watchdog_watches_a_rank_that_started_late(tmp_path: Path) -> None:
+    """The watchdog's first look comes while the launcher is still starting ranks (the last one
+    2 s after the others, as on a loaded machine): the job is looked for again until every rank
+    of this node is there, and the verdict judges all three."""
+    report = tmp_path / "report.json"
+    command = [
+        PROBING, "run", "--hang-timeout", "4", "--report", str(report), "--",
+        sys.executable, str(TARGETS / "staggered_launcher.py"), "--ranks", "3", "--late", "2",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 11, result.stderr[-3000:]
+    assert "(3 ranks watched for" in result.stderr, result.stderr[-3000:]
+    document = json.loads(report.read_text())
+    assert sorted(rank["rank"] for rank in document["job"]["behind"]) == [0, 1, 2]
