@@ -59,6 +59,11 @@ def default_steps(low: Optional[int], high: Optional[int], count: int) -> Tuple[
 
 
 STAGES = ("forward", "backward", "optimizer")
+# Children that outlast their module by less than this share of it (and at most by
+# CLAMP_NOTED_S) are the hooks' own timing noise: autograd may start a child's backward hook
+# before its parent's, and a loaded machine stretches that. Clamped without a note.
+CLAMP_NOTED_SHARE = 0.05
+CLAMP_NOTED_S = 100e-6
 
 
 def module_stacks(rows: Sequence[Sequence[Any]]) -> Tuple[List[Tuple[Tuple[str, ...], float]], int]:
@@ -66,7 +71,7 @@ def module_stacks(rows: Sequence[Sequence[Any]]) -> Tuple[List[Tuple[Tuple[str, 
     module_sql rows (stage, module, module_type, total, calls, steps): a module's parent is the
     longest traced name that prefixes it (model.layers.0 under model.layers under model);
     its self time is its own time less its children's, never below 0. Returns the stacks and
-    how many modules' children took longer than the module itself (clamped at 0)."""
+    how many modules' children took clearly longer than the module itself (clamped at 0)."""
     own: Dict[Tuple[str, str], float] = {}
     types: Dict[Tuple[str, str], str] = {}
     for stage, module, module_type, total, _calls, steps in rows:
@@ -94,7 +99,7 @@ def module_stacks(rows: Sequence[Sequence[Any]]) -> Tuple[List[Tuple[Tuple[str, 
     for key in sorted(own, key=lambda item: (order.get(item[0], len(STAGES)), item[0], item[1])):
         left = own[key] - children_time.get(key, 0.0)
         if left < 0:
-            clamped += 1
+            clamped += -left > max(CLAMP_NOTED_SHARE * own[key], CLAMP_NOTED_S)
             left = 0.0
         path: List[str] = []
         at: Optional[Tuple[str, str]] = key
@@ -134,8 +139,10 @@ def torch_flame(session: Any, steps_text: Optional[str], title: str, notes: List
     shown = f"steps {first if first is not None else low}-{last if last is not None else high}"
     notes = list(notes)
     if clamped:
+        one = clamped == 1
         notes.append(
-            f"{clamped} modules' children took longer than the module itself: their self time is shown as 0"
+            f"{clamped} module{'' if one else 's'} took less time than {'its' if one else 'their'} children: "
+            "self time shown as 0"
         )
     stages = {stack[0][0] for stack in stacks}
     if "backward" not in stages:

@@ -34,6 +34,18 @@ def test_modules_nest_by_qualified_name_with_self_times() -> None:
     assert all(weight >= 0 for _, weight in stacks)
 
 
+def test_children_over_their_module_by_the_hooks_noise_are_clamped_without_a_note() -> None:
+    rows = [
+        ("backward", "model", "Net", 0.400, 2, 2),
+        ("backward", "model.head", "Linear", 0.404, 2, 2),  # 1 % over: noise
+        ("forward", "model", "Net", 0.0010, 1, 1),
+        ("forward", "model.head", "Linear", 0.00105, 1, 1),  # 5 % over, but 50 µs: noise
+    ]
+    stacks, clamped = module_stacks(rows)
+    assert clamped == 0
+    assert {names: weight for names, weight in stacks}[("backward", "model (Net)")] == 0.0
+
+
 def test_an_untraced_parent_is_skipped_to_the_nearest_traced_one() -> None:
     stacks, _ = module_stacks(
         [("forward", "model.a.b", "X", 1.0, 1, 1), ("forward", "model", "M", 2.0, 1, 1)]
