@@ -4,12 +4,14 @@ over time, NaN events, the largest object types and tensors."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import click
 
 from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
-from .spec import timeout
+from .spec import RANKS, timeout
 
 
 @click.command()
@@ -26,7 +28,7 @@ from .spec import timeout
     help="List the largest object types instead of the largest tensors (the job's objects are walked once "
     "either way: about one step's worth of its time).",
 )  # fmt: skip
-@apply(timeout(5.0, "Seconds to wait for each answer from the agent."))
+@apply(timeout(5.0, "Seconds to wait for each answer from the agent."), RANKS)
 @pass_invocation
 def report(
     invocation: Invocation,
@@ -35,6 +37,7 @@ def report(
     hang_samples: int,
     tensors: bool,
     timeout: float,
+    ranks: Optional[str] = None,
 ) -> int:
     """One HTML page of the job to open offline or attach to an incident: the process, every
     thread's stack with its state, the hang verdict, step time, the slowest modules, memory
@@ -43,6 +46,7 @@ def report(
     \b
       probing PID report -o job.html          a live job (the hang check watches it 2 s)
       probing FILE report -o crash.html       a record: why it was written and the exception first
+      probing PID report --ranks all -o job.html   every rank of the job on one page
 
     Sections that do not apply (no torch, no traced steps) are left out. When the agent cannot
     answer (a thread holds the GIL), the stacks are read from outside and the page says so.
@@ -54,6 +58,11 @@ def report(
     missing at the top; an error, and no file, when nothing could be read. The directory of
     FILE is checked before the job is probed (exit 2 when it cannot be written). The file is
     made readable by its owner only (0600).
+
+    With --ranks, one page of the whole job: the job's hang verdict (which ranks are behind, who
+    waits in what), a row per rank, step time and memory with a line per rank, and every rank's
+    threads (the same stack on several ranks drawn once, headed by them). Exit status 14 when
+    some ranks gave no answer: they are named at the top of the page and on stderr.
     """
     from ..engine.report import Report
     from .pictures.report import report_page
@@ -61,6 +70,10 @@ def report(
     from .render.files import check_output, counted, write_output, wrote
 
     check_output(output)
+    if ranks is not None:
+        if invocation.is_record():
+            raise invocation.live_only("report --ranks")
+        return _job_report(invocation, ranks, output, hang_duration, hang_samples, timeout)
     record = invocation.record()
     gathered: Report
     if record is not None:
@@ -84,5 +97,26 @@ def report(
                 + "; ".join(gathered.failures)
             ]
         )
+        return ExitCode.PARTIAL
+    return ExitCode.OK
+
+
+def _job_report(
+    invocation: Invocation, ranks: str, output: str, hang_duration: float, hang_samples: int, timeout: float
+) -> int:
+    from ..engine.report_job import gather_job
+    from .pictures.report_job import job_report_page
+    from .render.files import counted, write_output, wrote
+    from .render.per_rank import write_missing
+
+    job, chosen = invocation.job(ranks)
+    gathered = gather_job(job, chosen, invocation.rank_target, timeout, invocation.attach_timeout,
+                          hang_duration, hang_samples)  # fmt: skip
+    written = write_output(output, [job_report_page(gathered)])
+    shown = f"{counted(len(gathered.ranks), 'rank')}, {counted(gathered.thread_count, 'thread')}"
+    took = gathered.timings.get("total_s", 0.0)
+    wrote(output, written, f"{shown}, gathered in {took:.1f} s", "open it in a browser")
+    if gathered.missing:
+        write_missing(gathered.missing)
         return ExitCode.PARTIAL
     return ExitCode.OK

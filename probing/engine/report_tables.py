@@ -18,23 +18,32 @@ MEMORY_POINTS = 600
 NAN_EVENTS_SHOWN = 20
 TENSORS_SHOWN = 20
 
+
 # A step's time is from its start to the next traced step's start (per step, when steps between
 # were not traced: `trace on --every N`), as a user reads "step time": the gap between steps
 # (data loading, host work) counts. Its start is a call's ts less its offset into the step.
-# `traced_s` is the end of its last traced call, the part spent in traced calls.
-_STEPS_SQL = f"""
+# `traced_s` is the end of its last traced call, the part spent in traced calls. `by` names a
+# column whose values are different processes' steps (rank, for a job's tables), or is empty.
+def _steps_sql(by: str, shown: int) -> str:
+    key = f"{by}, " if by else ""
+    over = f"PARTITION BY {by} " if by else ""
+    return f"""
 WITH per_step AS (
-  SELECT step, max(time_offset + duration) AS traced_s, min(epoch(ts) - time_offset) AS started
-  FROM python.torch_trace WHERE step IS NOT NULL GROUP BY step
+  SELECT {key}step, max(time_offset + duration) AS traced_s, min(epoch(ts) - time_offset) AS started
+  FROM python.torch_trace WHERE step IS NOT NULL GROUP BY ALL
 ), paced AS (
-  SELECT step, traced_s, started,
-         (lead(started) OVER (ORDER BY step) - started) / (lead(step) OVER (ORDER BY step) - step) AS seconds
+  SELECT {key}step, traced_s, started,
+         (lead(started) OVER ({over}ORDER BY step) - started)
+           / (lead(step) OVER ({over}ORDER BY step) - step) AS seconds,
+         max(step) OVER ({over}) AS newest, count(*) OVER ({over}) AS steps
   FROM per_step
-), newest AS (SELECT max(step) AS step, count(*) AS steps FROM per_step)
-SELECT paced.step, seconds, traced_s, started FROM paced, newest
-WHERE newest.steps = 1 OR paced.step < newest.step
-ORDER BY paced.step DESC LIMIT {STEPS_SHOWN}
+), kept AS (
+  SELECT {key}step, seconds, traced_s, started, row_number() OVER ({over}ORDER BY step DESC) AS age
+  FROM paced WHERE steps = 1 OR step < newest
+)
+SELECT {key}step, seconds, traced_s, started FROM kept WHERE age <= {shown} ORDER BY {key}step DESC
 """
+
 
 # Per module over the window: seconds per step in each stage, and calls per step (the most of
 # any stage: a module called once per step has one forward and one backward call, not two).
@@ -60,15 +69,20 @@ SELECT module, any_value(module_type) AS module_type,
 FROM per_stage, counted GROUP BY module ORDER BY total_s DESC, module LIMIT {MODULES_SHOWN}
 """
 
-_MEMORY_SQL = f"""
+
+def _memory_sql(by: str, points: int) -> str:
+    key = f"{by}, " if by else ""
+    over = f"PARTITION BY {by} " if by else ""
+    return f"""
 WITH numbered AS (
-  SELECT *, row_number() OVER (ORDER BY ts) - 1 AS n, count(*) OVER () AS total
+  SELECT *, row_number() OVER ({over}ORDER BY ts) - 1 AS n, count(*) OVER ({over}) AS total
   FROM process.memory WHERE ts IS NOT NULL
 )
-SELECT epoch(min(ts)) AS ts, max(rss_mb) AS rss_mb, max(cuda_allocated_mb) AS cuda_allocated_mb,
+SELECT {key}epoch(min(ts)) AS ts, max(rss_mb) AS rss_mb, max(cuda_allocated_mb) AS cuda_allocated_mb,
        max(cuda_reserved_mb) AS cuda_reserved_mb, max(gc_objects) AS gc_objects
-FROM numbered GROUP BY n * {MEMORY_POINTS} // total ORDER BY ts
+FROM numbered GROUP BY {key}n * {points} // total ORDER BY {key}ts
 """
+
 
 _NAN_SQL = f"""
 SELECT step, seq, module, module_type, stage, tensor, nan_count, inf_count, input_finite,
@@ -95,13 +109,14 @@ def _count(session: SqlSession, table: str) -> int:
     return int(result.rows[0][0]) if result.rows else 0
 
 
-def step_times(session: SqlSession) -> List[Dict[str, Any]]:
-    """The last STEPS_SHOWN steps, oldest first: `seconds` from its start to the next traced
+def step_times(session: SqlSession, by: str = "", shown: int = STEPS_SHOWN) -> List[Dict[str, Any]]:
+    """The last `shown` steps, oldest first: `seconds` from its start to the next traced
     step's (None for the last: the step after it is under way), `traced_s` to the end of its
-    last traced call; the step under way left out."""
+    last traced call; the step under way left out. With `by` (rank), each value's own steps,
+    ordered by it, each row with it."""
     if _count(session, "python.torch_trace") == 0:
         return []
-    return list(reversed(_rows(session, _STEPS_SQL)))
+    return list(reversed(_rows(session, _steps_sql(by, shown))))
 
 
 def slowest_modules(session: SqlSession) -> List[Dict[str, Any]]:
@@ -118,11 +133,12 @@ def slowest_modules(session: SqlSession) -> List[Dict[str, Any]]:
     return modules
 
 
-def memory_history(session: SqlSession) -> List[Dict[str, Any]]:
-    """process.memory as at most MEMORY_POINTS points, oldest first (each the peak of its span)."""
+def memory_history(session: SqlSession, by: str = "", points: int = MEMORY_POINTS) -> List[Dict[str, Any]]:
+    """process.memory as at most `points` points, oldest first (each the peak of its span); with
+    `by` (rank), as many for each of its values, ordered by it, each row with it."""
     if _count(session, "process.memory") == 0:
         return []
-    return _rows(session, _MEMORY_SQL)
+    return _rows(session, _memory_sql(by, points))
 
 
 def nan_events(session: SqlSession) -> Tuple[List[Dict[str, Any]], List[int], int]:

@@ -13,7 +13,8 @@ OUTER_FRAMES = 10  # the first calls: what started it
 NAMES_SHOWN = 8  # of the other threads folded into one entry
 
 
-def _stack_key(thread: Dict[str, Any]) -> Tuple[Any, ...]:
+def stack_key(thread: Dict[str, Any]) -> Tuple[Any, ...]:
+    """What two threads share to be drawn as one entry (here, or across ranks: report_job.py)."""
     frames = tuple((f.get("func"), f.get("file"), f.get("lineno")) for f in thread["frames"])
     return (thread.get("state"), thread.get("activity"), thread.get("daemon"), frames)
 
@@ -40,7 +41,7 @@ def fold_threads(threads: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], i
     folded: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
     entries: List[Dict[str, Any]] = []
     for thread in threads:
-        key = _stack_key(thread)
+        key = stack_key(thread)
         if not thread["is_main"] and key in folded:
             entry = folded[key]
             entry["count"] += 1

@@ -18,7 +18,8 @@ def _state_pill(state: str) -> str:
     return f'<span class="pill {kind}">{text(state)}</span>'
 
 
-def _thread(thread: Dict[str, Any]) -> str:
+def thread_html(thread: Dict[str, Any]) -> str:
+    """One entry of report_threads (or report_job's, across ranks) as a <details>."""
     frames = []
     for frame in reversed(thread["frames"]):  # most recent call last, as a traceback reads
         if frame.get("elided"):
@@ -83,5 +84,5 @@ def threads_section(report: Report) -> str:
             "(`probing PID backtrace` lists them all).</p>"
         )
     return section(
-        "threads", "Threads", text(lead), "".join(_thread(thread) for thread in report.threads) + tail
+        "threads", "Threads", text(lead), "".join(thread_html(thread) for thread in report.threads) + tail
     )

@@ -29,22 +29,22 @@ def write_job_hang(verdict: Any, format: str, out: Optional[IO[str]] = None) -> 
     if verdict.behind:
         out.write("\nBehind (not at the collective the others wait in):\n")
         rows: List[Sequence[Any]] = [
-            (rank.rank, _pid(rank), rank.where, _gil(rank), rank.activity, _reached(rank))
+            (rank.rank, pid_text(rank), rank.where, gil_text(rank), rank.activity, reached_text(rank))
             for rank in verdict.behind
         ]
         _table(["rank", "pid", "where", "state", "activity", "last collective"], rows, out)
     if verdict.waiting:
         out.write("\nWaiting:\n")
         rows = [
-            (_ranks(waiting.ranks), _collective(waiting), _seconds(waiting.waited_s))
+            (_ranks(waiting.ranks), collective_text(waiting), _seconds(waiting.waited_s))
             for waiting in verdict.waiting
         ]
         _table(["ranks", "in", "for"], rows, out)
     if verdict.mismatches:
         out.write("\nMismatched collectives (the same sequence number, not the same call):\n")
         rows = [
-            (_group(mismatch.pg_id, mismatch.pg_desc), mismatch.seq, mismatch.kind, _ranks(call.ranks),
-             call.op, _compact(call.input_sizes), _compact(call.input_dtypes))
+            (group_text(mismatch.pg_id, mismatch.pg_desc), mismatch.seq, mismatch.kind, _ranks(call.ranks),
+             call.op, compact_text(call.input_sizes), compact_text(call.input_dtypes))
             for mismatch in verdict.mismatches
             for call in mismatch.calls
         ]  # fmt: skip
@@ -52,7 +52,9 @@ def write_job_hang(verdict: Any, format: str, out: Optional[IO[str]] = None) -> 
     if verdict.missing:
         out.write("\nNot sampled:\n")
         _table(
-            ["rank", "pid", "why"], [(rank.rank, _pid(rank), rank.reason) for rank in verdict.missing], out
+            ["rank", "pid", "why"],
+            [(rank.rank, pid_text(rank), rank.reason) for rank in verdict.missing],
+            out,
         )
 
 
@@ -61,7 +63,7 @@ def _table(columns: List[str], rows: Sequence[Sequence[Any]], out: IO[str]) -> N
     write_table(columns, ["VARCHAR"] * len(columns), [[_text(value) for value in row] for row in rows], out)
 
 
-def _pid(rank: Any) -> str:
+def pid_text(rank: Any) -> str:
     """A rank on another node: its PID is that node's, so the node goes with it."""
     if rank.pid is None or not rank.host:
         return _text(rank.pid)
@@ -80,23 +82,23 @@ def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(str(rank) for rank in ranks)
 
 
-def _group(pg_id: Any, desc: str) -> str:
+def group_text(pg_id: Any, desc: str) -> str:
     return f"{pg_id} ({desc})" if desc else str(pg_id)
 
 
-def _collective(waiting: Any) -> str:
+def collective_text(waiting: Any) -> str:
     if waiting.seq is None:
         return f"{waiting.op} (seen in the stack)"
-    return f"{waiting.op} #{waiting.seq} of process group {_group(waiting.pg_id, waiting.pg_desc)}"
+    return f"{waiting.op} #{waiting.seq} of process group {group_text(waiting.pg_id, waiting.pg_desc)}"
 
 
-def _gil(rank: Any) -> str:
+def gil_text(rank: Any) -> str:
     if rank.holds_gil and not rank.state.startswith("holds the GIL"):
         return f"{rank.state}; thread {rank.gil_holder!r} holds the GIL"
     return str(rank.state)
 
 
-def _reached(rank: Any) -> str:
+def reached_text(rank: Any) -> str:
     if rank.seq is None:
         return "not in a collective (by its stack)"
     last = "unknown (it gave no collectives)" if rank.last_seq is None else f"#{rank.last_seq}"
@@ -107,5 +109,5 @@ def _seconds(value: Optional[float]) -> str:
     return "?" if value is None else f"{value:.1f} s"
 
 
-def _compact(value: Any) -> str:
+def compact_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)

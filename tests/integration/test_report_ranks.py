@@ -1,0 +1,124 @@
+"""`probing PID report --ranks all` on real torchrun jobs (2 ranks, gloo), each page opened in
+headless Chromium as test_report.py opens the single report: no console error, no request
+leaving the page, every chart drawn. A stalled rank is named behind; a traced job draws a step
+line per rank; a frozen rank is named and the others shown (exit 14); a record is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from browser import Browser, Page, screenshot_path
+from test_report import drawn, every_chart_drew, sections, text_of
+
+from probing.errors import ExitCode
+
+from support import TorchrunJob, probing, wait_until
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with Browser() as opened:
+        yield opened
+
+
+def job_data(page: Page) -> Dict[str, Any]:
+    """The charts' data, as the page's script reads it."""
+    found: Dict[str, Any] = page.evaluate("JSON.parse(document.getElementById('job-data').textContent)")
+    return found
+
+
+def column(page: Page, section: str, index: int) -> List[str]:
+    found: List[str] = page.evaluate(
+        f"[...document.querySelectorAll('#{section} tbody tr td:nth-child({index})')].map(td => td.textContent)"
+    )
+    return found
+
+
+@pytest.mark.pictures
+def test_a_stalled_rank_is_named_behind_on_the_job_page(browser: Browser, tmp_path: Path) -> None:
+    with TorchrunJob("stall", ranks=2, args=["--rank-at", "1", "--step", "2"]) as job:
+        output = tmp_path / "job.html"
+        result = probing(str(job.agent_pid), "report", "--ranks", "all", "-o", str(output))
+        assert result.returncode == ExitCode.OK, result.stderr
+        assert f"probing: wrote {output} (" in result.stderr and "2 ranks" in result.stderr
+    page = browser.open(output)
+    assert page.problems() == []
+    shown = sections(page)
+    assert shown[0] == "hang" and {"verdict", "ranks", "memory", "threads"} <= set(shown), shown
+    assert "missing" not in shown and "steps" not in shown  # nothing traced: no step chart
+    assert page.evaluate("document.querySelector('#hang').className") == "banner bad"
+    assert column(page, "verdict", 1)[0] == "1"  # the Behind table's first rank
+    assert "load_shard" in page.evaluate("document.querySelector('#behind + .scroll').innerText")
+    assert column(page, "ranks", 1) == ["0", "1"]
+    assert column(page, "ranks", 4) == [str(job.pids[0]), str(job.pids[1])]
+    words = text_of(page)
+    assert "trace on --ranks all" in words
+    # rank 0 waits in all_reduce, rank 1 in load_shard: their main threads are two entries.
+    headings = page.evaluate("[...document.querySelectorAll('.on-ranks')].map(e => e.textContent)")
+    assert f"rank 0 (PID {job.pids[0]})" in headings and f"rank 1 (PID {job.pids[1]})" in headings
+    assert {"chart-rank-rss"} <= set(drawn(page)) and every_chart_drew(page)
+
+
+@pytest.mark.pictures
+def test_a_traced_job_draws_a_step_line_per_rank_and_a_frozen_rank_is_named(
+    browser: Browser, tmp_path: Path
+) -> None:
+    with TorchrunJob("healthy", ranks=2) as job:
+        on = probing(str(job.agent_pid), "trace", "on", "--every", "1", "--ranks", "all")
+        assert on.returncode == 0, on.stderr
+
+        def traced_steps(rank: int) -> int:
+            found = probing(str(job.pids[rank]), "query", "--format", "json",
+                            "SELECT count(DISTINCT step) AS n FROM python.torch_trace")  # fmt: skip
+            return int(json.loads(found.stdout)[0]["n"]) if found.returncode == 0 else 0
+
+        assert wait_until(lambda: min(traced_steps(0), traced_steps(1)) >= 4, 120, 0.2)
+        output = tmp_path / "job.html"
+        result = probing(str(job.agent_pid), "report", "--ranks", "all", "-o", str(output))
+        assert result.returncode == ExitCode.OK, result.stderr
+        page = browser.open(output)
+        assert page.problems() == []
+        shown = sections(page)
+        assert {"hang", "ranks", "steps", "memory", "threads"} <= set(shown), shown
+        assert page.evaluate("document.querySelector('#hang').className") == "banner good"
+        data = job_data(page)
+        assert {step["rank"] for step in data["steps"]} == {0, 1}
+        charts = drawn(page)
+        assert len(charts["chart-rank-steps"]) == 2 and every_chart_drew(page), charts
+        assert all(int(count) >= 3 for count in column(page, "ranks", 8))  # steps traced
+        # The ranks run the same loop: their main threads' stacks are often one entry.
+        page.screenshot(screenshot_path(tmp_path, "report-job.png"))
+
+        os.kill(job.pids[1], signal.SIGSTOP)
+        try:
+            partial = tmp_path / "partial.html"
+            missing = probing(str(job.agent_pid), "report", "--ranks", "all", "--timeout", "3",
+                              "--hang-duration", "1", "-o", str(partial))  # fmt: skip
+        finally:
+            os.kill(job.pids[1], signal.SIGCONT)
+        assert missing.returncode == ExitCode.PARTIAL, missing.stderr
+        assert f"probing: rank 1 (PID {job.pids[1]}): " in missing.stderr
+        assert f"probing: wrote {partial} (" in missing.stderr
+    page = browser.open(partial)
+    assert page.problems() == []
+    shown = sections(page)
+    assert shown[0] == "missing" and "ranks" in shown, shown
+    assert f"rank 1 (PID {job.pids[1]})" in page.evaluate("document.querySelector('#missing').innerText")
+    assert column(page, "ranks", 1) == ["0"]
+    assert {step["rank"] for step in job_data(page)["steps"]} == {0}
+
+
+def test_a_record_has_no_ranks_to_report(tmp_path: Path) -> None:
+    record = tmp_path / "job.probing"  # a record by its name: refused before it is read
+    record.write_bytes(b"")
+    result = probing(str(record), "report", "--ranks", "all", "-o", str(tmp_path / "x.html"))
+    assert result.returncode == ExitCode.NOT_LIVE, result.stderr
+    assert "report --ranks needs a live process" in result.stderr
+    assert not (tmp_path / "x.html").exists()
