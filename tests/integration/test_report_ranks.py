@@ -36,7 +36,8 @@ def job_data(page: Page) -> Dict[str, Any]:
 
 def column(page: Page, section: str, index: int) -> List[str]:
     found: List[str] = page.evaluate(
-        f"[...document.querySelectorAll('#{section} tbody tr td:nth-child({index})')].map(td => td.textContent)"
+        f"[...document.querySelectorAll('#{section} tbody tr td:nth-child({index})')]"
+        ".map(td => td.textContent)"
     )
     return found
 

@@ -94,9 +94,11 @@ def _header(report: JobReport) -> str:
     shown = [row["rank"] for row in report.ranks]
     took = report.timings.get("total_s")
     gathered = f"; gathered in {seconds(took)}" if took is not None else ""
-    what = f"world size {job['world_size']}; {len(shown)} of {len(job['asked'])} ranks asked shown"
-    if shown:
-        what += f" ({ranks_text(shown)})"
+    asked = len(job["asked"])
+    what = (
+        f"world size {job['world_size']}; {'rank' if len(shown) == 1 else 'ranks'} {ranks_text(shown)} shown"
+    )
+    what += f" ({asked} {'rank' if asked == 1 else 'ranks'} asked)"
     return (
         f"<header><h1>Job: {text(job['name'])}</h1>"
         f'<div class="command">{text(what)}</div>'
