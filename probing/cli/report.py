@@ -73,6 +73,8 @@ def report(
     if ranks is not None:
         if invocation.is_record():
             raise invocation.live_only("report --ranks")
+        if not tensors:
+            raise click.UsageError("--no-tensors goes without --ranks: the job's page lists no objects")
         return _job_report(invocation, ranks, output, hang_duration, hang_samples, timeout)
     record = invocation.record()
     gathered: Report

@@ -13,9 +13,13 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 from browser import Browser, Page, screenshot_path
-from test_report import drawn, every_chart_drew, sections, text_of
+from test_report import HOSTILE, drawn, every_chart_drew, sections, text_of
 
-from probing.errors import ExitCode
+from probing.cli.pictures.report_job import job_report_page
+from probing.engine.fanout import Missing
+from probing.engine.job import Rank
+from probing.engine.report_job import JOB_MEMORY_POINTS, JOB_STEPS_SHOWN, JobReport, fold_ranks
+from probing.errors import AgentTimeout, ExitCode
 
 from support import TorchrunJob, probing, wait_until
 
@@ -123,3 +127,40 @@ def test_a_record_has_no_ranks_to_report(tmp_path: Path) -> None:
     assert result.returncode == ExitCode.NOT_LIVE, result.stderr
     assert "report --ranks needs a live process" in result.stderr
     assert not (tmp_path / "x.html").exists()
+
+
+def hostile_thread(rank: int) -> Dict[str, Any]:
+    frames = [dict(func=HOSTILE, file=f"/{HOSTILE}.py", lineno=7, frame_type="Python", code=HOSTILE)]
+    return dict(name=HOSTILE, thread_id=rank, native_id=1000 + rank, is_main=True, daemon=False,
+                cpu_s=None, state="sleeping", activity=None, where=HOSTILE, frames=frames)  # fmt: skip
+
+
+@pytest.mark.pictures
+def test_a_page_of_64_ranks_is_bounded_and_names_stay_text(browser: Browser, tmp_path: Path) -> None:
+    """The page of the most the SQL lets through for 64 ranks, every name the job chose hostile:
+    its size, one stack entry for the 64 identical main threads, no markup run."""
+    ranks = [Rank(rank, rank % 8, rank // 8, 5000 + rank) for rank in range(64)]
+    threads, left_out = fold_ranks([(rank, [hostile_thread(rank.rank)]) for rank in ranks])
+    assert len(threads) == 1 and threads[0]["ranks"] == list(range(64)) and left_out == 0
+    steps = [dict(rank=r, step=s, seconds=0.1 + r / 1000, traced_s=0.09)
+             for r in range(64) for s in range(JOB_STEPS_SHOWN)]  # fmt: skip
+    memory = [dict(rank=r, ts=1.7e9 + p, rss_mb=1000.0 + r, cuda_allocated_mb=500.0)
+              for r in range(64) for p in range(JOB_MEMORY_POINTS)]  # fmt: skip
+    rows = [dict(rank=r, local_rank=r % 8, node=r // 8, pid=5000 + r, where=HOSTILE, state=HOSTILE,
+                 steps_traced=JOB_STEPS_SHOWN, last_step_s=0.1, rss_mb=1000.0)
+            for r in range(63)]  # fmt: skip
+    job = dict(name=HOSTILE, run_id=HOSTILE, launcher_pid=1, world_size=64, asked=list(range(64)))
+    report = JobReport(
+        job=job, ranks=rows, missing=[Missing(ranks[63], AgentTimeout(HOSTILE))], verdict=None,
+        steps=steps, memory=memory, threads=threads, thread_count=64, threads_left_out=0, outside=[],
+        absent={}, notes=[HOSTILE], timings={"total_s": 1.0}, generated_at=1.7e9,
+    )  # fmt: skip
+    output = tmp_path / "job.html"
+    output.write_text(job_report_page(report), encoding="utf-8")
+    assert output.stat().st_size < 2_000_000
+    page = browser.open(output)
+    assert page.problems() == [] and page.evaluate("window.pwned === undefined")
+    assert sections(page)[0] == "missing" and page.evaluate("document.querySelectorAll('img').length") == 0
+    charts = drawn(page)
+    assert len(charts["chart-rank-steps"]) == 64 and every_chart_drew(page), charts
+    assert "ranks 0-63 (PIDs 5000, " in text_of(page)

@@ -197,8 +197,9 @@ def _ranks(report: JobReport) -> str:
         if row.get("source") == "py-spy":
             state += " [read from outside]"
         rss = row.get("rss_mb")
+        pid = pid_text(SimpleNamespace(pid=row.get("pid"), host=row.get("host")))
         rows.append([number(row["rank"]), number(row.get("local_rank")), number(row.get("node")),
-                     text(pid_text(SimpleNamespace(**row))), text(row.get("where") or ""), text(state),
+                     text(pid), text(row.get("where") or ""), text(state),
                      text(collective),
                      number(row.get("steps_traced")),
                      "" if row.get("last_step_s") is None else text(seconds(row["last_step_s"])),
@@ -212,7 +213,12 @@ def _ranks(report: JobReport) -> str:
     left_out = "".join(
         f"<li>{text(report.absent[key])}</li>" for key in ("steps", "tables") if key in report.absent
     )
-    drawn = table(header, rows, [True, True, True, True, False, False, False, True, True, True])
+    numeric = [True, True, True, True, False, False, False, True, True, True]
+    # A figure no rank has (no torch.distributed, nothing traced) is a column left out.
+    kept = [index for index in range(len(header)) if index < 6 or any(row[index] for row in rows)]
+    drawn = table(
+        [header[i] for i in kept], [[row[i] for i in kept] for row in rows], [numeric[i] for i in kept]
+    )
     return section(
         "ranks", "Ranks", text(lead), drawn + (f'<ul class="left-out">{left_out}</ul>' if left_out else "")
     )
