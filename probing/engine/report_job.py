@@ -197,9 +197,10 @@ def gather_job(
         timings["tables_s"] = time.monotonic() - begun
     if outside:
         absent["outside"] = (
-            f"{_ranks_word(outside)} could not answer through "
-            f"{'its agent' if len(outside) == 1 else 'their agents'} (a thread holds the GIL): "
-            "stacks read from outside (py-spy), and no steps or memory from them"
+            f"{_ranks_word(outside)} gave no answer through "
+            f"{'its agent' if len(outside) == 1 else 'their agents'} (the notes at the"
+            " foot of the page say why): stacks read from outside (py-spy), and no"
+            " steps, memory or collectives from them"
         )
     verdict: Optional[JobVerdict] = None
     if hang_duration > 0:

@@ -72,6 +72,25 @@ def test_a_stalled_rank_is_named_behind_on_the_job_page(browser: Browser, tmp_pa
 
 
 @pytest.mark.pictures
+def test_a_rank_holding_the_gil_is_read_from_outside(browser: Browser, tmp_path: Path) -> None:
+    """Its stacks from py-spy (said at the top), its row marked so; the others' tables as usual."""
+    with TorchrunJob("gil", ranks=2, args=["--rank-at", "1", "--step", "2"]) as job:
+        output = tmp_path / "gil.html"
+        result = probing(str(job.agent_pid), "report", "--ranks", "all", "--hang-duration", "1",
+                         "-o", str(output))  # fmt: skip
+        assert result.returncode == ExitCode.OK, result.stderr
+    page = browser.open(output)
+    assert page.problems() == []
+    shown = sections(page)
+    assert shown[:2] == ["outside", "hang"] and "missing" not in shown, shown
+    assert "rank 1 gave no answer through its agent" in text_of(page)
+    states = column(page, "ranks", 6)
+    assert "[read from outside]" not in states[0] and "[read from outside]" in states[1], states
+    assert {point["rank"] for point in job_data(page)["memory"]} == {0}
+    assert every_chart_drew(page)
+
+
+@pytest.mark.pictures
 def test_a_traced_job_draws_a_step_line_per_rank_and_a_frozen_rank_is_named(
     browser: Browser, tmp_path: Path
 ) -> None:
