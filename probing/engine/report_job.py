@@ -8,9 +8,10 @@ from the ranks whose agents answered, every table the page reads in one session 
 short window (job_hang.watch_job, the one `hang --ranks` prints). A rank that gives no stacks is
 asked nothing more: it is named at the top of the page, and the command exits PARTIAL.
 
-Bounded for a job of many ranks: each rank's last JOB_STEPS_SHOWN steps and JOB_MEMORY_POINTS
-memory points, cut in SQL (report_tables); threads folded within a rank and then across ranks,
-at most THREADS_SHOWN entries drawn.
+Bounded for a job of many ranks: the charts' points are shared out among the ranks (each rank's
+last steps and memory points, JOB_STEP_POINTS and JOB_MEMORY_POINTS in all, at least
+MIN_POINTS_PER_RANK each), cut in SQL (report_tables); threads folded within a rank and then
+across ranks, at most THREADS_SHOWN entries drawn.
 """
 
 from __future__ import annotations
@@ -35,9 +36,24 @@ from .report_threads import THREADS_SHOWN, fold_threads, stack_key
 from .target import Target
 
 JOB_TABLES_SQL = "SELECT 1 FROM python.process_groups, process.memory, python.torch_trace"
-# Per rank: 64 ranks make 6,400 step points and 7,680 memory points, a page of about 1 MB.
-JOB_STEPS_SHOWN = 100
-JOB_MEMORY_POINTS = 120
+# The charts' points for the whole job: 64 ranks get 100 steps and 120 memory points each, a
+# page of about 1.3 MB (2.3 MB when no two ranks share a stack); more ranks get fewer each.
+JOB_STEP_POINTS = 6400
+JOB_MEMORY_POINTS = 7680
+# What a rank's line needs to be read at all, however many ranks.
+MIN_POINTS_PER_RANK = 10
+STEPS_PER_RANK = 100
+MEMORY_POINTS_PER_RANK = 120
+
+
+def points_per_rank(ranks: int) -> Tuple[int, int]:
+    """Steps and memory points drawn of each rank."""
+    count = max(1, ranks)
+    return (
+        max(MIN_POINTS_PER_RANK, min(STEPS_PER_RANK, JOB_STEP_POINTS // count)),
+        max(MIN_POINTS_PER_RANK, min(MEMORY_POINTS_PER_RANK, JOB_MEMORY_POINTS // count)),
+    )
+
 
 # Per rank: traced steps, the newest RSS, and its default group's (else first group's) progress.
 _RANK_FIGURES_SQL = {
@@ -45,11 +61,13 @@ _RANK_FIGURES_SQL = {
         "SELECT rank, count(DISTINCT step) AS steps_traced FROM python.torch_trace GROUP BY rank"
     ),
     "process.memory": "SELECT rank, arg_max(rss_mb, ts) AS rss_mb FROM process.memory GROUP BY rank",
+    # One row per rank, all from the same group (arg_min would skip NULLs column by column).
     "python.process_groups": """
-SELECT rank, arg_min(last_enqueued, (pg_desc <> 'default_pg', pg_id)) AS last_enqueued,
-       arg_min(last_completed, (pg_desc <> 'default_pg', pg_id)) AS last_completed,
-       arg_min(pg_desc, (pg_desc <> 'default_pg', pg_id)) AS pg_desc
-FROM python.process_groups GROUP BY rank""",
+SELECT rank, last_enqueued, last_completed, pg_desc FROM python.process_groups
+QUALIFY row_number() OVER (
+  PARTITION BY rank
+  ORDER BY pg_desc IS DISTINCT FROM 'default_pg', TRY_CAST(pg_id AS BIGINT) NULLS LAST, pg_id
+) = 1""",
 }
 
 
@@ -130,8 +148,10 @@ def fold_ranks(per_rank: List[Tuple[Rank, List[Dict[str, Any]]]]) -> Tuple[List[
                 entries[key]["on"].append(rank)
             else:
                 entries[key] = dict(entry, ranks=[rank.rank], on=[rank])
+    # The odd one out first: of the main threads, those on fewest ranks (a straggler's own).
     ordered = sorted(entries.values(), key=lambda entry: (not entry["is_main"],
-                     "GIL" not in str(entry.get("state") or ""), entry["ranks"][0]))  # fmt: skip
+                     "GIL" not in str(entry.get("state") or ""), len(entry["ranks"]),
+                     entry["ranks"][0]))  # fmt: skip
     rest = ordered[THREADS_SHOWN:]
     return ordered[:THREADS_SHOWN], left_out + sum(entry["count"] * len(entry["ranks"]) for entry in rest)
 
@@ -213,8 +233,9 @@ def gather_job(
         for lost in verdict.missing:
             missing.append(Missing(by_number[lost.rank], ProbingError(lost.reason, hint="")))
         timings["hang_s"] = time.monotonic() - begun
-    steps = step_times(session, "rank", JOB_STEPS_SHOWN) if session is not None else []
-    memory = memory_history(session, "rank", JOB_MEMORY_POINTS) if session is not None else []
+    steps_each, memory_each = points_per_rank(len(answered))
+    steps = step_times(session, "rank", steps_each) if session is not None else []
+    memory = memory_history(session, "rank", memory_each) if session is not None else []
     if session is not None and not steps:
         absent["steps"] = (
             f"no traced steps on any rank: `probing {job.launcher or 'PID'} trace on --ranks all` "

@@ -113,7 +113,7 @@ def step_times(session: SqlSession, by: str = "", shown: int = STEPS_SHOWN) -> L
     """The last `shown` steps, oldest first: `seconds` from its start to the next traced
     step's (None for the last: the step after it is under way), `traced_s` to the end of its
     last traced call; the step under way left out. With `by` (rank), each value's own steps,
-    ordered by it, each row with it."""
+    each row with it (grouped by it, highest first)."""
     if _count(session, "python.torch_trace") == 0:
         return []
     return list(reversed(_rows(session, _steps_sql(by, shown))))

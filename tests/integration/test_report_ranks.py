@@ -18,7 +18,7 @@ from test_report import HOSTILE, drawn, every_chart_drew, sections, text_of
 from probing.cli.pictures.report_job import job_report_page
 from probing.engine.fanout import Missing
 from probing.engine.job import Rank
-from probing.engine.report_job import JOB_MEMORY_POINTS, JOB_STEPS_SHOWN, JobReport, fold_ranks
+from probing.engine.report_job import JobReport, fold_ranks, points_per_rank
 from probing.errors import AgentTimeout, ExitCode
 
 from support import TorchrunJob, probing, wait_until
@@ -38,11 +38,19 @@ def job_data(page: Page) -> Dict[str, Any]:
     return found
 
 
-def column(page: Page, section: str, index: int) -> List[str]:
+def column(page: Page, section: str, header: str) -> List[str]:
+    """The cells under `header` in the first table of the section that has that column."""
     found: List[str] = page.evaluate(
-        f"[...document.querySelectorAll('#{section} tbody tr td:nth-child({index})')]"
-        ".map(td => td.textContent)"
+        f"""(() => {{
+          for (const table of document.querySelectorAll('#{section} table')) {{
+            const at = [...table.querySelectorAll('thead th')].findIndex(th => th.textContent === {header!r});
+            const rows = [...table.querySelectorAll('tbody tr')];
+            if (at >= 0) return rows.map(tr => tr.children[at].textContent);
+          }}
+          return null;
+        }})()"""
     )
+    assert found is not None, f"no column {header!r} in #{section}"
     return found
 
 
@@ -59,10 +67,14 @@ def test_a_stalled_rank_is_named_behind_on_the_job_page(browser: Browser, tmp_pa
     assert shown[0] == "hang" and {"verdict", "ranks", "memory", "threads"} <= set(shown), shown
     assert "missing" not in shown and "steps" not in shown  # nothing traced: no step chart
     assert page.evaluate("document.querySelector('#hang').className") == "banner bad"
-    assert column(page, "verdict", 1)[0] == "1"  # the Behind table's first rank
+    assert column(page, "verdict", "rank")[0] == "1"  # the Behind table's first rank
     assert "load_shard" in page.evaluate("document.querySelector('#behind + .scroll').innerText")
-    assert column(page, "ranks", 1) == ["0", "1"]
-    assert column(page, "ranks", 4) == [str(job.pids[0]), str(job.pids[1])]
+    assert column(page, "ranks", "rank") == ["0", "1"]
+    assert column(page, "ranks", "pid") == [str(job.pids[0]), str(job.pids[1])]
+    # stalled at step 2: rank 0 has enqueued the all_reduce rank 1 never came to
+    collectives = column(page, "ranks", "collective enqueued / completed")
+    assert collectives[0].endswith("(default_pg)") and collectives[1].endswith("(default_pg)"), collectives
+    assert collectives[0] != collectives[1], collectives
     words = text_of(page)
     assert "trace on --ranks all" in words
     # rank 0 waits in all_reduce, rank 1 in load_shard: their main threads are two entries.
@@ -84,7 +96,7 @@ def test_a_rank_holding_the_gil_is_read_from_outside(browser: Browser, tmp_path:
     shown = sections(page)
     assert shown[:2] == ["outside", "hang"] and "missing" not in shown, shown
     assert "rank 1 gave no answer through its agent" in text_of(page)
-    states = column(page, "ranks", 6)
+    states = column(page, "ranks", "state")
     assert "[read from outside]" not in states[0] and "[read from outside]" in states[1], states
     assert {point["rank"] for point in job_data(page)["memory"]} == {0}
     assert every_chart_drew(page)
@@ -116,7 +128,7 @@ def test_a_traced_job_draws_a_step_line_per_rank_and_a_frozen_rank_is_named(
         assert {step["rank"] for step in data["steps"]} == {0, 1}
         charts = drawn(page)
         assert len(charts["chart-rank-steps"]) == 2 and every_chart_drew(page), charts
-        assert all(int(count) >= 3 for count in column(page, "ranks", 8))  # steps traced
+        assert all(int(count) >= 3 for count in column(page, "ranks", "steps traced"))
         # The ranks run the same loop: their main threads' stacks are often one entry.
         page.screenshot(screenshot_path(tmp_path, "report-job.png"))
 
@@ -135,7 +147,7 @@ def test_a_traced_job_draws_a_step_line_per_rank_and_a_frozen_rank_is_named(
     shown = sections(page)
     assert shown[0] == "missing" and "ranks" in shown, shown
     assert f"rank 1 (PID {job.pids[1]})" in page.evaluate("document.querySelector('#missing').innerText")
-    assert column(page, "ranks", 1) == ["0"]
+    assert column(page, "ranks", "rank") == ["0"]
     assert {step["rank"] for step in job_data(page)["steps"]} == {0}
 
 
@@ -159,14 +171,15 @@ def test_a_page_of_64_ranks_is_bounded_and_names_stay_text(browser: Browser, tmp
     """The page of the most the SQL lets through for 64 ranks, every name the job chose hostile:
     its size, one stack entry for the 64 identical main threads, no markup run."""
     ranks = [Rank(rank, rank % 8, rank // 8, 5000 + rank) for rank in range(64)]
+    steps_each, memory_each = points_per_rank(64)
     threads, left_out = fold_ranks([(rank, [hostile_thread(rank.rank)]) for rank in ranks])
     assert len(threads) == 1 and threads[0]["ranks"] == list(range(64)) and left_out == 0
     steps = [dict(rank=r, step=s, seconds=0.1 + r / 1000, traced_s=0.09)
-             for r in range(64) for s in range(JOB_STEPS_SHOWN)]  # fmt: skip
+             for r in range(64) for s in range(steps_each)]  # fmt: skip
     memory = [dict(rank=r, ts=1.7e9 + p, rss_mb=1000.0 + r, cuda_allocated_mb=500.0)
-              for r in range(64) for p in range(JOB_MEMORY_POINTS)]  # fmt: skip
+              for r in range(64) for p in range(memory_each)]  # fmt: skip
     rows = [dict(rank=r, local_rank=r % 8, node=r // 8, pid=5000 + r, where=HOSTILE, state=HOSTILE,
-                 steps_traced=JOB_STEPS_SHOWN, last_step_s=0.1, rss_mb=1000.0)
+                 steps_traced=steps_each, last_step_s=0.1, rss_mb=1000.0)
             for r in range(63)]  # fmt: skip
     job = dict(name=HOSTILE, run_id=HOSTILE, launcher_pid=1, world_size=64, asked=list(range(64)))
     report = JobReport(

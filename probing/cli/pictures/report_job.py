@@ -108,11 +108,23 @@ def _header(report: JobReport) -> str:
 
 
 def _missing_banner(report: JobReport) -> str:
-    """Ranks that gave no answer, first: what follows is the others."""
+    """Ranks that gave no answer, first: what follows is the others. A rank that gave its stacks
+    and then failed a later part (its tables, the hang watch) is on the page, with that said."""
     if not report.missing:
         return ""
-    count = len(report.missing)
-    title = f"{count} {'rank' if count == 1 else 'ranks'} gave no answer: the page shows the others"
+    shown = {row["rank"] for row in report.ranks}
+    silent = sum(1 for each in report.missing if each.rank.rank not in shown)
+    partial = len(report.missing) - silent
+    parts = []
+    if silent:
+        parts.append(
+            f"{silent} {'rank' if silent == 1 else 'ranks'} gave no answer: the page shows the others"
+        )
+    if partial:
+        parts.append(
+            f"{partial} {'rank' if partial == 1 else 'ranks'} answered in part: what is missing is below"
+        )
+    title = "; ".join(parts)
     items = "".join(
         f"<li>{text(heading([each.rank]))}: {text(each.error.message)}</li>" for each in report.missing
     )
