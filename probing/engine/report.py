@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ..analysis.progress import HangReport
+from ..analysis.progress import HangReport, ThreadReport
 from ..analysis.states import thread_state
 from ..errors import ProbingError
 from ..procfs import process_alive, start_time
@@ -102,6 +102,32 @@ def describe_threads(
             ],
         })  # fmt: skip
     threads.sort(key=lambda thread: (not thread["is_main"], str(thread["name"])))
+    return threads
+
+
+def judged_threads(
+    stacks: Stacks,
+    code_line: Callable[[Dict[str, Any]], str],
+    judged: Dict[Tuple[Any, Any], ThreadReport],
+    details: Optional[Dict[Any, Dict[str, Any]]] = None,
+) -> List[Dict[str, Any]]:
+    """A process's threads as the report draws them, with each one's state and activity as the
+    hang check judged them where it did (`judged`, by thread and native id), else from its stack."""
+    outside = stacks.info.get("outside") or {}
+
+    def state_of(frames: List[Dict[str, Any]]) -> str:
+        first = frames[0]
+        known = judged.get((first.get("thread_id"), first.get("native_id")))
+        if known is not None:
+            return known.state
+        return thread_state(frames, code_line, outside.get(first.get("native_id")))
+
+    rows = [dict(row, code=code_line(row) if row.get("frame_type") != "Native" else None)
+            for row in stacks.rows]  # fmt: skip
+    threads = describe_threads(rows, state_of, details)
+    for thread in threads:
+        known = judged.get((thread["thread_id"], thread["native_id"]))
+        thread["activity"] = known.activity if known is not None else None
     return threads
 
 
@@ -268,21 +294,7 @@ def gather_live(
         if hang_report
         else {}
     )
-    outside = stacks.info.get("outside") or {}
-
-    def state_of(frames: List[Dict[str, Any]]) -> str:
-        first = frames[0]
-        known = judged.get((first.get("thread_id"), first.get("native_id")))
-        if known is not None:
-            return known.state
-        return thread_state(frames, code_line, outside.get(first.get("native_id")))
-
-    rows = [dict(row, code=code_line(row) if row.get("frame_type") != "Native" else None)
-            for row in stacks.rows]  # fmt: skip
-    threads = describe_threads(rows, state_of, tables.details)
-    for thread in threads:
-        known = judged.get((thread["thread_id"], thread["native_id"]))
-        thread["activity"] = known.activity if known is not None else None
+    threads = judged_threads(stacks, code_line, judged, tables.details)
     if sources.left_unread:
         notes.append(f"{sources.left_unread} source files were not read (over {FILE_BYTES >> 20} MB, "
                      f"or past the {TOTAL_BYTES >> 20} MB a report reads)")  # fmt: skip

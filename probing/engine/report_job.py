@@ -20,16 +20,14 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..analysis.collectives import JobVerdict, main_thread
-from ..analysis.progress import ThreadReport
-from ..analysis.states import thread_state
 from ..errors import ProbingError
 from ..sql.session import SqlSession
-from .backtrace import OUTSIDE_LOOK_S, Stacks, read_stacks_of_ranks
+from .backtrace import OUTSIDE_LOOK_S, read_stacks_of_ranks
 from .fanout import Missing
 from .job import Job, Rank
 from .job_hang import watch_job
 from .query import load_job_tables
-from .report import describe_threads
+from .report import judged_threads
 from .report_sources import ReportSources
 from .report_tables import held_tables, memory_history, step_times
 from .report_threads import THREADS_SHOWN, fold_threads, stack_key
@@ -106,29 +104,6 @@ def _figures(session: SqlSession, held: List[str]) -> Dict[int, Dict[str, Any]]:
         for row in result.rows:
             figures.setdefault(int(row[0]), {}).update(zip(result.columns[1:], row[1:]))
     return figures
-
-
-def _rank_threads(
-    stacks: Stacks, code_line: Callable[[Dict[str, Any]], str], judged: Dict[Tuple[Any, Any], ThreadReport]
-) -> List[Dict[str, Any]]:
-    """One rank's threads as the single report describes them, its states from the hang watch
-    where it judged the thread."""
-    outside = stacks.info.get("outside") or {}
-
-    def state_of(frames: List[Dict[str, Any]]) -> str:
-        first = frames[0]
-        known = judged.get((first.get("thread_id"), first.get("native_id")))
-        if known is not None:
-            return known.state
-        return thread_state(frames, code_line, outside.get(first.get("native_id")))
-
-    rows = [dict(row, code=code_line(row) if row.get("frame_type") != "Native" else None)
-            for row in stacks.rows]  # fmt: skip
-    threads = describe_threads(rows, state_of)
-    for thread in threads:
-        known = judged.get((thread["thread_id"], thread["native_id"]))
-        thread["activity"] = known.activity if known is not None else None
-    return threads
 
 
 def fold_ranks(per_rank: List[Tuple[Rank, List[Dict[str, Any]]]]) -> Tuple[List[Dict[str, Any]], int]:
@@ -256,7 +231,7 @@ def gather_job(
     per_rank = []
     rows = []
     for rank, read in answered:
-        threads = _rank_threads(read, code_line, judged.get(rank.rank, {}))
+        threads = judged_threads(read, code_line, judged.get(rank.rank, {}))
         per_rank.append((rank, threads))
         last = next((step for step in reversed(steps) if step["rank"] == rank.rank
                      and step.get("seconds") is not None), None)  # fmt: skip

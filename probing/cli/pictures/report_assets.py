@@ -75,11 +75,8 @@ footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
 footer ul { padding-left: 18px; }
 """
 
-# Chart.js draws on canvas: labels and tooltips are painted text, never parsed as HTML.
-SCRIPT = """
-(() => {
-  const data = JSON.parse(document.getElementById('report-data').textContent);
-  const blue = '#2f6fdb', orange = '#e8833a', green = '#3a9d5d', red = '#c62828', purple = '#7b4fc9';
+# Chart.js's defaults and the axes' units, for the single report's charts and the job page's.
+CHART_PRELUDE = """
   Chart.defaults.animation = false;
   Chart.defaults.font.family = 'system-ui, -apple-system, "Segoe UI", Roboto, Arial, sans-serif';
   Chart.defaults.color = '#5d6678';
@@ -92,6 +89,17 @@ SCRIPT = """
     if (s < 7200) return '-' + (s / 60).toFixed(0) + ' min';
     return '-' + (s / 3600).toFixed(1) + ' h'; };
   const canvas = id => document.getElementById(id);
+"""
+
+# Chart.js draws on canvas: labels and tooltips are painted text, never parsed as HTML.
+SCRIPT = (
+    """
+(() => {
+  const data = JSON.parse(document.getElementById('report-data').textContent);
+  const blue = '#2f6fdb', orange = '#e8833a', green = '#3a9d5d', red = '#c62828', purple = '#7b4fc9';
+"""
+    + CHART_PRELUDE
+    + """
 
   if (canvas('chart-steps') && data.steps.length) {
     const nanSteps = new Set(data.nan_steps);
@@ -172,3 +180,4 @@ SCRIPT = """
   line('chart-gc', [['gc objects', 'gc_objects', green]], v => v.toLocaleString('en'), 'objects');
 })();
 """
+)

@@ -12,7 +12,7 @@ from ..render.job import collective_text, compact_text, gil_text, group_text, pi
 from ..render.memory import size
 from ..render.per_rank import heading, ranks_text
 from .page import data_script, document, library_script, text
-from .report_assets import STYLE
+from .report_assets import CHART_PRELUDE, STYLE
 from .report_parts import number, seconds, section, table, utc
 from .report_threads import thread_html
 
@@ -26,21 +26,13 @@ JOB_STYLE = """
 
 # A line per rank, its colour by its place among the ranks drawn (a straggler stands out by its
 # height, not its colour: 64 colours are not told apart). Strings reach Chart.js as JSON only.
-JOB_SCRIPT = """
+JOB_SCRIPT = (
+    """
 (() => {
   const data = JSON.parse(document.getElementById('job-data').textContent);
-  Chart.defaults.animation = false;
-  Chart.defaults.font.family = 'system-ui, -apple-system, "Segoe UI", Roboto, Arial, sans-serif';
-  Chart.defaults.color = '#5d6678';
-  Chart.defaults.maintainAspectRatio = false;
-  const seconds = v => v >= 1 ? v.toFixed(2) + ' s' : (v * 1000).toFixed(v >= 0.01 ? 0 : 1) + ' ms';
-  const mb = v => v >= 1024 ? (v / 1024).toFixed(2) + ' GB' : v.toFixed(v >= 100 ? 0 : 1) + ' MB';
-  const ago = v => { const s = -v; if (s < 0.05) return 'now';
-    if (s < 10) return '-' + s.toFixed(1) + ' s';
-    if (s < 120) return '-' + s.toFixed(0) + ' s';
-    if (s < 7200) return '-' + (s / 60).toFixed(0) + ' min';
-    return '-' + (s / 3600).toFixed(1) + ' h'; };
-  const canvas = id => document.getElementById(id);
+"""
+    + CHART_PRELUDE
+    + """
   const ranks = [...new Set(data.steps.map(s => s.rank).concat(data.memory.map(m => m.rank)))]
     .sort((a, b) => a - b);
   const colour = rank => 'hsl(' + Math.round(360 * ranks.indexOf(rank) / Math.max(ranks.length, 1))
@@ -87,6 +79,7 @@ JOB_SCRIPT = """
   memory('chart-rank-cuda', 'cuda_allocated_mb', 'CUDA allocated');
 })();
 """
+)
 
 
 def _header(report: JobReport) -> str:
