@@ -266,7 +266,8 @@ def _pyspy_failed(pid: int, why: str, stderr: str, status: int) -> ProbingError:
     from ..procfs import process_alive
 
     if not process_alive(pid):
-        return ProcessNotFound(f"PID {pid} exited while it was sampled from outside ({why})", hint="")
+        gone = f"PID {pid} exited while its stacks were sampled from outside ({why})"
+        return ProcessNotFound(gone, hint="")
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     said = next((line[len("Error:") :].strip() for line in lines if line.startswith("Error:")), None)
     said = said or f"it exited with status {status}"
