@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -77,15 +76,22 @@ def test_outside_samples_with_py_spy_and_sees_the_same_slow_function(tmp_path: P
 
 def test_a_second_sampling_is_refused_and_a_record_is_not_live(tmp_path: Path) -> None:
     with Target("slow_and_fast.py", via="run") as job:
-        first = threading.Thread(
-            target=probing,
-            args=(str(job.pid), "flamegraph", "--duration", "3", "-o", str(tmp_path / "a.folded")),
-        )
-        first.start()
-        # Once the first samples, a second is refused, not queued.
-        assert wait_until(lambda: probing(str(job.pid), "eval", SAMPLING).stdout == "True\n", 20, 0.2)
-        second = probing(str(job.pid), "flamegraph", "--duration", "1", "-o", str(tmp_path / "b.folded"))
-        first.join()
+        # Long enough that a loaded machine still finds it sampling; its stderr says why if not.
+        command = [PROBING, str(job.pid), "flamegraph", "--duration", "10", "-o", str(tmp_path / "a.folded")]
+        first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        sampling = False
+        try:
+            # Once the first samples, a second is refused, not queued.
+            sampling = wait_until(lambda: probing(str(job.pid), "eval", SAMPLING).stdout == "True\n", 20, 0.2)
+            if sampling:
+                b_folded = str(tmp_path / "b.folded")
+                second = probing(str(job.pid), "flamegraph", "--duration", "1", "-o", b_folded)
+        finally:
+            if first.poll() is None and not sampling:
+                first.kill()
+            _, first_stderr = first.communicate(timeout=60)
+        assert sampling, f"the first flame graph never sampled in the agent: {first_stderr}"
+        assert first.returncode == 0, first_stderr
         assert second.returncode != 0 and "another flame graph is being sampled" in second.stderr
         assert (tmp_path / "a.folded").exists() and not (tmp_path / "b.folded").exists()
         usage = probing(str(job.pid), "flamegraph", "-o", str(tmp_path / "x.png"))
