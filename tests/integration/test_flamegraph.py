@@ -75,7 +75,10 @@ def test_outside_samples_with_py_spy_and_sees_the_same_slow_function(tmp_path: P
 
 
 def test_a_second_sampling_is_refused_and_a_record_is_not_live(tmp_path: Path) -> None:
-    with Target("slow_and_fast.py", via="run") as job:
+    # A job at rest: one with a thread that computes in Python (slow_and_fast.py) holds the GIL
+    # whenever py-spy looks, so on a loaded machine an agent slower than the early look (0.3 s)
+    # gets the sampling taken from outside, and nothing in the agent to refuse a second one.
+    with Target("sleeper.py", via="run") as job:
         # Long enough that a loaded machine still finds it sampling; its stderr says why if not.
         command = [PROBING, str(job.pid), "flamegraph", "--duration", "10", "-o", str(tmp_path / "a.folded")]
         first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
@@ -118,7 +121,7 @@ SAMPLING = (
 
 
 def test_a_client_that_leaves_mid_sampling_stops_the_sampler(tmp_path: Path) -> None:
-    with Target("slow_and_fast.py", via="run") as job:
+    with Target("sleeper.py", via="run") as job:  # at rest: sampled by the agent, as above
         command = [PROBING, str(job.pid), "flamegraph", "--duration", "60", "-o", str(tmp_path / "x.folded")]
         client = subprocess.Popen(command, stderr=subprocess.DEVNULL)
         try:
