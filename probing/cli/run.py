@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import List, Optional
 
 import click
@@ -14,7 +15,8 @@ from ..launch.watchdog import HungJob, Watchdog
 from ..protocol.endpoints import LISTEN_FORMS, AddressError, parse_listen_address
 from .invocation import Invocation
 from .options import pass_invocation
-from .render import log_to_stderr
+from .render import log_to_stderr, stdout_is_closed
+from .render.files import check_output
 from .render.reports import write_hung_job, write_started
 
 LISTEN_HINT = (
@@ -60,6 +62,8 @@ def run(
         except AddressError as error:
             raise UsageError(f"--listen: {error}", hint=LISTEN_HINT) from None
         cli_token()  # the job's agents would refuse to listen without one: say so before it starts
+    if report is not None:
+        check_output(report)  # a report that cannot be written is said now, not once the job hangs
     launcher = Launcher(list(command), listen=listen)
     child = launcher.start()
     write_started(child.pid, list(command))
@@ -67,7 +71,10 @@ def run(
         return launcher.wait()
 
     def on_hung(job: HungJob) -> None:
-        write_hung_job(job, report)
+        try:
+            write_hung_job(job, report)
+        except BrokenPipeError:  # `probing run ... 2>&1 | head`: the job is ended all the same, exit 11
+            stdout_is_closed(sys.stderr)
 
     log = log_to_stderr if invocation.verbose else None
     watchdog = Watchdog(child.pid, hang_timeout, on_hung, log)

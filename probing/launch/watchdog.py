@@ -130,11 +130,7 @@ class Watchdog:
         stalled = self.tracker.stalled_s(time.monotonic())
         if not report.hung or stalled < self.timeout:
             return None
-        tree = [self.pid] + [child for child, _ in descendants(self.pid)]
-        looks = [self._last_look(each) for each in tree]
-        self.on_hung(HungJob(stalled, looks, None, self._records(tree, stalled)))
-        self._end(tree)
-        return ExitCode.HUNG
+        return self._give_up(stalled, None)
 
     def _tick_job(self, job: Job) -> Optional[int]:
         """One sample of every rank; once a rank has been stalled for the timeout, the job's
@@ -187,10 +183,17 @@ class Watchdog:
             for tracker in self.rank_trackers.values():
                 tracker.progressed()
             return None
+        return self._give_up(stalled, verdict)
+
+    def _give_up(self, stalled: float, verdict: Optional[JobVerdict]) -> int:
+        """Read every stack of the tree, ask its agents for records, hand it all to `on_hung`,
+        then end the tree: ended even when `on_hung` fails (its reader went away mid-verdict)."""
         tree = [self.pid] + [child for child, _ in descendants(self.pid)]
         looks = [self._last_look(each) for each in tree]
-        self.on_hung(HungJob(stalled, looks, verdict, self._records(tree, stalled)))
-        self._end(tree)
+        try:
+            self.on_hung(HungJob(stalled, looks, verdict, self._records(tree, stalled)))
+        finally:
+            self._end(tree)
         return ExitCode.HUNG
 
     def _last_look(self, pid: int) -> Tuple[int, Optional[Stacks], Optional[ProbingError]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -76,6 +78,29 @@ def test_the_watchdog_ends_a_job_that_deadlocks(tmp_path: Path) -> None:
     assert 'File "' in result.stderr and "lock.acquire()  # never returns" in result.stderr
     saved = json.loads(report.read_text())
     assert saved["hung"] is True and saved["processes"][0]["frames"]
+
+
+def test_the_watchdog_ends_the_job_when_its_reader_went_away(tmp_path: Path) -> None:
+    """`probing run --hang-timeout S -- ... 2>&1 | head`: the reader is gone before the verdict
+    is written. The JSON report is still written, the job still ended, and the exit is 11."""
+    report = tmp_path / "hang.json"
+    command = [PROBING, "run", "--hang-timeout", "3", "--report", str(report), "--",
+               VENV_PYTHON, str(TARGETS / "deadlocks_later.py")]  # fmt: skip
+    runner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert runner.stderr is not None
+    first = runner.stderr.readline()  # "probing: started PID N: ..."; then the reader leaves
+    runner.stderr.close()
+    child = int(first.split("started PID ")[1].split(":")[0])
+    try:
+        assert runner.wait(timeout=60) == ExitCode.HUNG
+        ended = wait_until(lambda: not os.path.exists(f"/proc/{child}"), 10, 0.1)
+        assert ended, "the hung job was left running"
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        if os.path.exists(f"/proc/{child}"):
+            os.kill(child, signal.SIGKILL)
+    assert json.loads(report.read_text())["hung"] is True
 
 
 def test_the_watchdog_passes_a_finished_jobs_status_through() -> None:

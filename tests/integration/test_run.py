@@ -78,3 +78,12 @@ def test_debians_own_sitecustomize_still_runs() -> None:
 def test_run_needs_a_command() -> None:
     result = subprocess.run([PROBING, "run"], capture_output=True, text=True)
     assert result.returncode == ExitCode.USAGE
+
+
+def test_a_report_that_cannot_be_written_is_refused_before_the_job_starts(tmp_path: object) -> None:
+    marker = os.path.join(str(tmp_path), "started")
+    job = [sys.executable, "-c", f"open({marker!r}, 'w')"]
+    result = probing("run", "--hang-timeout", "5", "--report", "/nonexistent/dir/hang.json", "--", *job)
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert "cannot write /nonexistent/dir/hang.json" in result.stderr
+    assert not os.path.exists(marker)

@@ -131,7 +131,9 @@ def notes(messages: Any) -> None:
     sys.stderr.flush()
 
 
-def stdout_is_closed() -> None:
-    """After a BrokenPipeError (`probing ... | head`): silence the flush at exit."""
+def stdout_is_closed(stream: Optional[IO[str]] = None) -> None:
+    """After a BrokenPipeError (`probing ... | head`): what is still written to `stream`
+    (stdout unless said) goes nowhere, the flush at exit included."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, (stream or sys.stdout).fileno())
+    os.close(devnull)

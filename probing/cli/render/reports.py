@@ -115,10 +115,22 @@ def write_started(pid: int, command: List[str]) -> None:
 
 
 def write_hung_job(job: Any, report_path: Optional[str]) -> None:
-    """`probing run --hang-timeout`: every stack of the hung job's process tree on stderr (each
-    thread with the locals of its innermost frame), and the JSON report when asked for."""
+    """`probing run --hang-timeout`: the JSON report when asked for (first: a CI script's file
+    outlives a reader of stderr that went away), then every stack of the hung job's process tree
+    on stderr (each thread with the locals of its innermost frame)."""
     from .backtrace import write_stacks_to_stderr
 
+    records = getattr(job, "records", ())
+    if report_path:
+        read = [{"pid": pid, "frames": stacks.rows} for pid, stacks, _ in job.processes if stacks is not None]
+        document: Dict[str, Any] = {"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": read}
+        if job.job is not None:
+            document["job"] = job.job.to_json()
+        document["records"] = [
+            {"pid": outcome.pid, "path": outcome.path, "error": outcome.error} for outcome in records
+        ]
+        with open(report_path, "w") as handle:
+            write_json(document, handle)
     err = sys.stderr
     if job.job is not None:
         from .job import write_job_hang
@@ -133,29 +145,17 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
             f"probing: the job made no progress for {job.stalled_s:.0f} s (its main thread neither moved "
             "nor used the CPU); every stack of its process tree follows, then it is ended\n"
         )
-    reports = []
     for pid, stacks, error in job.processes:
         if stacks is None:
             err.write(f"\nprobing: PID {pid}: {inert(error.message)}\n")
             continue
         write_stacks_to_stderr(stacks)
-        reports.append({"pid": pid, "frames": stacks.rows})
-    records = getattr(job, "records", ())
     for outcome in records:
         if outcome.path is not None:
             err.write(f"probing: PID {outcome.pid}: record written to {inert(outcome.path)}\n")
         else:
             err.write(f"probing: PID {outcome.pid}: no record ({inert(outcome.error or '')})\n")
     err.flush()
-    if report_path:
-        document: Dict[str, Any] = {"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": reports}
-        if job.job is not None:
-            document["job"] = job.job.to_json()
-        document["records"] = [
-            {"pid": outcome.pid, "path": outcome.path, "error": outcome.error} for outcome in records
-        ]
-        with open(report_path, "w") as handle:
-            write_json(document, handle)
 
 
 def switch_fields(result: Dict[str, Any]) -> Dict[str, Any]:
