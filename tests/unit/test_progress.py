@@ -7,6 +7,7 @@ Counters are (CPU ticks, voluntary context switches) per native thread id; one t
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from probing.analysis.progress import (
@@ -14,6 +15,7 @@ from probing.analysis.progress import (
     Sample,
     stuck_dataloader_worker,
     verdict,
+    watch,
 )
 
 PID = 100
@@ -236,3 +238,37 @@ def test_the_watchdog_rolling_window_agrees_with_hang_on_the_same_samples() -> N
         assert rolling.hung == whole.hung, name
         assert [t.activity for t in rolling.threads] == [t.activity for t in whole.threads], name
         assert tracker.stalled_s(samples[-1].taken) == (3.0 if whole.hung else 0.0), name
+
+
+def _timed_samples(each_s: float) -> Tuple[List[float], Any]:
+    """A sampler that takes `each_s` seconds a sample (a job of thousands of threads), and the
+    times its samples began."""
+    began: List[float] = []
+
+    def take() -> Sample:
+        began.append(time.monotonic())
+        time.sleep(each_s)
+        return sample(began[-1], {PID: LOCKED})
+
+    return began, take
+
+
+def test_samples_are_spread_over_the_window() -> None:
+    began, take = _timed_samples(0.0)
+    started = time.monotonic()
+    report = watch(PID, take, 0.4, 5, code_line)
+    assert report.samples == 5 and len(began) == 5
+    assert [round(at - started, 1) for at in began] == [0.0, 0.1, 0.2, 0.3, 0.4]
+
+
+def test_slow_samples_are_fewer_not_late() -> None:
+    """Five samples asked over 0.2 s, each taking 0.15 s: the check stops at the first to end
+    past the window, not after five (0.75 s), and still judges (two samples at least)."""
+    began, take = _timed_samples(0.15)
+    started = time.monotonic()
+    report = watch(PID, take, 0.2, 5, code_line)
+    took = time.monotonic() - started
+    assert report.samples == len(began) == 2 and report.hung
+    assert 0.3 <= took < 0.6, took
+    began, take = _timed_samples(0.5)  # one sample alone longer than the window: still two
+    assert watch(PID, take, 0.2, 5, code_line).samples == 2
