@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, List
 
 from .record import Record, backtrace_rows
-from .record_fields import integer, number
+from .record_fields import integer, number, text
 from .record_reports import record_hang
 from .record_sql import record_session
 from .report import TORCH_TABLES, Report, describe_threads
@@ -86,14 +86,10 @@ def gather_record(record: Record) -> Report:
         "pid": info["pid"],
         "argv": info["argv"],
         "python_version": info["python_version"],
-        "executable": record.header.get("executable")
-        if isinstance(record.header.get("executable"), str)
-        else None,
-        "cwd": record.header.get("cwd") if isinstance(record.header.get("cwd"), str) else None,
-        "probing_version": record.header.get("probing_version")
-        if isinstance(record.header.get("probing_version"), str)
-        else None,
-        "torch_version": None,
+        "executable": text(record.header.get("executable")),
+        "cwd": text(record.header.get("cwd")),
+        "probing_version": text(record.header.get("probing_version")),
+        "torch_version": text(record.header.get("torch_version")),
         "started_at": header_started,
         "uptime_s": written - header_started if written is not None and header_started is not None else None,
         "rank": rank.get("rank"),

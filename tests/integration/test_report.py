@@ -141,6 +141,7 @@ def test_a_traced_torch_job_and_its_record(browser: Browser, tmp_path: Path) -> 
         assert section in shown, shown
     assert every_chart_drew(page)
     assert "Written because: on demand" in text_of(page)
+    assert re.search(r"torch\s+2\.", text_of(page))  # the record's header keeps torch's version
     shown_numbers(page, record)
 
     # A job that died of an exception: the reason and the traceback first, in red.

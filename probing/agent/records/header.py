@@ -6,7 +6,8 @@ import os
 import socket
 import sys
 import threading
-from typing import Any, Dict, List
+from types import ModuleType
+from typing import Any, Dict, List, Optional
 
 from ... import __version__
 from ...procfs import process_start_time
@@ -31,6 +32,7 @@ def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, A
         "cwd": working_directory(),
         "executable": sys.executable,
         "python_version": python_version(),
+        "torch_version": torch_version(),
         "started_at": process_start_time(),
         "written_at": written_at,
         "reason": {
@@ -53,6 +55,16 @@ def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, A
         "notes": notes,
         "write_seconds": 0.0,
     }
+
+
+def torch_version() -> Optional[str]:
+    """torch's version when the job imported it, read from the module's own dict (no attribute
+    hook of the job's runs), as a plain str."""
+    torch = sys.modules.get("torch")
+    if not isinstance(torch, ModuleType):
+        return None
+    version = vars(torch).get("__version__")
+    return str.__str__(version)[:64] if isinstance(version, str) else None
 
 
 def _described(error: Any, thread_name: str) -> Any:
