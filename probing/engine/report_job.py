@@ -108,7 +108,8 @@ def _figures(session: SqlSession, held: List[str]) -> Dict[int, Dict[str, Any]]:
 
 def fold_ranks(per_rank: List[Tuple[Rank, List[Dict[str, Any]]]]) -> Tuple[List[Dict[str, Any]], int]:
     """Each rank's threads folded (report_threads.fold_threads), then the same entry on several
-    ranks made one, with the `ranks` (numbers) and `on` (Rank objects) it stands for: main
+    ranks made one, with the `ranks` (numbers) and `on` (Rank objects) it stands for, and each
+    rank's own ids and CPU time (`per_rank`): main
     threads first, then a thread holding the GIL, then by the first rank. At most THREADS_SHOWN
     entries; also how many threads the entries left out stood for."""
     entries: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
@@ -118,11 +119,14 @@ def fold_ranks(per_rank: List[Tuple[Rank, List[Dict[str, Any]]]]) -> Tuple[List[
         left_out += more
         for entry in shown:
             key = (entry["is_main"], entry["count"], stack_key(entry))
+            own = {"rank": rank.rank, "thread_id": entry.get("thread_id"),
+                   "native_id": entry.get("native_id"), "cpu_s": entry.get("cpu_s")}  # fmt: skip
             if key in entries:
                 entries[key]["ranks"].append(rank.rank)
                 entries[key]["on"].append(rank)
+                entries[key]["per_rank"].append(own)
             else:
-                entries[key] = dict(entry, ranks=[rank.rank], on=[rank])
+                entries[key] = dict(entry, ranks=[rank.rank], on=[rank], per_rank=[own])
     # The odd one out first: of the main threads, those on fewest ranks (a straggler's own).
     ordered = sorted(entries.values(), key=lambda entry: (not entry["is_main"],
                      "GIL" not in str(entry.get("state") or ""), len(entry["ranks"]),

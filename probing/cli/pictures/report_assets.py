@@ -66,11 +66,11 @@ ol.frames .code { display: block; white-space: pre-wrap; word-break: break-word;
   padding-left: 18px; }
 ol.frames li.native .func { font-weight: 400; color: var(--muted); }
 ul.left-out { margin: 6px 0 0; padding-left: 20px; color: var(--muted); }
-p.left-out, p.others { color: var(--muted); margin: 6px 10px; font-size: 12.5px; }
+p.left-out, p.others, div.per-rank { color: var(--muted); margin: 6px 10px; font-size: 12.5px; }
 ol.frames li.elided { color: var(--muted); font-style: italic; }
 /* Text the job chose (names, argv, paths, code) is isolated: a right-to-left override in it
    cannot reorder what is drawn around it. */
-.tname, .where, .file, .code, .func, .command, dd, td.name, p.others { unicode-bidi: isolate; }
+.tname, .where, .file, .code, .func, .command, dd, td.name, p.others, div.per-rank { unicode-bidi: isolate; }
 footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
 footer ul { padding-left: 18px; }
 """

@@ -3,7 +3,7 @@ the same stack), most recent call last, the main thread first and open."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from .page import text
 from .report_parts import seconds, section
@@ -44,18 +44,37 @@ def thread_html(thread: Dict[str, Any]) -> str:
         extra.append(f'<span class="pill">same stack on {thread["count"]:,} threads</span>')
     if thread.get("daemon"):
         extra.append('<span class="pill quiet">daemon</span>')
-    if thread.get("cpu_s") is not None:
+    per_rank = thread.get("per_rank") or []
+    if thread.get("cpu_s") is not None and len(per_rank) < 2:
         extra.append(f'<span class="where">CPU {text(seconds(thread["cpu_s"]))}</span>')
     # The main thread, and a thread holding the GIL (it stops every other): their stacks matter first.
     opened = " open" if thread.get("is_main") or "GIL" in str(thread.get("state")) else ""
-    ids = f"thread {thread.get('thread_id')}, native {thread.get('native_id')}"
+    ids = f"thread {thread.get('thread_id')}, native {thread.get('native_id')}" if len(per_rank) < 2 else ""
     return (
         f'<details class="thread"{opened}><summary><span class="tname">{text(thread.get("name"))}</span>'
         f"{_state_pill(thread.get('state') or '')}{''.join(extra)}"
-        f'<span class="where">{text(thread.get("where"))} · {text(ids)}</span></summary>'
-        f"{_others(thread)}"
+        f'<span class="where">{text(thread.get("where"))}{text(" · " + ids if ids else "")}</span></summary>'
+        f"{_others(thread)}{_per_rank(per_rank)}"
         f'<ol class="frames">{"".join(frames)}</ol></details>'
     )
+
+
+# A stack on many ranks lists the ids of so many of them, then counts the rest.
+PER_RANK_LISTED = 8
+
+
+def _per_rank(per_rank: List[Dict[str, Any]]) -> str:
+    """A stack shared by several ranks (report --ranks): each rank's thread ids and CPU time."""
+    if len(per_rank) < 2:
+        return ""
+    parts = []
+    for own in per_rank[:PER_RANK_LISTED]:
+        cpu = f", CPU {seconds(own['cpu_s'])}" if own.get("cpu_s") is not None else ""
+        parts.append(f"rank {own['rank']}: thread {own.get('thread_id')}, native {own.get('native_id')}{cpu}")
+    more = len(per_rank) - PER_RANK_LISTED
+    if more > 0:
+        parts.append(f"{more} more {'rank' if more == 1 else 'ranks'}")
+    return f'<div class="per-rank">{text("; ".join(parts))}</div>'
 
 
 def _others(thread: Dict[str, Any]) -> str:
