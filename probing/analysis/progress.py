@@ -233,16 +233,17 @@ def watch(
     code_line: Callable[[Dict[str, Any]], str],
 ) -> HangReport:
     """Take `samples` samples spread over `duration` seconds and judge them (`verdict`). Samples
-    that take longer than their share (thousands of threads) are fewer, not late: the first one to
-    end past `duration` is the last (two at least). The check lasts about `duration`, or two
-    samples where one alone takes longer."""
+    far slower than their share (thousands of threads) are fewer, not late: one that ends past
+    the window and its next slot too is the last (two at least), so the check lasts about
+    `duration`, or two samples where one alone takes longer. A sample merely late (a loaded
+    machine) still has the rest follow."""
     samples = max(2, samples)
     interval = duration / (samples - 1)
     started = time.monotonic()
     taken = []
     for index in range(samples):
         taken.append(sample())
-        if index == samples - 1 or (index >= 1 and time.monotonic() - started >= duration):
+        if index == samples - 1 or (index >= 1 and time.monotonic() - started >= duration + interval):
             break
         time.sleep(max(0.0, started + interval * (index + 1) - time.monotonic()))
     return verdict(pid, taken, code_line)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import List, Optional
 
 import click
@@ -15,7 +14,7 @@ from ..launch.watchdog import HungJob, Watchdog
 from ..protocol.endpoints import LISTEN_FORMS, AddressError, parse_listen_address
 from .invocation import Invocation
 from .options import pass_invocation
-from .render import log_to_stderr, stdout_is_closed
+from .render import log_to_closable_stderr, stderr_is_closed
 from .render.files import check_output
 from .render.reports import write_hung_job, write_started
 
@@ -63,10 +62,14 @@ def run(
             raise UsageError(f"--listen: {error}", hint=LISTEN_HINT) from None
         cli_token()  # the job's agents would refuse to listen without one: say so before it starts
     if report is not None:
-        check_output(report)  # a report that cannot be written is said now, not once the job hangs
+        check_output(report)  # a report nowhere to be written is said now, not once the job hangs
     launcher = Launcher(list(command), listen=listen)
     child = launcher.start()
-    write_started(child.pid, list(command))
+    # The job runs on, and its watchdog with it, whoever still reads our stderr.
+    try:
+        write_started(child.pid, list(command))
+    except BrokenPipeError:
+        stderr_is_closed()
     if hang_timeout is None:
         return launcher.wait()
 
@@ -74,8 +77,8 @@ def run(
         try:
             write_hung_job(job, report)
         except BrokenPipeError:  # `probing run ... 2>&1 | head`: the job is ended all the same, exit 11
-            stdout_is_closed(sys.stderr)
+            stderr_is_closed()
 
-    log = log_to_stderr if invocation.verbose else None
+    log = log_to_closable_stderr if invocation.verbose else None
     watchdog = Watchdog(child.pid, hang_timeout, on_hung, log)
     return launcher.wait(watchdog.tick, watchdog.interval)

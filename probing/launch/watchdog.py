@@ -189,8 +189,8 @@ class Watchdog:
         """Read every stack of the tree, ask its agents for records, hand it all to `on_hung`,
         then end the tree: ended even when `on_hung` fails (its reader went away mid-verdict)."""
         tree = [self.pid] + [child for child, _ in descendants(self.pid)]
-        looks = [self._last_look(each) for each in tree]
         try:
+            looks = [self._last_look(each) for each in tree]
             self.on_hung(HungJob(stalled, looks, verdict, self._records(tree, stalled)))
         finally:
             self._end(tree)

@@ -92,7 +92,11 @@ def test_a_second_sampling_is_refused_and_a_record_is_not_live(tmp_path: Path) -
         finally:
             if first.poll() is None and not sampling:
                 first.kill()
-            _, first_stderr = first.communicate(timeout=60)
+            try:
+                _, first_stderr = first.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                first.kill()
+                raise
         assert sampling, f"the first flame graph never sampled in the agent: {first_stderr}"
         assert first.returncode == 0, first_stderr
         assert second.returncode != 0 and "another flame graph is being sampled" in second.stderr

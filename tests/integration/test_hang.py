@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -80,11 +81,13 @@ def test_the_watchdog_ends_a_job_that_deadlocks(tmp_path: Path) -> None:
     assert saved["hung"] is True and saved["processes"][0]["frames"]
 
 
-def test_the_watchdog_ends_the_job_when_its_reader_went_away(tmp_path: Path) -> None:
+@pytest.mark.parametrize("verbose", [[], ["-v"]], ids=["quiet", "verbose"])
+def test_the_watchdog_ends_the_job_when_its_reader_went_away(tmp_path: Path, verbose: List[str]) -> None:
     """`probing run --hang-timeout S -- ... 2>&1 | head`: the reader is gone before the verdict
-    is written. The JSON report is still written, the job still ended, and the exit is 11."""
+    is written (with -v, before the watchdog's next look). The JSON report is still written, the
+    job still ended, and the exit is 11."""
     report = tmp_path / "hang.json"
-    command = [PROBING, "run", "--hang-timeout", "3", "--report", str(report), "--",
+    command = [PROBING, *verbose, "run", "--hang-timeout", "3", "--report", str(report), "--",
                VENV_PYTHON, str(TARGETS / "deadlocks_later.py")]  # fmt: skip
     runner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert runner.stderr is not None
@@ -101,6 +104,27 @@ def test_the_watchdog_ends_the_job_when_its_reader_went_away(tmp_path: Path) -> 
         if os.path.exists(f"/proc/{child}"):
             os.kill(child, signal.SIGKILL)
     assert json.loads(report.read_text())["hung"] is True
+
+
+def test_a_report_that_fails_late_still_leaves_the_stacks_and_exit_11(tmp_path: Path) -> None:
+    """The report's directory was there at the start and is gone when the job hangs: stderr
+    says so, then gives the stacks as always."""
+    directory = tmp_path / "reports"
+    directory.mkdir()
+    command = [PROBING, "run", "--hang-timeout", "3", "--report", str(directory / "hang.json"), "--",
+               VENV_PYTHON, str(TARGETS / "deadlocks_later.py")]  # fmt: skip
+    runner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert runner.stderr is not None
+    first = runner.stderr.readline()
+    directory.rmdir()
+    try:
+        rest = runner.stderr.read()
+        assert runner.wait(timeout=60) == ExitCode.HUNG, first + rest
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert f"probing: no report: cannot write {directory / 'hang.json'}" in rest, rest
+    assert "lock.acquire()  # never returns" in rest
 
 
 def test_the_watchdog_passes_a_finished_jobs_status_through() -> None:

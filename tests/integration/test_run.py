@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,10 +81,10 @@ def test_run_needs_a_command() -> None:
     assert result.returncode == ExitCode.USAGE
 
 
-def test_a_report_that_cannot_be_written_is_refused_before_the_job_starts(tmp_path: object) -> None:
-    marker = os.path.join(str(tmp_path), "started")
-    job = [sys.executable, "-c", f"open({marker!r}, 'w')"]
+def test_a_report_that_cannot_be_written_is_refused_before_the_job_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    job = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
     result = probing("run", "--hang-timeout", "5", "--report", "/nonexistent/dir/hang.json", "--", *job)
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert "cannot write /nonexistent/dir/hang.json" in result.stderr
-    assert not os.path.exists(marker)
+    assert not marker.exists()

@@ -7,9 +7,11 @@ Counters are (CPU ticks, voluntary context switches) per native thread id; one t
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import pytest
+
+from probing.analysis import progress
 from probing.analysis.progress import (
     ProgressTracker,
     Sample,
@@ -240,35 +242,66 @@ def test_the_watchdog_rolling_window_agrees_with_hang_on_the_same_samples() -> N
         assert tracker.stalled_s(samples[-1].taken) == (3.0 if whole.hung else 0.0), name
 
 
-def _timed_samples(each_s: float) -> Tuple[List[float], Any]:
-    """A sampler that takes `each_s` seconds a sample (a job of thousands of threads), and the
-    times its samples began."""
+class FakeClock:
+    """progress.py's `time`: sleeping and sampling advance it, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _timed_samples(clock: FakeClock, each_s: float) -> Tuple[List[float], Any]:
+    """A sampler that takes `each_s` seconds a sample (a job of thousands of threads, or a
+    loaded machine), and the times its samples began."""
     began: List[float] = []
 
     def take() -> Sample:
-        began.append(time.monotonic())
-        time.sleep(each_s)
+        began.append(clock.now)
+        clock.now += each_s
         return sample(began[-1], {PID: LOCKED})
 
     return began, take
 
 
-def test_samples_are_spread_over_the_window() -> None:
-    began, take = _timed_samples(0.0)
-    started = time.monotonic()
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(progress, "time", fake)
+    return fake
+
+
+def test_samples_are_spread_over_the_window(clock: FakeClock) -> None:
+    began, take = _timed_samples(clock, 0.01)
     report = watch(PID, take, 0.4, 5, code_line)
-    assert report.samples == 5 and len(began) == 5
-    assert [round(at - started, 1) for at in began] == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert report.samples == 5
+    assert [round(at - 1000.0, 3) for at in began] == [0.0, 0.1, 0.2, 0.3, 0.4]
 
 
-def test_slow_samples_are_fewer_not_late() -> None:
-    """Five samples asked over 0.2 s, each taking 0.15 s: the check stops at the first to end
-    past the window, not after five (0.75 s), and still judges (two samples at least)."""
-    began, take = _timed_samples(0.15)
-    started = time.monotonic()
-    report = watch(PID, take, 0.2, 5, code_line)
-    took = time.monotonic() - started
+def test_a_late_sample_still_has_the_rest_follow(clock: FakeClock) -> None:
+    """A loaded machine: the sample of the slot before the last ends past the window, but not
+    past the next slot. All five are taken, as `hang`'s documented output counts them."""
+    durations = iter([0.01, 0.01, 0.01, 0.6, 0.01])
+    began: List[float] = []
+
+    def take() -> Sample:
+        began.append(clock.now)
+        clock.now += next(durations)
+        return sample(began[-1], {PID: LOCKED})
+
+    assert watch(PID, take, 2.0, 5, code_line).samples == 5
+
+
+def test_slow_samples_are_fewer_not_late(clock: FakeClock) -> None:
+    """Five samples asked over 2 s, each taking 1.5 s (5000 threads): the check stops at the
+    first to end past the window and its next slot (3 s, not 7.5 s), and still judges."""
+    began, take = _timed_samples(clock, 1.5)
+    report = watch(PID, take, 2.0, 5, code_line)
     assert report.samples == len(began) == 2 and report.hung
-    assert 0.3 <= took < 0.6, took
-    began, take = _timed_samples(0.5)  # one sample alone longer than the window: still two
-    assert watch(PID, take, 0.2, 5, code_line).samples == 2
+    assert clock.now - 1000.0 == 3.0
+    began, take = _timed_samples(clock, 5.0)  # one sample alone longer than the window: still two
+    assert watch(PID, take, 2.0, 5, code_line).samples == 2

@@ -61,7 +61,7 @@ def torch_version() -> Optional[str]:
     """torch's version when the job imported it, read from the module's own dict (no attribute
     hook of the job's runs), as a plain str."""
     torch = sys.modules.get("torch")
-    if not isinstance(torch, ModuleType):
+    if type(torch) is not ModuleType:  # a subclass (a lazy module) could run code on any lookup
         return None
     version = vars(torch).get("__version__")
     return str.__str__(version)[:64] if isinstance(version, str) else None

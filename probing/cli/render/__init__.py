@@ -131,9 +131,27 @@ def notes(messages: Any) -> None:
     sys.stderr.flush()
 
 
-def stdout_is_closed(stream: Optional[IO[str]] = None) -> None:
-    """After a BrokenPipeError (`probing ... | head`): what is still written to `stream`
-    (stdout unless said) goes nowhere, the flush at exit included."""
+def stdout_is_closed() -> None:
+    """After a BrokenPipeError (`probing ... | head`): silence the flush at exit."""
+    _to_devnull(sys.stdout)
+
+
+def stderr_is_closed() -> None:
+    """After a BrokenPipeError on stderr (`probing run ... 2>&1 | head`, the job running on):
+    what is still written there goes nowhere."""
+    _to_devnull(sys.stderr)
+
+
+def _to_devnull(stream: IO[str]) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, (stream or sys.stdout).fileno())
+    os.dup2(devnull, stream.fileno())
     os.close(devnull)
+
+
+def log_to_closable_stderr(message: str) -> None:
+    """A step taken (-v), for `probing run`: a reader of stderr that went away silences it, and
+    the job and its watchdog go on."""
+    try:
+        log_to_stderr(message)
+    except BrokenPipeError:
+        stderr_is_closed()

@@ -6,10 +6,11 @@ from __future__ import annotations
 import sys
 from typing import IO, Any, Dict, List, Optional
 
+from ...errors import ProbingError
 from . import inert, inert_lines
 from .backtrace import write_backtrace_text
-from .files import counted
-from .json_writer import write_json
+from .files import counted, write_output
+from .json_writer import dumps, write_json
 from .rows import write_table
 
 
@@ -121,6 +122,7 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
     from .backtrace import write_stacks_to_stderr
 
     records = getattr(job, "records", ())
+    unwritten = None
     if report_path:
         read = [{"pid": pid, "frames": stacks.rows} for pid, stacks, _ in job.processes if stacks is not None]
         document: Dict[str, Any] = {"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": read}
@@ -129,9 +131,13 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
         document["records"] = [
             {"pid": outcome.pid, "path": outcome.path, "error": outcome.error} for outcome in records
         ]
-        with open(report_path, "w") as handle:
-            write_json(document, handle)
+        try:
+            write_output(report_path, [dumps(document, 2), "\n"])
+        except ProbingError as failed:  # the disk filled up meanwhile: the stacks still go to stderr
+            unwritten = failed.message
     err = sys.stderr
+    if unwritten is not None:
+        err.write(f"probing: no report: {inert(unwritten)}\n")
     if job.job is not None:
         from .job import write_job_hang
 

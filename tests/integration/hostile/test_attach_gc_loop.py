@@ -17,6 +17,11 @@ import pytest
 from support import Target, probing
 
 TRIES = 20
+# What the eval and the detach between the injects may take. Each of their socket calls gives
+# the GIL up and waits for a whole collection to get it back: ~100 ms here, several times that
+# on a loaded machine, which took a detach past its default 5 s once in CI. The subject here is
+# the inject.
+ASK_TIMEOUT_S = 30
 
 
 @pytest.mark.timeout(600)
@@ -34,10 +39,12 @@ def test_inject_succeeds_every_time_on_a_job_collecting_garbage_in_a_loop() -> N
                 continue
             assert json.loads(injected.stdout)["method"] == "ptrace"
             if attempt == TRIES - 1:
-                counters = probing(pid, "eval", "(steps, collections)", timeout=60)
+                counters = probing(
+                    pid, "eval", "--timeout", str(ASK_TIMEOUT_S), "(steps, collections)", timeout=60
+                )
                 steps, collections = json.loads(counters.stdout.replace("(", "[").replace(")", "]"))
                 assert steps > 0 and collections > 0
-            detached = probing(pid, "detach", timeout=60)
+            detached = probing(pid, "detach", "--timeout", str(ASK_TIMEOUT_S), timeout=60)
             assert detached.returncode == 0, detached.stderr
         assert failures == [], (
             f"{len(failures)} of {TRIES} injects failed (slowest {slowest:.1f} s): {failures}"
