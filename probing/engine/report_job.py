@@ -109,9 +109,9 @@ def _figures(session: SqlSession, held: List[str]) -> Dict[int, Dict[str, Any]]:
 def fold_ranks(per_rank: List[Tuple[Rank, List[Dict[str, Any]]]]) -> Tuple[List[Dict[str, Any]], int]:
     """Each rank's threads folded (report_threads.fold_threads), then the same entry on several
     ranks made one, with the `ranks` (numbers) and `on` (Rank objects) it stands for, and each
-    rank's own ids and CPU time (`per_rank`): main
-    threads first, then a thread holding the GIL, then by the first rank. At most THREADS_SHOWN
-    entries; also how many threads the entries left out stood for."""
+    rank's own ids and CPU time (`per_rank`): main threads first, then a thread holding the GIL,
+    then by the first rank. At most THREADS_SHOWN entries; also how many threads the entries
+    left out stood for."""
     entries: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
     left_out = 0
     for rank, threads in sorted(per_rank, key=lambda pair: pair[0].rank):
