@@ -281,24 +281,13 @@ def test_a_silent_agent_of_a_running_job_is_not_waited_for_twice(
     beside.chmod(0o755)
     agent.reply = b""  # the agent reads the request and closes only once the test is done
     agent.hold = True
-    spinning = threading.Event()
-
-    def spin() -> None:
-        while not spinning.is_set():
-            pass
-
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
-    try:
+    with running():
         handed = subprocess.run(
             [front_alone, str(os.getpid()), "backtrace"],
             capture_output=True,
             timeout=60,
             env=dict(os.environ, PROBING_AGENT_SILENT="1"),
         )
-    finally:
-        spinning.set()
-        spinner.join()
     assert handed.stdout == f"silent={os.getpid()}\n".encode(), handed.stderr
     # Any other hand-over carries no such claim (a stale value from the caller is dropped).
     beside_other = subprocess.run(
