@@ -145,10 +145,17 @@ static void restore(struct borrowed *thread) {
 
 
 int try_thread(const struct target *target, pid_t tid, const char *dlopen_path, uint64_t *stopped_ns,
-                      char *where, size_t where_size) {
+               char *where, size_t where_size, pid_t *tracer) {
     if (ptrace(PTRACE_SEIZE, tid, 0, 0) != 0) {
-        if (errno == ESRCH) return NOT_SAFE; /* the thread ended */
-        fail(errno == EPERM ? "permission" : "ptrace", "ptrace(PTRACE_SEIZE, %d): %s", tid, strerror(errno));
+        int error = errno;
+        if (error == ESRCH) return NOT_SAFE; /* the thread ended */
+        /* A thread has one tracer at most: one that gdb or strace holds refuses us with EPERM
+         * even as root, which is no lack of permission. Another thread may be free. */
+        if (error == EPERM && (*tracer = tracer_of(target->pid, tid)) != 0) {
+            say("thread %d is traced by PID %d; letting it be", tid, *tracer);
+            return TRACED;
+        }
+        fail(error == EPERM ? "permission" : "ptrace", "ptrace(PTRACE_SEIZE, %d): %s", tid, strerror(error));
         return FAILED;
     }
     struct borrowed thread = {.tid = tid};

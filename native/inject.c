@@ -34,15 +34,30 @@
  * Every wait has a deadline; on any failure before the call starts, the thread is restored
  * and detached. A call that has started is always waited for to the end: abandoning a
  * thread mid-dlopen would leave the loader's lock held.
+ *
+ * Another tracer. A thread that gdb or strace holds refuses PTRACE_SEIZE with EPERM, even to
+ * root. Its TracerPid says so: it is passed over and another thread is borrowed (`strace -p`
+ * holds the main thread alone). When every thread is held, the injector says "traced" at
+ * once, naming the tracer, rather than wait out its deadline or blame permissions.
+ *
+ * Chroots. The target's libc is read where /proc/PID/maps says it is, and that path is from
+ * our root, not the target's: maps.c finds the file that is the mapping (find_libc_file).
  */
 
 #include "inject.h"
 
 #if defined(__x86_64__)
 
+static int traced(pid_t pid, pid_t tracer) {
+    return fail_traced(tracer, "PID %d is traced by PID %d; a thread has one tracer at a time; nothing was changed",
+                       pid, tracer);
+}
+
 static int inject(pid_t pid, const char *helper, const char *dlopen_path, int timeout_ms) {
     struct target target = {.pid = pid};
     if (resolve(&target, helper)) return 1;
+    pid_t tracer = tracer_of_every_thread(pid);
+    if (tracer) return traced(pid, tracer);
     uint64_t began = now_ns(), deadline = began + (uint64_t)timeout_ms * 1000000u, stopped_ns = 0;
     struct candidate candidates[1024];
     int attempts = 0;
@@ -52,10 +67,13 @@ static int inject(pid_t pid, const char *helper, const char *dlopen_path, int ti
         for (int i = 0; i < count; i++) {
             char where[64];
             uint64_t stopped = 0;
+            pid_t traced_by = 0;
             attempts++;
-            int outcome = try_thread(&target, candidates[i].tid, dlopen_path, &stopped, where, sizeof where);
+            int outcome =
+                try_thread(&target, candidates[i].tid, dlopen_path, &stopped, where, sizeof where, &traced_by);
             stopped_ns += stopped;
             if (outcome == FAILED) return 1;
+            if (outcome == TRACED) tracer = traced_by;
             if (outcome == BORROWED) {
                 printf("{\"ok\": true, \"method\": \"ptrace\", \"tid\": %d, \"where\": ", candidates[i].tid);
                 json_string(where);
@@ -68,6 +86,8 @@ static int inject(pid_t pid, const char *helper, const char *dlopen_path, int ti
         nanosleep(&pause, NULL);
     }
     if (kill(pid, 0) != 0) return fail("exited", "PID %d exited during the attach", pid);
+    /* The threads another tracer holds were passed over: that, not the job, is the reason. */
+    if (tracer) return traced(pid, tracer);
     return fail("no_safe_moment",
                 "no thread of PID %d was waiting in a system call or running in the interpreter within %d ms "
                 "(%d looks); nothing was changed",

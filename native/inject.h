@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -34,6 +35,7 @@ extern int verbose;
 void say(const char *format, ...);
 void json_string(const char *text);
 int fail(const char *kind, const char *format, ...);
+int fail_traced(pid_t tracer, const char *format, ...); /* kind "traced", naming the tracer's PID */
 uint64_t now_ns(void);
 
 /* maps.c: where dlopen and the helper's entry point are in the target. */
@@ -41,8 +43,11 @@ uint64_t now_ns(void);
 
 struct target {
     pid_t pid;
-    char libc[PATH_MAX]; /* as the target sees it */
-    uint64_t libc_base;
+    char libc[PATH_MAX]; /* as /proc/PID/maps names it to us */
+    char libc_file[PATH_MAX + 64]; /* where we read it: see find_libc_file in maps.c */
+    uint64_t libc_base, libc_end; /* its mapping at file offset 0 */
+    unsigned libc_major, libc_minor; /* its device and inode, from /proc/PID/maps */
+    uint64_t libc_inode;
     uint64_t dlopen;
     int dlopen_is_private; /* __libc_dlopen_mode (glibc < 2.34) wants __RTLD_DLOPEN */
     uint64_t start_offset; /* st_value of probing_helper_start in the helper */
@@ -62,11 +67,14 @@ struct candidate {
 int list_candidates(pid_t pid, struct candidate *out, int capacity);
 const char *syscall_name(long number);
 int safe_syscall_rank(long number); /* 1-4: a safe system call to borrow a thread in; 0: not */
+pid_t tracer_of(pid_t pid, pid_t tid); /* the PID tracing thread `tid` (TracerPid), or 0 */
+pid_t tracer_of_every_thread(pid_t pid); /* the tracer of one thread, if another holds them all; else 0 */
 
-/* borrow.c: stop one thread, make it call dlopen and the helper, put it back as it was. */
-enum { BORROWED = 0, NOT_SAFE = 1, FAILED = 2 };
+/* borrow.c: stop one thread, make it call dlopen and the helper, put it back as it was.
+ * TRACED: another tracer (gdb, strace) holds the thread; *tracer says which. */
+enum { BORROWED = 0, NOT_SAFE = 1, FAILED = 2, TRACED = 3 };
 int try_thread(const struct target *target, pid_t tid, const char *dlopen_path, uint64_t *stopped_ns,
-               char *where, size_t where_size);
+               char *where, size_t where_size, pid_t *tracer);
 #endif
 
 #endif

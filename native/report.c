@@ -24,17 +24,32 @@ void json_string(const char *text) {
     putchar('"');
 }
 
-int fail(const char *kind, const char *format, ...) {
+/* {"ok": false, "error": KIND[, "tracer": PID], "message": ...}: what probing/attach/methods.py
+ * turns into the user's error. */
+static void report_failure(const char *kind, pid_t tracer, const char *format, va_list arguments) {
     char message[1024];
-    va_list arguments;
-    va_start(arguments, format);
     vsnprintf(message, sizeof message, format, arguments);
-    va_end(arguments);
     printf("{\"ok\": false, \"error\": ");
     json_string(kind);
+    if (tracer) printf(", \"tracer\": %d", (int)tracer);
     printf(", \"message\": ");
     json_string(message);
     printf("}\n");
+}
+
+int fail(const char *kind, const char *format, ...) {
+    va_list arguments;
+    va_start(arguments, format);
+    report_failure(kind, 0, format, arguments);
+    va_end(arguments);
+    return 1;
+}
+
+int fail_traced(pid_t tracer, const char *format, ...) {
+    va_list arguments;
+    va_start(arguments, format);
+    report_failure("traced", tracer, format, arguments);
+    va_end(arguments);
     return 1;
 }
 
@@ -43,3 +58,4 @@ uint64_t now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
+

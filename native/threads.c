@@ -49,6 +49,39 @@ const char *syscall_name(long number) {
 
 
 
+pid_t tracer_of(pid_t pid, pid_t tid) {
+    char path[96], line[256];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/status", pid, tid);
+    FILE *status = fopen(path, "re");
+    if (!status) return 0;
+    pid_t tracer = 0;
+    while (fgets(line, sizeof line, status))
+        if (sscanf(line, "TracerPid: %d", &tracer) == 1) break;
+    fclose(status);
+    return tracer;
+}
+
+/* gdb stops every thread it attaches to, and a thread in that stop is in no system call we
+ * would borrow: without this look, the injector would wait out its whole timeout and then
+ * blame the job for never being at a safe moment. */
+pid_t tracer_of_every_thread(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *tasks = opendir(path);
+    if (!tasks) return 0;
+    pid_t first = 0;
+    int free_threads = 0;
+    struct dirent *entry;
+    while ((entry = readdir(tasks))) {
+        if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+        pid_t tracer = tracer_of(pid, atoi(entry->d_name));
+        if (!tracer) free_threads++;
+        else if (!first) first = tracer;
+    }
+    closedir(tasks);
+    return free_threads ? 0 : first;
+}
+
 static int by_rank(const void *a, const void *b) {
     return ((const struct candidate *)a)->rank - ((const struct candidate *)b)->rank;
 }

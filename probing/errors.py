@@ -36,6 +36,8 @@ class ExitCode:
     PARTIAL = 14
     BAD_RECORD = 15
     NOT_LIVE = 16
+    TRACED = 17
+    RECORD_NOT_WRITTEN = 18
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -59,6 +61,9 @@ class ExitCode:
         BAD_RECORD: "the file is not a record or core file probing can read (cut short, foreign, "
         "or from another version)",
         NOT_LIVE: "the command needs a live process, and the target is a record or a core file",
+        TRACED: "another tracer (gdb, strace...) holds the process, so probing cannot attach to it",
+        RECORD_NOT_WRITTEN: "record: the agent could not write the record (its disk is full, or its "
+        "record directory is refused)",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }
@@ -182,6 +187,17 @@ class AttachFailed(ProbingError):
     exit_code = ExitCode.ERROR
 
 
+class TracedByAnother(ProbingError):
+    """Another tracer (gdb, strace, a debugger) holds the process's threads: ptrace refuses a
+    second one, even to root. The message names the tracer."""
+
+    exit_code = ExitCode.TRACED
+    default_hint = (
+        "let that tracer finish or detach it (gdb: `detach` or `quit`; strace: Ctrl-C), then run "
+        "probing again; a job started with the agent (`probing run -- python train.py`) needs no ptrace"
+    )
+
+
 class AttachTimeout(ProbingError):
     exit_code = ExitCode.ATTACH_TIMEOUT
 
@@ -208,6 +224,19 @@ class BadRecord(ProbingError):
     """A record or core file that cannot be read: cut short, not probing's, another version."""
 
     exit_code = ExitCode.BAD_RECORD
+
+
+class RecordNotWritten(ProbingError):
+    """`probing PID record`: the agent answered, and could not write the record: a full disk, a
+    quota, a record directory it may not use. The message says which, as the job's system said it."""
+
+    exit_code = ExitCode.RECORD_NOT_WRITTEN
+    default_hint = (
+        "free space where the job writes records (PROBING_RECORD_DIR, else <socket dir>/records: "
+        "`probing records` lists them, oldest last), or give the live job another directory, "
+        "mode 0700 and its user's: probing PID eval \"import os; os.environ['PROBING_RECORD_DIR'] "
+        "= '/other/dir'\""
+    )
 
 
 class NotLive(ProbingError):

@@ -338,9 +338,10 @@ def running_threads(pid: Pid) -> Optional[int]:
 class View:
     """How a process sees the file system and itself, from where the CLI stands.
 
-    A process in another mount namespace (a container) has its own /tmp: its files are
-    reached through /proc/PID/root. In another PID namespace it knows itself by another
-    number, which is the one in its socket's name.
+    A process in another mount namespace (a container) has its own /tmp, and one in a chroot
+    its own / in our namespace: either way its files are reached through /proc/PID/root. In
+    another PID namespace it knows itself by another number, which is the one in its socket's
+    name.
     """
 
     __slots__ = ("root", "own_pid")
@@ -351,6 +352,12 @@ class View:
         try:
             if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
                 self.root = f"/proc/{pid}/root"
+        except OSError:
+            pass
+        try:
+            theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/proc/self/root")
+            if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+                self.root = f"/proc/{pid}/root"  # a chroot (or we are in one)
         except OSError:
             pass
         status = _read_small_whole(f"/proc/{pid}/status") or b""

@@ -164,10 +164,10 @@ def attach(
         log(f"attaching to PID {pid} (Python {version}) with {chosen.name}")
         from .containers import helper_paths
 
-        local_helper, helper_in_target = helper_paths(pid)
-        if local_helper != helper_in_target:
-            log(f"PID {pid} is in another mount namespace: probing copied to {local_helper}")
-        report = chosen.inject(pid, timeout, log, local_helper, helper_in_target)
+        helper = helper_paths(pid)
+        if helper.elsewhere:
+            log(f"PID {pid} is {helper.elsewhere}: probing copied to {helper.local}")
+        report = chosen.inject(pid, timeout, log, helper.local, helper.in_target)
         log(
             f"{report.method}: thread {report.thread} ({report.where}) stopped for "
             f"{report.stopped_ms:.2f} ms; waiting for the agent"

@@ -1,8 +1,14 @@
-"""A process in another mount namespace (a container) cannot open files by our paths.
+"""A process whose file system is not ours cannot open files by our paths: one in another
+mount namespace (a container), or in a chroot (our namespace, another root).
 
 The helper library it is made to dlopen, and the agent it then loads, must be files of its
 own file system: the probing package is copied into its /tmp through /proc/PID/root, once
-per probing version, and the injector is given the path as the process sees it.
+per probing version, and the injector is given the path as the process sees it. The helper
+finds the agent's Python files next to the path it was loaded by (native/helper.c), and the
+agent's loader imports them by file path: the copy is never put on the job's sys.path, nor
+the CLI's site-packages (DESIGN.md, "Attaching without harming the target", rule 4). The
+agent's socket is then a file of that file system too, found by procfs.socket_candidates
+through the same /proc/PID/root (procfs.View).
 """
 
 from __future__ import annotations
@@ -10,12 +16,18 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Tuple
+from typing import NamedTuple
 
 from .. import __version__
 from ..errors import AttachFailed
 from ..procfs import View
 from .methods import HELPER, PACKAGE, native
+
+
+class HelperPaths(NamedTuple):
+    local: str  # the helper as we read it
+    in_target: str  # the helper as the process opens it
+    elsewhere: str  # "" when the process sees our files; else where it lives, for -v
 
 
 def _same_file(first: str, second: str) -> bool:
@@ -25,12 +37,25 @@ def _same_file(first: str, second: str) -> bool:
         return False
 
 
-def helper_paths(pid: int) -> Tuple[str, str]:
-    """(the helper as we read it, the helper as the process opens it)."""
+def _where_it_lives(root: str) -> str:
+    # /proc/PID/root reads as the directory of the process's root seen from ours: "/" for a
+    # container that pivoted onto its own root, the chroot's directory for a chroot.
+    try:
+        directory = os.readlink(root)
+    except OSError:
+        directory = "/"
+    if directory == "/":
+        return "in another mount namespace"
+    return f"in a chroot ({directory})"
+
+
+def helper_paths(pid: int) -> HelperPaths:
+    """Where the helper is for us and for the process; copies probing in when it cannot see ours."""
     helper = native(HELPER)
     view = View(pid)
     if not view.root or _same_file(helper, view.path(helper)):
-        return helper, helper
+        return HelperPaths(helper, helper, "")
+    elsewhere = _where_it_lives(view.root)
     inside = f"/tmp/probing-{__version__}-{os.geteuid()}"
     staged = Path(view.path(inside)) / "probing"
     if not (staged / "_native" / HELPER.name).exists():
@@ -45,7 +70,10 @@ def helper_paths(pid: int) -> Tuple[str, str]:
         except OSError as error:
             if not (staged / "_native" / HELPER.name).exists():  # another attach may have won the race
                 raise AttachFailed(
-                    f"cannot copy probing into the container of PID {pid} ({view.path(inside)}): {error}",
+                    f"PID {pid} is {elsewhere}, and probing cannot be copied into its /tmp "
+                    f"({view.path(inside)}): {error}",
                     hint="start the job with the agent instead: `probing run -- python train.py`",
                 ) from None
-    return str(staged / "_native" / HELPER.name), f"{inside}/probing/_native/{HELPER.name}"
+    return HelperPaths(
+        str(staged / "_native" / HELPER.name), f"{inside}/probing/_native/{HELPER.name}", elsewhere
+    )

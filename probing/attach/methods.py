@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from ..errors import AttachFailed, PermissionDenied, ProcessNotFound
+from .tracers import describe, traced_error, tracer_of
 
 Log = Callable[[str], None]
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -89,6 +90,13 @@ def _symbols(pid: int, helper: str, log: Log) -> Dict[str, Any]:
     return _reply(_run([native(INJECTOR), "--symbols", str(pid), helper], 10, log), pid)
 
 
+def _refuse_if_traced(pid: int) -> None:
+    """gdb and pyrasite attach to every thread: any thread another tracer holds stops them."""
+    tracer = tracer_of(pid)
+    if tracer is not None:
+        raise traced_error(pid, tracer)
+
+
 def _reply(result: subprocess.CompletedProcess[str], pid: int) -> Dict[str, Any]:
     lines = result.stdout.strip().splitlines()
     try:
@@ -100,7 +108,10 @@ def _reply(result: subprocess.CompletedProcess[str], pid: int) -> Dict[str, Any]
     if reply.get("ok"):
         return reply
     kind, message = reply.get("error"), reply.get("message", "")
+    if kind == "traced" and isinstance(reply.get("tracer"), int):
+        raise traced_error(pid, describe(reply["tracer"]))
     if kind == "permission":
+        _refuse_if_traced(pid)  # a tracer that came between the injector's look and ours
         raise PermissionDenied(f"not allowed to ptrace PID {pid}: {message}", hint=ptrace_hint(pid))
     if kind == "exited":
         raise ProcessNotFound(f"PID {pid} exited during the attach")
@@ -108,6 +119,12 @@ def _reply(result: subprocess.CompletedProcess[str], pid: int) -> Dict[str, Any]
         raise AttachFailed(message, hint="use --method gdb")
     if kind == "no_safe_moment":
         raise AttachFailed(message, hint="retry, or use --method gdb, which stops the whole process")
+    if kind in ("no_libc_file", "no_dlopen"):
+        raise AttachFailed(
+            f"attach failed: {message}",
+            hint="start the job with the agent instead: `probing run -- python train.py`; "
+            "`probing -v PID ...` shows the injector's command line",
+        )
     raise AttachFailed(f"attach failed: {message}")
 
 
@@ -193,6 +210,7 @@ class GdbMethod:
         gdb = shutil.which("gdb")
         if gdb is None:
             raise AttachFailed("gdb is not installed", hint="apt-get install gdb, or use --method ptrace")
+        _refuse_if_traced(pid)
         _refuse_broken_gdb("gdb", log)
         symbols = _symbols(pid, helper, log)
         mode = 2 | (0x80000000 if symbols["dlopen_is_private"] else 0)
@@ -221,6 +239,7 @@ class GdbMethod:
         for line in (result.stdout + result.stderr).splitlines():
             log("gdb: " + line)
         if "ptrace: Operation not permitted" in result.stderr:
+            _refuse_if_traced(pid)
             raise PermissionDenied(f"not allowed to ptrace PID {pid}", hint=ptrace_hint(pid))
         if "started=0" not in result.stdout or "handle=0\n" in result.stdout:
             raise AttachFailed(
@@ -244,6 +263,7 @@ class PyrasiteMethod:
             raise AttachFailed(
                 "pyrasite is not installed", hint="pip install 'probing[pyrasite]', or use --method ptrace"
             ) from None
+        _refuse_if_traced(pid)
         _refuse_broken_gdb("pyrasite", log)  # pyrasite drives gdb
         with tempfile.TemporaryDirectory() as scratch:
             # pyrasite execs a file in __main__'s namespace: hand it one that runs attach.py
