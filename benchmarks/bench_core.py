@@ -123,10 +123,12 @@ def idle_cost(seconds: float) -> None:
         subprocess.run([PROBING, str(used_agent.pid), "backtrace"], capture_output=True, check=True)
         subprocess.run([PROBING, str(used_agent.pid), "query", "SELECT * FROM python.threads"],
                        capture_output=True, check=True)  # fmt: skip
-        find_agent = (
-            "import threading; [t.native_id for t in threading.enumerate() if t.name == 'probing-agent']"
+        # The agent's threads are not threading's: the OS names them (probing/agent/threads.py).
+        agent_tid = next(
+            int(task)
+            for task in os.listdir(f"/proc/{used_agent.pid}/task")
+            if Path(f"/proc/{used_agent.pid}/task/{task}/comm").read_text().strip() == "probing-agent"
         )
-        agent_tid = int(used_agent.eval(find_agent).strip("[]\n"))
         time.sleep(0.5)  # let the connection threads of those commands finish
         rss = {"none": _rss_kb(plain.pid), "idle": _rss_kb(idle_agent.pid), "used": _rss_kb(used_agent.pid)}
         ticks_per_s = os.sysconf("SC_CLK_TCK")

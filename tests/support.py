@@ -282,6 +282,36 @@ def probing(
     )
 
 
+def agent_threads(pid: int) -> List[str]:
+    """The OS names of a process's probing threads, sorted. The agent's threads are not
+    threading's (probing/agent/threads.py): each names itself for the OS (comm, 15 bytes)."""
+    names = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+        except OSError:
+            continue  # it ended meanwhile
+        if name.startswith("probing-"):
+            names.append(name)
+    return sorted(names)
+
+
+def agent_thread_ids(pid: int, name: str) -> List[int]:
+    """The OS thread ids of a process's threads named `name` (comm)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if Path(f"/proc/{pid}/task/{task}/comm").read_text().strip() == name:
+                found.append(int(task))
+        except OSError:
+            continue
+    return found
+
+
 def wait_until(condition: object, timeout: float = 10.0, interval: float = 0.02) -> bool:
     """Poll a condition until it holds; for states with no event to wait on (a file removed)."""
     deadline = time.monotonic() + timeout

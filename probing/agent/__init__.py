@@ -8,16 +8,16 @@ the first connection. See DESIGN.md, "Agent rules".
 from __future__ import annotations
 
 import os
-import threading
-from typing import Optional, Tuple
+from typing import Optional, Set, Tuple
 
+from ..originals import allocate_lock, get_ident, get_native_id
+from ..procfs import thread_names
 from .lifecycle import run_fork_hooks
 from .listener.address import listen_setting
 from .server import AgentServer
 from .sockets import AGENT_THREAD_NAME, descriptor_identity, release
-from .stacks import thread_name
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 _server: Optional[AgentServer] = None
 last_error: Optional[str] = None
 
@@ -25,17 +25,19 @@ last_error: Optional[str] = None
 # (st_dev, st_ino) of the socket's file, taken when the agent started: how start() tells its
 # own socket file from one the job removed or replaced (the descriptor's is the server's own).
 _path_identity: Optional[Tuple[int, int]] = None
+# OS thread ids of the accept threads this copy started (alive or not).
+_accept_threads: Set[int] = set()
 
 
 def _another_copy_serves(own: Optional[AgentServer]) -> bool:
-    # A second copy of this package (loaded by file path, or from another install) may
-    # already serve this process: one agent per process, whoever started it. Our own dead
-    # server's accept thread may still be blocked on its closed socket: it is not one.
-    dead = own._thread if own is not None else None
-    return any(
-        thread is not dead and thread_name(thread) == AGENT_THREAD_NAME and thread.is_alive()
-        for thread in threading.enumerate()  # its limbo too: a starting agent thread is in it
-    )
+    """Whether a second copy of this package (loaded by file path, or from another install)
+    already serves this process: one agent per process, whoever started it.
+
+    Agent threads are invisible to `threading` (threads.py): the OS names the accept thread of
+    every copy. Ours do not count: a dead server's accept thread may still be blocked on its
+    closed socket, and the attach helper's thread calling us is named like one."""
+    mine = {get_native_id()} | _accept_threads
+    return any(name == AGENT_THREAD_NAME and tid not in mine for tid, name in thread_names("self").items())
 
 
 def _identity(info: os.stat_result) -> Tuple[int, int]:
@@ -116,7 +118,7 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
                 server.tcp_listener = listener
         server.on_detach = stop
         if calling_thread_is_ours:
-            server.own_threads.add(threading.get_ident())
+            server.own_threads.add(get_ident())
         # The sampler starts before the socket serves: a backtrace must never catch its thread
         # before it is known as the agent's own.
         sampling_error = None
@@ -142,6 +144,8 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             return False
         _server = server
         _path_identity = path_identity
+        if server.accept_thread_id is not None:
+            _accept_threads.add(server.accept_thread_id)
         last_error = sampling_error
     try:
         # Hooks only (excepthook, signals, faulthandler): a job that never ends pays nothing.
@@ -190,7 +194,7 @@ def release_calling_thread() -> None:
     may get next (idents are reused)."""
     server = _server
     if server is not None:
-        server.own_threads.discard(threading.get_ident())
+        server.own_threads.discard(get_ident())
         # It still unwinds the import that ran it: a backtrace served meanwhile must not show it.
         from .stacks import leave
 
@@ -220,8 +224,9 @@ def _forget_after_fork() -> None:
     # In a forked child (a DataLoader worker) the accept thread does not exist and the
     # listening socket is the parent's: drop both without touching the parent's socket file.
     global _server, _lock
-    _lock = threading.Lock()
+    _lock = allocate_lock()
     server, _server = _server, None
+    _accept_threads.clear()  # the child's threads are its own
     if server is not None:
         server.abandon_in_child()
     run_fork_hooks()

@@ -7,9 +7,9 @@ held for a per-row serialisation (DESIGN.md, "Agent rules").
 from __future__ import annotations
 
 import array
-import json
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from ..originals import json_dumps
 from ..protocol.tables import ENCODING_OF_TYPE, ColumnBuffers, encode_table
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class _Strings:
 
 
 def _json_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    return value if isinstance(value, str) else json_dumps(value)
 
 
 def new_column(column_type: str) -> Any:

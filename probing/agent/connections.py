@@ -5,14 +5,13 @@ connection the current thread serves.
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..originals import POLLIN, Socket, local, monotonic, poll
 from .sockets import descriptor_identity
 
 # The connection a connection thread serves, for handlers that wait long (memory --growth).
-_serving = threading.local()
+_serving = local()
 
 
 def client_gone() -> bool:
@@ -20,11 +19,9 @@ def client_gone() -> bool:
     conn = getattr(_serving, "connection", None)
     if conn is None:
         return False
-    import select
-
     try:
-        poller = select.poll()  # not select(): a training job may have more than 1024 descriptors
-        poller.register(conn.fileno(), select.POLLIN)
+        poller = poll()  # not select(): a training job may have more than 1024 descriptors
+        poller.register(conn.fileno(), POLLIN)
         if not poller.poll(0):
             return False
         return bool(conn.recv(1, socket.MSG_PEEK) == b"")
@@ -34,7 +31,7 @@ def client_gone() -> bool:
         return True
 
 
-def serve_on_this_thread(conn: Optional[socket.socket]) -> None:
+def serve_on_this_thread(conn: Optional[Socket]) -> None:
     _serving.connection = conn
 
 
@@ -59,12 +56,12 @@ class Connection:
         "evicted",
     )
 
-    def __init__(self, sock: socket.socket, pid: Optional[int], peer: Optional[str] = None) -> None:
+    def __init__(self, sock: Socket, pid: Optional[int], peer: Optional[str] = None) -> None:
         self.sock = sock
         self.identity = descriptor_identity(sock)
         self.pid = pid  # None over TCP: the peer is on another node, its address is what we know
         self.peer = peer
-        self.connected_at = time.monotonic()
+        self.connected_at = monotonic()
         self.requests = 0
         self.last_request_at = self.connected_at
         self.method: Optional[str] = None

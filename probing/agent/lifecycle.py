@@ -9,8 +9,9 @@ a hook that raises does not keep the others from running.
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, List, Tuple
+
+from ..originals import allocate_lock
 
 # Stages, in the order they run at stop.
 WORK = 10  # what runs on the agent's behalf: eval threads and their interrupts, samplers
@@ -22,7 +23,7 @@ JOB_HOOKS = 40  # hooks inside the job's libraries (torch optimizer and module h
 
 Hook = Callable[[], None]
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 _hooks: List[Tuple[int, int, Hook]] = []
 _fork_hooks: List[Hook] = []
 
@@ -61,7 +62,7 @@ def run_fork_hooks() -> None:
     """In a forked child, from os.register_at_fork: nothing may raise there (it would print)."""
     global _lock
     # The parent's lock may have been held by a thread that does not exist in the child.
-    _lock = threading.Lock()
+    _lock = allocate_lock()
     for hook in list(_fork_hooks):
         try:
             hook()

@@ -16,10 +16,10 @@ AttributeError: '_routes' from whatever object reused the memory). Retired proxi
 from __future__ import annotations
 
 import sys
-import threading
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ..originals import allocate_lock, get_ident
 from .lifecycle import STREAMS, on_stop
 
 # What one eval may print before its output is cut (the rest is counted, not kept).
@@ -27,7 +27,7 @@ MAX_CAPTURE_CHARS = 4 << 20
 
 _stdout_routes: Dict[int, CaptureBuffer] = {}
 _stderr_routes: Dict[int, CaptureBuffer] = {}
-_install_lock = threading.Lock()
+_install_lock = allocate_lock()
 # Every proxy ever installed: a thread may be inside one of them long after it was replaced.
 _retired: List[RoutedStream] = []
 
@@ -63,7 +63,7 @@ class RoutedStream:
         self._routes = routes
 
     def write(self, text: str) -> int:
-        buffer = self._routes.get(threading.get_ident())
+        buffer = self._routes.get(get_ident())
         if buffer is not None:
             return buffer.write(text)
         original = self._original
@@ -74,7 +74,7 @@ class RoutedStream:
             self.write(line)
 
     def flush(self) -> None:
-        if threading.get_ident() in self._routes:
+        if get_ident() in self._routes:
             return
         original = self._original
         if original is not None:
@@ -116,7 +116,7 @@ def captured(
 ) -> Iterator[Tuple[CaptureBuffer, CaptureBuffer]]:
     """Capture what the current thread (or thread `ident`) writes to sys.stdout/sys.stderr,
     into new buffers or the ones given."""
-    ident = threading.get_ident() if ident is None else ident
+    ident = get_ident() if ident is None else ident
     out = CaptureBuffer() if out is None else out
     err = CaptureBuffer() if err is None else err
     _install()

@@ -15,9 +15,9 @@ part of one block that is still being written.
 from __future__ import annotations
 
 import array
-import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from ..originals import allocate_lock
 from ..protocol.tables import ENCODING_OF_TYPE, TYPECODE_OF_ENCODING, ColumnBuffers, encode_table
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class Ring:
         self.block_rows = -(-capacity // self.BLOCKS)
         self.max_blocks = -(-capacity // self.block_rows)
         self.capacity = self.max_blocks * self.block_rows
-        self.lock = threading.Lock()
+        self.lock = allocate_lock()
         self.words: List[str] = []
         self._codes: Dict[str, int] = {}
         self.frozen: List[_Block] = []

@@ -12,15 +12,15 @@ import atexit
 import errno
 import os
 import socket
-import threading
-import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
 
+from ..originals import Socket, allocate_lock, get_ident, monotonic, sleep, wall_time
 from ..protocol.messages import ErrorKind
 from .connections import Connection, busy_message, serve_on_this_thread
 from .lifecycle import run_stop_hooks
 from .sockets import (
     AGENT_THREAD_NAME,
+    accept,
     bind_listener,
     descriptor_identity,
     peer_credentials,
@@ -60,17 +60,17 @@ REFUSAL_LINGER_S = 0.2
 class AgentServer:
     """One listening socket, its accept thread, and the connections it serves."""
 
-    def __init__(self, listener: socket.socket, path: str) -> None:
+    def __init__(self, listener: Socket, path: str) -> None:
         self.listener = listener
         self.listener_identity = descriptor_identity(listener)
         self.path = path
         self.owner_pid = os.getpid()
-        self.started_at = time.time()
+        self.started_at = wall_time()
         # Idents of the agent's own threads (accept, connections, eval workers).
         self.own_threads: Set[int] = set()
-        self._connections: Dict[socket.socket, Connection] = {}
-        self._connections_lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._connections: Dict[Socket, Connection] = {}
+        self._connections_lock = allocate_lock()
+        self._thread: Optional[AgentThread] = None
         self._stopping = False
         self._connection_count = 0
         # Set by the detach request; acted on after its reply has been sent.
@@ -91,8 +91,13 @@ class AgentServer:
 
     def start(self) -> None:
         atexit.register(self._remove_socket_file)
-        self._thread = AgentThread(target=self._accept_loop, name=AGENT_THREAD_NAME, daemon=True)
+        self._thread = AgentThread(target=self._accept_loop, name=AGENT_THREAD_NAME)
         self._thread.start()
+
+    @property
+    def accept_thread_id(self) -> Optional[int]:
+        """The OS thread id of the accept thread, once started."""
+        return self._thread.native_id if self._thread is not None else None
 
     def serving(self) -> bool:
         return not self._stopping and self._thread is not None and self._thread.is_alive()
@@ -100,28 +105,28 @@ class AgentServer:
     # --- accepting --------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        self.own_threads.add(threading.get_ident())
+        self.own_threads.add(get_ident())
         try:
             remove_dead_sockets(os.path.dirname(self.path))
             while not self._stopping:
                 try:
-                    conn, _ = self.listener.accept()
+                    conn = accept(self.listener)
                 except OSError as error:
                     if self._stopping or error.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
                         return
                     if descriptor_identity(self.listener) != self.listener_identity:
                         return  # the job closed our socket and reused the number
                     # Out of descriptors or memory: back off instead of spinning.
-                    time.sleep(0.1)
+                    sleep(0.1)
                     continue
                 if self._stopping:
                     release(conn, descriptor_identity(conn))
                     return
                 self._admit(conn)
         finally:
-            self.own_threads.discard(threading.get_ident())
+            self.own_threads.discard(get_ident())
 
-    def _admit(self, conn: socket.socket) -> None:
+    def _admit(self, conn: Socket) -> None:
         try:
             pid, uid, _ = peer_credentials(conn)
         except OSError:
@@ -132,7 +137,7 @@ class AgentServer:
             return
         self._admit_checked(Connection(conn, pid))
 
-    def admit_authenticated(self, conn: socket.socket, peer: str) -> None:
+    def admit_authenticated(self, conn: Socket, peer: str) -> None:
         """A TCP client that proved the token (listener/): the token stands in for the peer's
         uid, and from here on it is served like any Unix-socket client, under the same cap."""
         if self._stopping:
@@ -149,7 +154,7 @@ class AgentServer:
                 if idle:
                     self._evict(min(idle, key=Connection.eviction_order))
                 else:
-                    now = time.monotonic()
+                    now = monotonic()
                     refused = [other.describe(now) for other in self._connections.values()]
             if refused is None:
                 self._connections[conn] = record
@@ -161,7 +166,7 @@ class AgentServer:
             )
             return
         thread = AgentThread(
-            target=self._serve_connection, args=(conn, record), name=f"probing-conn-{number}", daemon=True
+            target=self._serve_connection, args=(conn, record), name=f"probing-conn-{number}"
         )
         try:
             thread.start()
@@ -180,7 +185,7 @@ class AgentServer:
         del self._connections[record.sock]
         release(record.sock, record.identity, socket.SHUT_RDWR)
 
-    def _refuse(self, conn: socket.socket, error_type: str, message: str, **details: Any) -> None:
+    def _refuse(self, conn: Socket, error_type: str, message: str, **details: Any) -> None:
         from .. import protocol
 
         identity = descriptor_identity(conn)
@@ -198,7 +203,7 @@ class AgentServer:
         finally:
             release(conn, identity)
 
-    def _forget(self, conn: socket.socket) -> None:
+    def _forget(self, conn: Socket) -> None:
         with self._connections_lock:
             self._connections.pop(conn, None)
 
@@ -209,26 +214,26 @@ class AgentServer:
             if record.evicted:
                 return False
             if record.busy_since is None:
-                record.busy_since = time.monotonic()
+                record.busy_since = monotonic()
             record.method = method[:64] if isinstance(method, str) else None
             return True
 
     def _end_request(self, record: Connection) -> None:
         with self._connections_lock:
             record.requests += 1
-            record.last_request_at = time.monotonic()
+            record.last_request_at = monotonic()
             record.busy_since = None
 
     def connections(self) -> List[Dict[str, Any]]:
         """Who holds the agent's connections now (for a Busy reply and for tests)."""
-        now = time.monotonic()
+        now = monotonic()
         with self._connections_lock:
             return [record.describe(now) for record in self._connections.values()]
 
     # --- serving one client ------------------------------------------------------------------
 
-    def _serve_connection(self, conn: socket.socket, record: Optional[Connection] = None) -> None:
-        self.own_threads.add(threading.get_ident())
+    def _serve_connection(self, conn: Socket, record: Optional[Connection] = None) -> None:
+        self.own_threads.add(get_ident())
         serve_on_this_thread(conn)
         if record is None:  # a connection handed over directly (tests over a socketpair)
             record = Connection(conn, 0)
@@ -309,10 +314,10 @@ class AgentServer:
                     dispatcher.close()
                 except Exception:  # noqa: BLE001, S110 - closing must not take the agent down
                     pass
-            self.own_threads.discard(threading.get_ident())
+            self.own_threads.discard(get_ident())
 
     @staticmethod
-    def _send(conn: socket.socket, buffers: Any) -> bool:
+    def _send(conn: Socket, buffers: Any) -> bool:
         from .. import protocol
 
         try:
@@ -334,7 +339,7 @@ class AgentServer:
         # is still about to call accept() on it, and take that agent's first client.
         release(self.listener, self.listener_identity, socket.SHUT_RDWR)
         thread = self._thread
-        if thread is not None and thread.ident != threading.get_ident():
+        if thread is not None and thread.ident != get_ident():
             thread.join(timeout=1.0)
         release(self.listener, self.listener_identity)
         # The TCP port closes before the connections do: a client that sees its connection end
@@ -355,12 +360,14 @@ class AgentServer:
 
     def _wake_accept(self) -> None:
         # Closing a socket does not wake a thread blocked in accept() on it; a connection does.
+        waker = Socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as waker:
-                waker.settimeout(0.5)
-                waker.connect(self.path)
+            waker.settimeout(0.5)
+            waker.connect(self.path)
         except OSError:
             pass
+        finally:
+            waker.close()
 
     def _remove_socket_file(self) -> None:
         if os.getpid() != self.owner_pid:

@@ -11,6 +11,8 @@ import stat
 import struct
 from typing import Optional, Tuple
 
+from ..originals import Socket
+
 AGENT_THREAD_NAME = "probing-agent"
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
@@ -32,7 +34,7 @@ def prepare_socket_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
-def peer_credentials(conn: socket.socket) -> Tuple[int, int, int]:
+def peer_credentials(conn: Socket) -> Tuple[int, int, int]:
     """(pid, uid, gid) of the process on the other end of a Unix socket."""
     pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     return pid, uid, gid
@@ -60,7 +62,7 @@ def remove_dead_sockets(directory: str) -> None:
         except OSError:
             continue
         path = os.path.join(directory, name)
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe = Socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.settimeout(0.2)
             probe.connect(path)
@@ -75,7 +77,7 @@ def remove_dead_sockets(directory: str) -> None:
             probe.close()
 
 
-def descriptor_identity(sock: socket.socket) -> Optional[Tuple[int, int]]:
+def descriptor_identity(sock: Socket) -> Optional[Tuple[int, int]]:
     """(st_dev, st_ino) of what the socket's descriptor number refers to now; None if closed."""
     try:
         info = os.fstat(sock.fileno())
@@ -84,7 +86,7 @@ def descriptor_identity(sock: socket.socket) -> Optional[Tuple[int, int]]:
     return info.st_dev, info.st_ino
 
 
-def release(sock: socket.socket, identity: Optional[Tuple[int, int]], shutdown: Optional[int] = None) -> None:
+def release(sock: Socket, identity: Optional[Tuple[int, int]], shutdown: Optional[int] = None) -> None:
     """Shut down (`shutdown`: socket.SHUT_*) or close one of the agent's sockets, but only while
     its descriptor number is still that socket.
 
@@ -108,7 +110,7 @@ def release(sock: socket.socket, identity: Optional[Tuple[int, int]], shutdown: 
         pass
 
 
-def bind_listener(socket_dir: Optional[str], backlog: int) -> Tuple[socket.socket, str]:
+def bind_listener(socket_dir: Optional[str], backlog: int) -> Tuple[Socket, str]:
     """A listening socket at `<socket dir>/<pid>.sock`, mode 0600, in a directory of ours, 0700."""
     directory = socket_dir or default_socket_dir()
     prepare_socket_dir(directory)
@@ -121,8 +123,9 @@ def bind_listener(socket_dir: Optional[str], backlog: int) -> Tuple[socket.socke
         os.unlink(path)
     except FileNotFoundError:
         pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    listener = Socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
+        listener.settimeout(None)  # not the job's socket.setdefaulttimeout()
         listener.bind(path)
         # chmod after bind rather than umask: umask is process-wide and the target's
         # other threads may be creating files right now. The 0700 directory closes the gap.
@@ -132,6 +135,19 @@ def bind_listener(socket_dir: Optional[str], backlog: int) -> Tuple[socket.socke
         listener.close()
         raise
     return listener, path
+
+
+def accept(listener: Socket) -> Socket:
+    """The next connection, as the C socket type (socket.socket.accept would build it from the
+    socket module's global `socket`, which the job may have replaced: originals.py)."""
+    descriptor, _ = listener._accept()  # type: ignore[attr-defined]
+    try:
+        conn = Socket(listener.family, listener.type, listener.proto, fileno=descriptor)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    conn.settimeout(None)  # blocking, whatever the job's socket.setdefaulttimeout() says
+    return conn
 
 
 def remove_socket_file(path: str) -> None:

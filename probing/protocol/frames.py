@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import struct
 
+from ..originals import json_dumps as _json_dumps
+from ..originals import json_loads as json_loads
+from ..originals import monotonic
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
     ByteChunk = Union[bytes, bytearray, memoryview]
 
@@ -48,55 +52,9 @@ class Frame:
         self.payload = payload
 
 
-def _json_codec() -> Tuple[Callable[[Any], str], Callable[[str], Any]]:
-    """JSON through the C accelerator `_json` directly.
-
-    `import json` drags in `re` and `enum`, ~8 ms of the CLI's start-up on every
-    `probing PID backtrace`; `_json` holds the same C encoder and scanner that json uses.
-    Any interpreter where that does not work gets the json module.
-    """
-    try:
-        import _json
-
-        class Options:
-            strict = True
-            object_hook = object_pairs_hook = None
-            parse_float = parse_constant = float
-            parse_int = int
-            memo: Dict[Any, Any] = {}
-
-        scan = _json.make_scanner(Options())  # type: ignore[arg-type]
-        encoder = _json.make_encoder(
-            None, str, _json.encode_basestring_ascii, None, ":", ",", False, False, True
-        )
-
-        def dumps(value: Any) -> str:
-            return "".join(encoder(value, 0))
-
-        def loads(text: str) -> Any:
-            text = text.strip()
-            try:
-                value, end = scan(text, 0)
-            except StopIteration:
-                raise ValueError("expecting a JSON value") from None
-            except (SystemError, RecursionError):
-                # The scanner without json.decoder imported fails on some malformed texts with
-                # a SystemError; a peer's deep nesting exhausts the stack. Both are bad input.
-                raise ValueError("malformed JSON, or nested too deep") from None
-            if end != len(text):
-                raise ValueError(f"extra data at character {end}")
-            return value
-
-        if loads(dumps({"a": [1, 2.5, None, True, "\u00e9"]})) != {"a": [1, 2.5, None, True, "\u00e9"]}:
-            raise ValueError("_json round trip failed")
-        return dumps, loads
-    except Exception:  # noqa: BLE001 - any surprise: the plain module does the same job
-        import json
-
-        return (lambda value: json.dumps(value, separators=(",", ":"), default=str)), json.loads
-
-
-json_dumps, json_loads = _json_codec()
+def json_dumps(value: Any) -> str:
+    """A header's JSON: compact and ASCII; what JSON cannot hold is written as its str()."""
+    return _json_dumps(value, compact=True)
 
 
 def encode_header(header: Dict[str, Any]) -> bytes:
@@ -197,7 +155,6 @@ class FrameReader:
                 self._timeout_set = None
             return self._recv_counted(size)
         import _socket
-        from time import monotonic
 
         # Never zero: a thread that waited for the GIL past the deadline still takes bytes
         # that are already there.
@@ -225,8 +182,6 @@ class FrameReader:
     def _recv_counted(self, size: int) -> bytes:
         chunk: bytes = self.sock.recv(size)
         if chunk and self._frame_time is not None and self._frame_deadline is None:
-            from time import monotonic
-
             self._frame_deadline = monotonic() + self._frame_time
         self._received += len(chunk)
         return chunk
@@ -266,12 +221,11 @@ class FrameReader:
 
         Raises FrameError for a frame we refuse (fatal when its length fields cannot be
         trusted, so the rest of the stream is unreadable), FrameTimeout when `deadline` (a
-        time.monotonic() value) or `frame_time` passes, and ConnectionClosed for a
+        monotonic() value) or `frame_time` passes, and ConnectionClosed for a
         truncated frame.
         """
         if deadline is None and frame_time is None:
             return self._read()
-        from time import monotonic
 
         self._deadline, self._frame_time = deadline, frame_time
         self._frame_deadline = monotonic() + frame_time if frame_time is not None and self.pending else None

@@ -26,8 +26,8 @@ import socket
 import struct
 import sys
 from _operator import _compare_digest as compare_digest
-from time import monotonic
 
+from ..originals import monotonic
 from .auth import MAC_BYTES, HmacSha256
 from .frames import send_views
 

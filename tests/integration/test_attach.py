@@ -15,7 +15,7 @@ import pytest
 
 from probing.errors import ExitCode
 
-from support import Target, find_interpreter, interpreter_params, probing, wait_until
+from support import Target, agent_threads, find_interpreter, interpreter_params, probing, wait_until
 
 
 def backtrace_rows(pid: int, *args: str) -> List[Dict[str, object]]:
@@ -149,13 +149,14 @@ def test_attach_is_idempotent_and_detach_then_attach_works() -> None:
         first = inject(job.pid)
         again = inject(job.pid)
         assert first["method"] == "ptrace" and again["method"] is None  # already there
-        agents = "import threading; sum(t.name == 'probing-agent' for t in threading.enumerate())"
-        assert probing(str(job.pid), "eval", agents).stdout == "1\n"
+        assert probing(str(job.pid), "eval", "1").stdout == "1\n"
+        assert agent_threads(job.pid).count("probing-agent") == 1, agent_threads(job.pid)
         detached = probing(str(job.pid), "detach")
         assert detached.returncode == 0 and "agent stopped" in detached.stdout
         assert probing(str(job.pid), "--no-attach", "eval", "1").returncode == ExitCode.NO_AGENT
         assert inject(job.pid)["method"] == "ptrace"
-        assert probing(str(job.pid), "eval", agents).stdout == "1\n"
+        assert probing(str(job.pid), "eval", "1").stdout == "1\n"
+        assert agent_threads(job.pid).count("probing-agent") == 1, agent_threads(job.pid)
         assert job.finish() == 0
 
 

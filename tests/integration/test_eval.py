@@ -9,7 +9,7 @@ import pytest
 
 from probing.errors import ExitCode
 
-from support import Target, interpreter_params, probing
+from support import Target, agent_threads, interpreter_params, probing, wait_until
 
 
 @pytest.fixture(scope="module", params=interpreter_params())
@@ -131,11 +131,9 @@ def test_a_runaway_eval_is_interrupted_at_its_timeout(target: Target) -> None:
     assert result.stdout == "spinning\n"
     assert elapsed < 5, elapsed
     # The loop is gone: no eval thread is left burning a core.
-    others = (
-        "import threading; [t.name for t in threading.enumerate() if t is not threading.current_thread()]"
+    assert wait_until(
+        lambda: not [name for name in agent_threads(target.pid) if name.startswith("probing-eval")]
     )
-    threads = probing(str(target.pid), "eval", others)
-    assert not [name for name in eval(threads.stdout) if name.startswith("probing-eval")]
 
 
 def test_an_eval_blocked_in_c_is_reported_as_still_running(target: Target) -> None:

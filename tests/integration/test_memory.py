@@ -17,7 +17,7 @@ import pytest
 
 from probing.errors import ExitCode
 
-from support import PROBING, TARGETS, Target, interpreter_params, probing, wait_until
+from support import PROBING, TARGETS, Target, agent_threads, interpreter_params, probing, wait_until
 
 
 def _line_of(marker: str) -> int:
@@ -189,19 +189,18 @@ def test_sampling_interval_can_change_and_stop() -> None:
     with Target("sleeper.py", env={"PROBING_MEMORY_INTERVAL": "0"}) as job:
         result = probing(str(job.pid), "query", "SELECT count(*) AS n FROM process.memory")
         assert "sampling is off" in result.stderr and result.stdout.split()[-1] == "0"
-        threads = "import threading; sorted(t.name for t in threading.enumerate())"
-        assert "probing-memory" not in evaluate(job.pid, threads)
+        assert "probing-memory" not in agent_threads(job.pid)
         assert probing(str(job.pid), "memory", "--interval", "0.1").stdout.startswith(
             "process.memory: a sample every 0.1 s; "
         )
         assert wait_until(lambda: len(rows(job.pid, "SELECT ts FROM process.memory")) >= 5, timeout=10)
-        assert "probing-memory" in evaluate(job.pid, threads)
+        assert "probing-memory" in agent_threads(job.pid)
         # The sampler's thread is the agent's: never in a backtrace.
         assert "probing-memory" not in probing(str(job.pid), "backtrace").stdout
         assert (
             probing(str(job.pid), "memory", "--interval", "0").stdout == "process.memory: sampling is off\n"
         )
-        assert wait_until(lambda: "probing-memory" not in evaluate(job.pid, threads), timeout=5)
+        assert wait_until(lambda: "probing-memory" not in agent_threads(job.pid), timeout=5)
         kept = len(rows(job.pid, "SELECT ts FROM process.memory"))
         assert kept >= 5  # what was recorded stays queryable
         # Started again, it goes on in the same ring.
@@ -213,12 +212,11 @@ def test_sampling_interval_can_change_and_stop() -> None:
 
 def test_detach_stops_the_sampler() -> None:
     with Target("sleeper.py", env=FAST_SAMPLING) as job:
-        threads = "import threading; sorted(t.name for t in threading.enumerate())"
-        assert "probing-memory" in evaluate(job.pid, threads)
+        assert "probing-memory" in agent_threads(job.pid)
         assert probing(str(job.pid), "detach").returncode == 0
         # Attaching again gives a fresh agent; the old sampler thread is gone.
-        names = evaluate(job.pid, threads)
-        assert names.count("probing-memory") == 1, names
+        assert probing(str(job.pid), "eval", "1").returncode == 0
+        assert wait_until(lambda: agent_threads(job.pid).count("probing-memory") == 1), agent_threads(job.pid)
 
 
 def test_growth_stops_tracemalloc_when_its_client_goes_away(leaky_job: Target) -> None:

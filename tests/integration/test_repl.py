@@ -3,7 +3,6 @@ lines piped in as a script would."""
 
 from __future__ import annotations
 
-import ast
 import os
 import pty
 import select
@@ -23,7 +22,7 @@ from probing.agent.repl import session as repl
 from probing.agent.server import AgentServer
 from probing.errors import ExitCode
 
-from support import PROBING, Target, interpreter_params, probing, wait_until
+from support import PROBING, Target, agent_threads, interpreter_params, probing, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +39,7 @@ def evaluate(target: Target, code: str) -> str:
 
 
 def repl_threads(target: Target) -> List[str]:
-    names = ast.literal_eval(evaluate(target, "import threading; [t.name for t in threading.enumerate()]"))
-    return [name for name in names if name.startswith("probing-repl")]
+    return [name for name in agent_threads(target.pid) if name.startswith("probing-repl")]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -278,10 +276,12 @@ def test_a_closed_connection_interrupts_its_statement(agent_end: AgentEnd) -> No
     token = call(sock, {"action": "open"})["result"]["session"]
     assert call(sock, {"action": "push", "session": token, "line": "while True: pass"})["result"]["more"]
     assert not call(sock, {"action": "push", "session": token, "line": ""})["result"]["done"]
-    assert [t for t in threading.enumerate() if t.name.startswith("probing-repl")]
+    assert [name for name in agent_threads(os.getpid()) if name.startswith("probing-repl")]
     sock.close()
     thread.join(5)
-    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("probing-repl")])
+    assert wait_until(
+        lambda: not [name for name in agent_threads(os.getpid()) if name.startswith("probing-repl")]
+    )
     assert token in repl._sessions  # the session outlives its connection, for a reconnect
     repl.handle(set(), {"action": "close", "session": token})
 

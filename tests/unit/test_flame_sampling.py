@@ -220,7 +220,7 @@ def test_the_answer_lets_the_job_run_between_chunks(monkeypatch: pytest.MonkeyPa
     for number in range(3000):  # 3000 distinct stacks (threads of their own)
         sampling.counts[(f"t{number}", code, where)] = 1
     slept: List[float] = []
-    monkeypatch.setattr(stack_sampler.time, "sleep", slept.append)
+    monkeypatch.setattr(stack_sampler, "sleep", slept.append)
     answer = json.loads(sampling.result(time.monotonic() - 1.0, 100.0, "done"))
     assert len(answer["stacks"]) >= 3000 and len(slept) >= 3000 // stack_sampler.ANSWER_CHUNK
     assert answer["sampling_s"] > 0

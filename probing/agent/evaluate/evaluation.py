@@ -18,17 +18,16 @@ from __future__ import annotations
 import ast
 import itertools
 import sys
-import threading
-import time
 import traceback
 from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...originals import Event, allocate_lock, get_ident, monotonic, perf_counter
 from ..lifecycle import WORK, on_stop
 from ..output import CaptureBuffer, captured, release
 from ..requests import ErrorKind, RequestError
 from ..stacks import ThreadStack, thread_stacks
-from ..threads import AgentThread
+from ..threads import AgentThread, forget_dummy
 from . import exitguard, framelocals
 from .framenames import AmbiguousName, FrameNames, frames_for
 from .interrupts import Interruptible
@@ -51,9 +50,9 @@ _counter = itertools.count(1)
 # in C (none landed) and code that catches them and carries on (some did).
 _landed: Dict[int, int] = {}
 # Set on detach: the threads that keep interrupting stubborn code stop.
-_stopping = threading.Event()
-_reinterrupters: List[threading.Thread] = []
-_reinterrupters_lock = threading.Lock()
+_stopping = Event()
+_reinterrupters: List[AgentThread] = []
+_reinterrupters_lock = allocate_lock()
 
 
 class EvalTimeout(BaseException):
@@ -62,7 +61,7 @@ class EvalTimeout(BaseException):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         # Instantiated in the eval thread, when the interrupt reaches a handler there.
-        ident = threading.get_ident()
+        ident = get_ident()
         _landed[ident] = _landed.get(ident, 0) + 1
 
 
@@ -156,7 +155,7 @@ class EvalJob(Interruptible):
         self.filename, self.source = filename, source
         self.allow_exit = allow_exit
         self.frames = frames
-        self.done = threading.Event()
+        self.done = Event()
         self.value: Optional[str] = None
         self.error: Optional[BaseException] = None
         self.traceback = ""
@@ -165,11 +164,14 @@ class EvalJob(Interruptible):
         super().__init__()
 
     def run(self) -> None:
-        ident = threading.get_ident()
+        ident = get_ident()
         self.own_threads.add(ident)
         if not self.allow_exit:
             exitguard.guard(ident)
         self._run_to_the_end(ident)
+        # The code may have asked threading.current_thread() (logging does): the _DummyThread
+        # that made must not stay in the job's threading.enumerate().
+        forget_dummy(ident)
         release(ident)
         if not self.allow_exit:
             exitguard.release(ident)
@@ -217,26 +219,25 @@ _TAIL_FILES = {
 }
 
 
-def _keep_interrupting(job: EvalJob, own_threads: Any, stopping: threading.Event) -> None:
+def _keep_interrupting(job: EvalJob, own_threads: Any, stopping: Event) -> None:
     """Interrupt code that catches the interrupt, for a bounded time, until detach."""
-    ident = threading.get_ident()
+    ident = get_ident()
     own_threads.add(ident)
     try:
-        deadline = time.monotonic() + KEEP_INTERRUPTING_S
-        while time.monotonic() < deadline and not stopping.is_set() and job.interrupt():
+        deadline = monotonic() + KEEP_INTERRUPTING_S
+        while monotonic() < deadline and not stopping.is_set() and job.interrupt():
             if job.done.wait(REINTERRUPT_EVERY_S):
                 return
     finally:
         own_threads.discard(ident)
         with _reinterrupters_lock:
-            current = threading.current_thread()
-            if current in _reinterrupters:
-                _reinterrupters.remove(current)
+            _reinterrupters[:] = [thread for thread in _reinterrupters if thread.ident != ident]
 
 
 def _start_reinterrupting(job: EvalJob, own_threads: Any, name: str) -> bool:
+    # probing-intr-N: the OS keeps 15 bytes of a name, and the number must survive.
     thread = AgentThread(
-        target=_keep_interrupting, args=(job, own_threads, _stopping), name=f"{name}-interrupter", daemon=True
+        target=_keep_interrupting, args=(job, own_threads, _stopping), name=name.replace("eval", "intr")
     )
     with _reinterrupters_lock:
         try:
@@ -253,7 +254,7 @@ def stop() -> None:
     with _reinterrupters_lock:
         _stopping.set()
         # A fresh event for an agent attached later: this module stays imported.
-        _stopping = threading.Event()
+        _stopping = Event()
         threads = list(_reinterrupters)
     for thread in threads:
         thread.join(timeout=1.0)
@@ -339,14 +340,14 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
             namespace = (names, names)
     job = EvalJob(own_threads, body, tail, namespace, filename, source, allow_exit, frames)
     name = f"probing-eval-{number}"
-    worker = AgentThread(target=job.run, name=name, daemon=True)
-    started = time.perf_counter()
+    worker = AgentThread(target=job.run, name=name)
+    started = perf_counter()
     worker.start()
     job.ident = worker.ident
     if not job.done.wait(timeout):
-        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        deadline = monotonic() + INTERRUPT_GRACE_S
         # Repeat: code that catches BaseException and carries on gets another one.
-        while not job.done.is_set() and time.monotonic() < deadline and job.interrupt():
+        while not job.done.is_set() and monotonic() < deadline and job.interrupt():
             job.done.wait(REINTERRUPT_EVERY_S)
         landed = job.landed()
         if job.done.is_set():
@@ -381,6 +382,6 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
             ErrorKind.REMOTE_ERROR, message, exception=type(raised).__name__,
             refused_exit=isinstance(raised, exitguard.ProcessExitRefused), texts=layout, payload=payload,
         )  # fmt: skip
-    elapsed = time.perf_counter() - started
+    elapsed = perf_counter() - started
     layout, payload = _texts(job, None)
     return {"elapsed_s": elapsed, "texts": layout}, payload

@@ -20,8 +20,9 @@ import functools
 import os
 import signal
 import sys
-import threading
 from typing import Any, Callable, Dict, List, Set, Tuple
+
+from ...originals import allocate_lock, get_ident
 
 
 class ProcessExitRefused(BaseException):
@@ -33,7 +34,7 @@ class ProcessExitRefused(BaseException):
 _guarded: Set[int] = set()
 # (module, name, real function, our wrapper) for each installed wrapper.
 _installed: List[Tuple[Any, str, Any, Any]] = []
-_lock = threading.Lock()
+_lock = allocate_lock()
 
 
 def _targets_us(pid: int) -> bool:
@@ -90,7 +91,7 @@ def _wrap(module_name: str, name: str, real: Any, ends_process: Callable[[Tuple[
     @functools.wraps(real)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         # Set membership under the GIL: no lock on the job's own path through here.
-        if threading.get_ident() in _guarded and ends_process(args):
+        if get_ident() in _guarded and ends_process(args):
             raise _refusal(_describe(qualified, args))
         return real(*args, **kwargs)
 

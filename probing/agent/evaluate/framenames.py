@@ -23,10 +23,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
 from types import CodeType, FrameType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from ...originals import get_ident
 from ..stacks import ThreadStack, thread_stacks
 from . import framelocals
 
@@ -246,7 +246,7 @@ class FrameNames:
 
     def start(self, report: Callable[[str], Any]) -> None:
         """The code starts in the calling thread; notes go to `report` from now on."""
-        self.ident = threading.get_ident()
+        self.ident = get_ident()
         self.report = report
         for text in self.pending:
             report(text)
@@ -273,7 +273,7 @@ class FrameNames:
     def active(self) -> bool:
         """Frames are searched only from the code's own thread while it runs: a function it
         defined and the job calls later reads __main__ only."""
-        return not self.closed and self.ident == threading.get_ident()
+        return not self.closed and self.ident == get_ident()
 
     def _bind(self, name: str, before_running: bool = False) -> Optional[Binding]:
         binding = self.bindings.get(name)

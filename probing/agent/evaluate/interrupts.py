@@ -4,8 +4,9 @@ stop code that runs in a thread of its own."""
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Optional
+
+from ...originals import allocate_lock
 
 
 def set_async_exception(ident: int, exception: Optional[type]) -> None:
@@ -25,7 +26,7 @@ class Interruptible:
     interrupt_with: type = KeyboardInterrupt
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         self._finished = False
         self._started = False
         self._sent = False
@@ -44,7 +45,7 @@ class Interruptible:
     def _run_to_the_end(self, ident: int) -> None:
         """Run the code once, then stop interrupts. An interrupt can land anywhere until
         _finish has run, even outside the code: go round until it has. One escaping the
-        thread would be printed by threading.excepthook on the job's stderr."""
+        thread would reach the job's hooks (threads.py keeps it from them, silently)."""
         while True:
             try:
                 if not self._started:

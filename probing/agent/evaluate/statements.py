@@ -15,13 +15,13 @@ import builtins
 import importlib.util
 import linecache
 import sys
-import threading
 import traceback
 from types import CodeType
 from typing import Any, Dict, Optional, Set
 
+from ...originals import Event, allocate_lock, get_ident
 from ..output import CaptureBuffer, captured, release
-from ..threads import AgentThread
+from ..threads import AgentThread, forget_dummy
 from . import exitguard
 from .framenames import FrameNames
 from .interrupts import Interruptible
@@ -146,9 +146,9 @@ def compile_statement(source: str, filename: str, flags: int) -> CodeType:
 class StreamBuffer(CaptureBuffer):
     """What a statement wrote to one stream that no reply has carried yet (bounded)."""
 
-    def __init__(self, activity: threading.Event, limit: int = MAX_PENDING_CHARS) -> None:
+    def __init__(self, activity: Event, limit: int = MAX_PENDING_CHARS) -> None:
         super().__init__(limit)
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         self._activity = activity
 
     def write(self, text: str) -> int:
@@ -181,21 +181,22 @@ class Statement(Interruptible):
         self.sources = sources  # the session's earlier statements, for tracebacks
         self.own_threads = own_threads
         self.owner = owner  # the connection thread waiting on it
-        self.activity = threading.Event()  # set by output and by the end
+        self.activity = Event()  # set by output and by the end
         self.out = StreamBuffer(self.activity)
         self.err = StreamBuffer(self.activity)
-        self.done = threading.Event()
+        self.done = Event()
         self.exception: Optional[str] = None
         self.traceback = ""
         self.leave = False
         self.interrupted = False
         super().__init__()
-        self.thread = AgentThread(target=self._run, name=f"probing-repl-{number}", daemon=True)
+        self.thread = AgentThread(target=self._run, name=f"probing-repl-{number}")
 
     def _run(self) -> None:
-        ident = threading.get_ident()
+        ident = get_ident()
         self.own_threads.add(ident)
         self._run_to_the_end(ident)
+        forget_dummy(ident)  # a threading.current_thread() of the statement's (evaluation.py)
         release(ident)
         self.own_threads.discard(ident)
         self.done.set()

@@ -21,11 +21,10 @@ import collections
 import itertools
 import os
 import sys
-import threading
-import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...originals import allocate_lock, get_ident, monotonic
 from ..evaluate.framenames import AmbiguousName, FrameNames, frames_for
 from ..evaluate.namespace import SessionNamespace
 from ..evaluate.statements import (
@@ -62,7 +61,7 @@ MAX_BACKLOG_CHARS = 4 << 20
 
 _numbers = itertools.count(1)
 _sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
-_sessions_lock = threading.Lock()
+_sessions_lock = allocate_lock()
 
 
 class Session:
@@ -77,8 +76,8 @@ class Session:
         self.number: Optional[int] = None
         self.running: Optional[Statement] = None
         self.sources: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self.lock = threading.Lock()
-        self.last_used = time.monotonic()
+        self.lock = allocate_lock()
+        self.last_used = monotonic()
         # Output of the running statement taken from its buffers but too big for one reply.
         self.backlog = {"stdout": "", "stderr": ""}
 
@@ -263,7 +262,7 @@ def _sweep() -> None:
     """Drop the least recently used sessions beyond MAX_SESSIONS, and sessions nobody used for
     SESSION_IDLE_S: a client killed without saying goodbye must not pin its names' memory
     (a tensor it made) in the job forever. Done on requests: the agent keeps no timer."""
-    now = time.monotonic()
+    now = monotonic()
     with _sessions_lock:
         dropped = [
             session
@@ -285,7 +284,7 @@ def _session(params: Dict[str, Any]) -> Session:
         session = _sessions.get(token) if isinstance(token, str) else None
         if session is not None:
             _sessions.move_to_end(token)  # type: ignore[arg-type]
-            session.last_used = time.monotonic()
+            session.last_used = monotonic()
     if session is None:
         raise RequestError(
             ErrorKind.NO_SESSION,
@@ -298,7 +297,7 @@ def _session(params: Dict[str, Any]) -> Session:
 def handle(own_threads: Any, params: Dict[str, Any]) -> Dict[str, Any]:
     """The `repl` method; the calling connection thread owns the statements it waits on."""
     action = params.get("action")
-    owner = threading.get_ident()
+    owner = get_ident()
     if action == "open":
         return _open(own_threads)
     if not isinstance(action, str) or action not in (
@@ -356,16 +355,16 @@ def drop_all() -> None:
     running = [session.running for session in sessions if session.running is not None]
     for statement in running:
         statement.interrupt()
-    deadline = time.monotonic() + STOP_WAIT_S
+    deadline = monotonic() + STOP_WAIT_S
     for statement in running:
-        statement.done.wait(max(0.0, deadline - time.monotonic()))
+        statement.done.wait(max(0.0, deadline - monotonic()))
 
 
 def _forget_after_fork() -> None:
     # A forked child (a DataLoader worker) has none of the statements' threads, and the lock
     # may have been held by a thread that does not exist there.
     global _sessions_lock
-    _sessions_lock = threading.Lock()
+    _sessions_lock = allocate_lock()
     _sessions.clear()
 
 

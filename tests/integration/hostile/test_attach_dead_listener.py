@@ -20,7 +20,7 @@ import pytest
 
 from probing.errors import ExitCode
 
-from support import Target, interpreter_params, probing, wait_until
+from support import Target, agent_threads, interpreter_params, probing, wait_until
 
 FROM_OUTSIDE = "answered from outside the process (py-spy)"
 
@@ -60,8 +60,7 @@ def _answered_from_outside_then_attached_again(job: Target) -> None:
         ("MainThread", True, "agent"),
         ("worker", False, "agent"),
     }
-    memory = probing(pid, "eval", "import threading; sorted(t.name for t in threading.enumerate())")
-    assert memory.stdout.count("probing-memory") == 1, memory.stdout  # one sampler, kept
+    assert agent_threads(int(pid)).count("probing-memory") == 1, agent_threads(int(pid))  # one sampler, kept
 
 
 def test_a_job_that_closes_its_descriptors_is_read_from_outside_and_attached_again(python: str) -> None:
