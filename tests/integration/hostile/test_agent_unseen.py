@@ -126,3 +126,28 @@ def test_a_job_that_patches_the_agents_modules_after_the_attach_is_neither_broke
         assert not any("HOOK" in line or "Exception in thread" in line for line in job.stderr_lines), (
             job.output()
         )
+
+
+def test_a_thread_the_job_started_from_an_eval_is_the_jobs_when_read_from_outside() -> None:
+    """A thread started by code an eval ran takes the eval thread's OS name (probing-eval-N)
+    until it renames itself (3.14 does; 3.8-3.13 do not). Read from outside (the GIL held),
+    threading's name decides, so it is still in the backtrace; the agent's own threads, which
+    threading does not know, are left out by their OS names."""
+    with Target("holds_gil_later.py") as job:
+        pid = str(job.pid)
+        started = probing(
+            pid, "eval",
+            "import threading, time\n"
+            "threading.Thread(target=time.sleep, args=(3600,), name='started-in-eval', daemon=True).start()",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        assert job.process.stdin is not None
+        job.process.stdin.write(b"hold\n")
+        job.process.stdin.flush()
+        assert wait_until(lambda: "holding" in job.stdout_lines, timeout=10), job.output()
+        for fmt in ("text", "json"):
+            shown = probing(pid, "backtrace", "--format", fmt, "--timeout", "5")
+            assert shown.returncode == 0, shown.stderr
+            assert "py-spy" in shown.stderr, shown.stderr  # read from outside
+            assert "started-in-eval" in shown.stdout, shown.stdout
+            assert "probing-" not in shown.stdout and "_accept_loop" not in shown.stdout, shown.stdout
