@@ -110,7 +110,7 @@ class AgentServer:
             remove_dead_sockets(os.path.dirname(self.path))
             while not self._stopping:
                 try:
-                    conn = accept(self.listener)
+                    conn, _ = accept(self.listener)
                 except OSError as error:
                     if self._stopping or error.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
                         return

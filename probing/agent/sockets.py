@@ -9,9 +9,9 @@ import os
 import socket
 import stat
 import struct
-from typing import Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from ..originals import Socket
+from ..originals import POLLIN, Socket, poll
 
 AGENT_THREAD_NAME = "probing-agent"
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
@@ -137,17 +137,62 @@ def bind_listener(socket_dir: Optional[str], backlog: int) -> Tuple[Socket, str]
     return listener, path
 
 
-def accept(listener: Socket) -> Socket:
-    """The next connection, as the C socket type (socket.socket.accept would build it from the
-    socket module's global `socket`, which the job may have replaced: originals.py)."""
-    descriptor, _ = listener._accept()  # type: ignore[attr-defined]
+def accept(listener: Socket) -> Tuple[Socket, Any]:
+    """The next connection and its peer's address, as the C socket type (socket.socket.accept
+    would build it from the socket module's global `socket`, which the job may have replaced:
+    originals.py)."""
+    descriptor, address = listener._accept()  # type: ignore[attr-defined]
     try:
         conn = Socket(listener.family, listener.type, listener.proto, fileno=descriptor)
     except BaseException:
         os.close(descriptor)
         raise
     conn.settimeout(None)  # blocking, whatever the job's socket.setdefaulttimeout() says
-    return conn
+    return conn, address
+
+
+class Poller:
+    """What the agent needs of selectors.PollSelector: sockets registered with a value, and the
+    values of those with something to read. On originals.poll: `selectors` takes select.poll
+    when it is imported, and may be imported only after the job replaced or removed it."""
+
+    def __init__(self) -> None:
+        self._poll = poll()
+        self._fds: Dict[Socket, int] = {}  # the number each was registered under: it may close
+        self._values: Dict[int, Any] = {}
+
+    def register(self, sock: Socket, value: Any) -> None:
+        descriptor = sock.fileno()
+        self._poll.register(descriptor, POLLIN)
+        self._fds[sock] = descriptor
+        self._values[descriptor] = value
+
+    def unregister(self, sock: Socket) -> None:
+        """KeyError for a socket that is not registered."""
+        descriptor = self._fds.pop(sock)
+        del self._values[descriptor]
+        try:
+            self._poll.unregister(descriptor)
+        except (KeyError, OSError):
+            pass
+
+    def select(self, timeout: float) -> List[Any]:
+        """The values of the sockets that can be read (or have hung up), after at most `timeout`
+        seconds."""
+        ready = self._poll.poll(max(0, int(timeout * 1000 + 0.999)))
+        return [self._values[descriptor] for descriptor, _ in ready if descriptor in self._values]
+
+    def close(self) -> None:
+        self._fds.clear()
+        self._values.clear()
+
+
+def socket_pair() -> Tuple[Socket, Socket]:
+    """A connected pair of Unix sockets, as the C type (socket.socketpair may be the job's)."""
+    import _socket
+
+    first, second = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    return first, second
 
 
 def remove_socket_file(path: str) -> None:

@@ -2,12 +2,23 @@
 shared token (protocol/auth.py) before a single frame is sent. After that the connection carries
 the same frames as the Unix socket, read by the same checks: the peer is untrusted input.
 
+An agent under a flood of connections that do not know the token (docs/decisions.md, issue 25)
+may have no room for ours: while the agent's accept queue is full the kernel drops our SYN, or
+the ACK that completes our connection (we then wait for a challenge that cannot come), and the
+agent resets a connection it had to give up before its verdict. So a connection that brings no
+challenge is started afresh after CONNECT_TRIES_S (the kernels would send the SYN or the SYN-ACK
+again only after 1 s, then 2 or 3 s more), and a connection reset before the verdict (nothing was
+asked yet) is tried again after DROPPED_RETRY_PAUSES_S; all within the command's timeout.
+Anything else (a refusal, nothing listening, a peer that hangs up or speaks another protocol) is
+the answer at once.
+
 Imported only for a tcp:// target: the Unix-socket path of `probing PID backtrace` never pays
 for the socket module.
 """
 
 from __future__ import annotations
 
+import _socket
 import hashlib
 import socket
 import threading
@@ -29,6 +40,20 @@ TAMPERED_HINT = (
     "something between this node and the agent changed the traffic (a proxy, a NAT device, an "
     "attacker); nothing it sent was run. Reach the agent directly"
 )
+# How long each connection waits for the agent's challenge before a fresh one: growing, so that
+# a slow link or a busy agent still fits; after the last, whatever the timeout leaves.
+CONNECT_TRIES_S = (0.25, 0.5, 1.0, 2.0)
+# The pauses before each new try when the agent reset the connection before its verdict: five
+# tries at most, 1.5 s of pauses in all (a flood that outlasts them is the firewall's business).
+DROPPED_RETRY_PAUSES_S = (0.05, 0.15, 0.3, 1.0)
+
+
+class _DroppedBeforeVerdict(Exception):
+    """The agent reset the connection before its verdict: `error` says so if no retry is left."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def split_endpoint(text: str) -> Tuple[str, int]:
@@ -74,6 +99,35 @@ def _resolve(host: str, port: int, url: str, deadline: float, timeout: float) ->
     return found
 
 
+def _challenged(
+    host: str, port: int, url: str, deadline: float, timeout: float, log: Callable[[str], None]
+) -> Tuple[socket.socket, bytes]:
+    """A connection to (host, port) and the CHALLENGE the agent sent on it, within `deadline`; a
+    try that brings none is given up for a fresh one after each of CONNECT_TRIES_S."""
+    waits = iter(CONNECT_TRIES_S)
+    while True:
+        wait = next(waits, None)
+        try_deadline = deadline if wait is None else min(deadline, time.monotonic() + wait)
+        try:
+            sock = _connect(host, port, url, try_deadline, timeout)
+        except AgentTimeout:
+            if try_deadline >= deadline:
+                raise
+            log(f"{url}: no answer to connecting in {wait:g} s; connecting afresh")
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock, _receive_exactly(sock, auth.CHALLENGE_BYTES, try_deadline, url, "challenge")
+        except AgentTimeout:
+            sock.close()
+            if try_deadline >= deadline:
+                raise
+            log(f"{url}: no challenge in {wait:g} s; connecting afresh")
+        except BaseException:
+            sock.close()
+            raise
+
+
 def _connect(host: str, port: int, url: str, deadline: float, timeout: float) -> socket.socket:
     """A connection to the first address of (host, port) that accepts one, all within `deadline`."""
     last: Optional[OSError] = None
@@ -86,6 +140,10 @@ def _connect(host: str, port: int, url: str, deadline: float, timeout: float) ->
         try:
             sock.connect(address)
             return sock
+        except ConnectionResetError as error:
+            sock.close()  # accepted and reset at once: a flooded agent had no room
+            broken = AgentUnreachable(f"{url} broke the connection: {error.strerror or error}")
+            raise _DroppedBeforeVerdict(broken) from None
         except OSError as error:
             sock.close()
             last = error
@@ -113,7 +171,10 @@ def _receive_exactly(sock: socket.socket, size: int, deadline: float, url: str, 
         except socket.timeout:
             continue
         except OSError as error:
-            raise AgentUnreachable(f"{url} broke the connection: {error.strerror or error}") from None
+            broken = AgentUnreachable(f"{url} broke the connection: {error.strerror or error}")
+            if isinstance(error, ConnectionResetError):
+                raise _DroppedBeforeVerdict(broken) from None
+            raise broken from None
         if not chunk:
             if what == "verdict":
                 # An agent hangs up without a verdict only when it is no agent of ours, or full.
@@ -126,22 +187,40 @@ def _receive_exactly(sock: socket.socket, size: int, deadline: float, url: str, 
     return data
 
 
-def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> socket.socket:
+def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> _socket.socket:
     """A TCP connection to the agent at `url` that has passed the handshake with our token.
 
     No token here: UsageError with auth.TOKEN_HINT (exit 2). The agent refused it:
     PermissionDenied (exit 5). Nothing listens, or no answer in time: AgentUnreachable /
-    AgentTimeout naming the endpoint. A peer that does not speak the handshake: BadReply."""
+    AgentTimeout naming the endpoint. A peer that does not speak the handshake: BadReply. A
+    connection the agent resets before its verdict is tried again (DROPPED_RETRY_PAUSES_S)."""
     host, port = split_endpoint(url)
     try:
         key = auth.key_of(auth.load_token())
     except auth.TokenError as error:
         raise UsageError(f"{url} needs the job's token: {error}", hint=auth.TOKEN_HINT) from None
     deadline = time.monotonic() + timeout
-    sock = _connect(host, port, url, deadline, timeout)
+    pauses = iter(DROPPED_RETRY_PAUSES_S)
+    while True:
+        try:
+            sock = _authenticate(host, port, url, key, deadline, timeout, log)
+        except _DroppedBeforeVerdict as dropped:
+            pause = next(pauses, None)
+            if pause is None or time.monotonic() + pause >= deadline:
+                raise dropped.error from None
+            log(f"{url}: reset before the verdict (a busy agent); trying again in {pause:g} s")
+            time.sleep(pause)
+            continue
+        log(f"{url}: authenticated")
+        return sock
+
+
+def _authenticate(
+    host: str, port: int, url: str, key: bytes, deadline: float, timeout: float, log: Callable[[str], None]
+) -> _socket.socket:
+    """One try of open_authenticated: _DroppedBeforeVerdict if the agent reset it before its verdict."""
+    sock, challenge = _challenged(host, port, url, deadline, timeout, log)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        challenge = _receive_exactly(sock, auth.CHALLENGE_BYTES, deadline, url, "challenge")
         try:
             agent_nonce, response = auth.respond(key, challenge)
         except auth.HandshakeError as error:
@@ -149,7 +228,10 @@ def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> 
         try:
             sock.sendall(response)
         except OSError as error:
-            raise AgentUnreachable(f"{url} broke the connection: {error.strerror or error}") from None
+            broken = AgentUnreachable(f"{url} broke the connection: {error.strerror or error}")
+            if isinstance(error, (ConnectionResetError, BrokenPipeError)):
+                raise _DroppedBeforeVerdict(broken) from None
+            raise broken from None
         verdict = _receive_exactly(sock, auth.VERDICT_BYTES, deadline, url, "verdict")
         try:
             auth.check_verdict(key, agent_nonce, response, verdict)
@@ -162,7 +244,7 @@ def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> 
             raise BadReply(f"{url}: {error}", hint=NOT_AN_AGENT_HINT) from None
         # From here on every byte travels in records sealed under this connection's own key:
         # a relay that passed the handshake along can neither read ours as its nor add its own.
-        sock = sealed.SealedSocket(
+        sealed_sock = sealed.SealedSocket(
             sock,
             auth.session_key(key, agent_nonce, response),
             sealed.CLIENT,
@@ -172,9 +254,8 @@ def open_authenticated(url: str, timeout: float, log: Callable[[str], None]) -> 
     except BaseException:
         sock.close()
         raise
-    sock.settimeout(max(0.001, deadline - time.monotonic()))
-    log(f"{url}: authenticated")
-    return sock
+    sealed_sock.settimeout(max(0.001, deadline - time.monotonic()))
+    return sealed_sock
 
 
 def _record_failure(url: str) -> Callable[[sealed.RecordError], BaseException]:

@@ -22,12 +22,12 @@ Standard library only, Python 3.8 syntax: the agent imports it.
 
 from __future__ import annotations
 
-import socket
 import struct
 import sys
 from _operator import _compare_digest as compare_digest
+from _socket import MSG_PEEK
 
-from ..originals import monotonic
+from ..originals import Socket, monotonic, socket_timeout
 from .auth import MAC_BYTES, HmacSha256
 from .frames import send_views
 
@@ -73,7 +73,7 @@ class RecordError(ConnectionError):
         self.truncated = truncated
 
 
-class SealedSocket(socket.socket):
+class SealedSocket(Socket):
     """An authenticated connection whose bytes travel in sealed records (module docstring).
 
     `failure`, when given, turns a RecordError into the exception to raise instead (the CLI's
@@ -96,7 +96,7 @@ class SealedSocket(socket.socket):
 
     def __init__(
         self,
-        raw: socket.socket,
+        raw: Socket,
         session_key: bytes,
         side: str,
         failure: Optional[Callable[[RecordError], BaseException]] = None,
@@ -120,6 +120,13 @@ class SealedSocket(socket.socket):
         self._failed: Optional[RecordError] = None
         self._failure = failure
 
+    # The C socket type (originals.Socket, what the agent runs on) is no context manager.
+    def __enter__(self) -> SealedSocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # --- receiving ---------------------------------------------------------------------------
 
     def pending(self) -> int:
@@ -133,7 +140,7 @@ class SealedSocket(socket.socket):
         With MSG_PEEK it never waits for the rest of a record: it returns checked data if some
         is there (after opening the whole records that have arrived), b"" if the peer closed,
         and raises BlockingIOError while a record is still on its way."""
-        if flags & ~socket.MSG_PEEK:
+        if flags & ~MSG_PEEK:
             raise ValueError("a sealed socket takes no recv flags other than MSG_PEEK")
         self._raise_if_failed()
         if bufsize < 0:
@@ -191,7 +198,7 @@ class SealedSocket(socket.socket):
                     # drips a record byte by byte must not hold the reader longer than it.
                     left = deadline - monotonic()
                     if left <= 0:
-                        raise socket.timeout("timed out")
+                        raise socket_timeout("timed out")
                     super().settimeout(left)
                 first = False
                 need = self._bytes_missing()

@@ -107,10 +107,10 @@ def test_a_bad_listen_address_is_refused(listening_job: Target) -> None:
 
 
 def test_the_listener_thread_never_appears_in_backtraces(listening_job: Target) -> None:
-    assert "probing-listener" in agent_threads(listening_job.pid)
+    assert "probing-tcp" in agent_threads(listening_job.pid)
     backtrace = probing(str(listening_job.pid), "backtrace")
     assert backtrace.returncode == 0 and "stdin-watcher" in backtrace.stdout
-    assert "probing-listener" not in backtrace.stdout and "acceptor.py" not in backtrace.stdout
+    assert "probing-tcp" not in backtrace.stdout and "acceptor.py" not in backtrace.stdout
 
 
 def test_a_wrong_token_is_refused_and_nothing_it_sends_runs(listening_job: Target, tmp_path: Path) -> None:

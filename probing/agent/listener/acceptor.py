@@ -3,11 +3,16 @@ progress; an authenticated connection is handed to the agent's server like a Uni
 
 A peer that has not proved the token gets no thread and no method (not even hello): its bytes
 are read by the selector, at most RESPONSE_BYTES of them, and never parsed as a request. Each
-must finish the handshake within HANDSHAKE_TIMEOUT_S, and at most MAX_PENDING_HANDSHAKES wait
-at once (a newcomer drops the oldest), so silent connections cannot hold the agent. Idle, the
-thread sits in a blocking poll; it wakes on a timer only for a handshake's deadline, in a
-torchrun rank to retry publishing its endpoint (0.5 s growing to 5 s, until it succeeds), and
-every IDENTITY_CHECK_S to see that its descriptors are still its own.
+must finish the handshake within HANDSHAKE_TIMEOUT_S, and only so many wait at once
+(handshakes.capacity()), so silent connections cannot hold the agent. Under a flood of such peers a client
+with the token still gets through (docs/decisions.md, issue 25): which handshake makes room for
+a newcomer is handshakes.py's choice (fair between sources, never one that is answering); every
+wake-up reads the answers that came before it accepts newcomers, and accepts at most
+ACCEPTS_PER_WAKE, so neither starves the other; a peer dropped before its verdict is reset (no
+TIME_WAIT left behind by a flood). Idle, the thread sits in a blocking poll; it wakes on a timer
+only for a handshake's deadline, in a torchrun rank to retry publishing its endpoint (0.5 s
+growing to 5 s, until it succeeds), and every IDENTITY_CHECK_S to see that its descriptors are
+still its own.
 
 A job may close every descriptor (os.closerange) and reuse the numbers, so the listener owns
 none it cannot check: poll(), not epoll (an epoll descriptor's identity is a shared anonymous
@@ -17,41 +22,41 @@ stops quietly, forgetting the numbers and its store client, and says why in `hel
 
 from __future__ import annotations
 
-import collections
 import errno
 import os
-import selectors
 import socket
-import threading
-import time
+import struct
 import weakref
-from typing import Any, Deque, Dict, Optional, Protocol, Set
+from typing import Any, Dict, Optional, Protocol, Set
 
+from ...originals import Socket, get_ident, monotonic
 from ...protocol import auth, sealed
 from ...protocol.endpoints import format_endpoint
 from ..lifecycle import WORK, on_fork_in_child, on_stop
-from ..sockets import descriptor_identity, release
+from ..sockets import Poller, accept, descriptor_identity, release, socket_pair
 from ..threads import AgentThread
 from .address import published_endpoint
+from .handshakes import REFUSED, SILENT, Handshake, PendingHandshakes, capacity, source_of
 from .publisher import Publisher
 from .rank import rank_identity
 from .registry import Registry
 
-LISTENER_THREAD_NAME = "probing-listener"
+LISTENER_THREAD_NAME = "probing-tcp"  # an OS name keeps 15 bytes
 HANDSHAKE_TIMEOUT_S = 3.0
-MAX_PENDING_HANDSHAKES = 64
 # A refused peer's connection stays open this long after the verdict, its bytes discarded:
 # closed with unread data, the kernel would reset it and the peer might never read why.
 REFUSAL_LINGER_S = 0.2
 BACKLOG = 1024  # the kernel caps it at somaxconn; a burst of connects must not stall in SYN retries
 # Accepts per wake-up: a flood of connections must not starve the handshakes already waiting.
-ACCEPTS_PER_WAKE = 64
+ACCEPTS_PER_WAKE = 32
 # Out of descriptors, the listening socket stays readable: wait instead of spinning.
 ACCEPT_PAUSE_S = 0.1
 # The longest the thread sleeps without looking at its descriptors: a job that closed them and
 # reused the numbers for files that never wake the poll must not keep the thread for good.
 IDENTITY_CHECK_S = 30.0
 LOST_DESCRIPTORS = "the TCP listener stopped: the job closed its sockets (os.closerange or the like)"
+# SO_LINGER on, 0 s: close() resets the connection instead of the FIN handshake.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 class Admitting(Protocol):
@@ -59,20 +64,7 @@ class Admitting(Protocol):
 
     own_threads: Set[int]
 
-    def admit_authenticated(self, conn: socket.socket, peer: str) -> None: ...
-
-
-class _Handshake:
-    __slots__ = ("sock", "identity", "peer", "nonce", "received", "deadline", "refused")
-
-    def __init__(self, sock: socket.socket, peer: str, nonce: bytes, now: float) -> None:
-        self.sock = sock
-        self.identity = descriptor_identity(sock)
-        self.peer = peer
-        self.nonce = nonce
-        self.received = b""
-        self.deadline = now + HANDSHAKE_TIMEOUT_S
-        self.refused = False
+    def admit_authenticated(self, conn: Socket, peer: str) -> None: ...
 
 
 def peer_text(address: Any) -> str:
@@ -84,7 +76,7 @@ def peer_text(address: Any) -> str:
 class TcpListener:
     """A TCP port serving the agent's protocol to peers that prove the shared token."""
 
-    def __init__(self, server: Admitting, sock: socket.socket, token: str) -> None:
+    def __init__(self, server: Admitting, sock: Socket, token: str) -> None:
         self.server = server
         self.sock = sock
         self.identity = descriptor_identity(sock)
@@ -97,26 +89,28 @@ class TcpListener:
         )
         self.publisher = Publisher(self.registry, self.endpoint, server.own_threads, self._wake)
         self.failure: Optional[str] = None  # why the listener thread ended, if it did by itself
-        self._pending: Deque[_Handshake] = collections.deque()
-        self._selector = selectors.PollSelector()  # no descriptor of its own: see the docstring
-        self._waker, self._wake_end = socket.socketpair()
+        self._pending = PendingHandshakes(capacity())
+        # What became of the connections so far (in `hello`: how hard the port is knocked on).
+        self.outcomes = {"accepted": 0, "authenticated": 0, "refused": 0, "dropped": 0, "turned_away": 0}
+        self._selector = Poller()  # no descriptor of its own: see the docstring
+        self._waker, self._wake_end = socket_pair()
         self._waker_identity = descriptor_identity(self._waker)
         self._wake_end_identity = descriptor_identity(self._wake_end)
         self._waker.setblocking(False)
         self._wake_end.setblocking(False)
         self._accept_paused_until: Optional[float] = None
         self._stopping = False
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[AgentThread] = None
 
     def start(self) -> None:
-        self._selector.register(self.sock, selectors.EVENT_READ, None)
-        self._selector.register(self._wake_end, selectors.EVENT_READ, self._wake_end)
+        self._selector.register(self.sock, None)
+        self._selector.register(self._wake_end, self._wake_end)
         # Known to the fork hook before anything runs: a child forked a moment later must not
         # keep our port open.
         _started.add(self)
         on_fork_in_child(_abandon_all_in_child)
         on_stop(self.stop, WORK)
-        self._thread = AgentThread(target=self._run, name=LISTENER_THREAD_NAME, daemon=True)
+        self._thread = AgentThread(target=self._run, name=LISTENER_THREAD_NAME)
         self._thread.start()
         self.server.own_threads.add(self._thread.ident or 0)
 
@@ -147,42 +141,50 @@ class TcpListener:
             "endpoint": self.endpoint,
             "registered": self.publisher.registered,
             "registry_error": self.publisher.error,
+            "handshakes": dict(self.outcomes, **self._pending.counts()),
         }
 
     # --- the loop --------------------------------------------------------------------------------
 
     def _run(self) -> None:
         own = self.server.own_threads
-        own.add(threading.get_ident())
+        own.add(get_ident())
         try:
             while not self._stopping:
-                events = self._selector.select(self._timeout(time.monotonic()))
+                events = self._selector.select(self._timeout(monotonic()))
                 if not self._descriptors_ours():
                     self._lose_descriptors()
                     break
-                for key, _ in events:
+                newcomers = False
+                for ready in events:
                     if self._stopping:
                         break
-                    if key.data is None:
-                        self._accept_some()
-                    elif key.data is self._wake_end:
+                    if ready is None:
+                        newcomers = True
+                    elif ready is self._wake_end:
                         self._drain_wakes()
                     else:
-                        self._read_response(key.data)
-                now = time.monotonic()
+                        self._read_response(ready)
+                # The answers that came are read before any newcomer is accepted: a newcomer
+                # may take a handshake's slot, never one whose answer is already here.
+                if newcomers and not self._stopping:
+                    self._accept_some()
+                now = monotonic()
                 self._expire(now)
                 self._maybe_resume_accepting(now)
                 self.publisher.maybe_start(now)
-        except Exception as error:  # noqa: BLE001 - the listener failing must never reach the job
+        except BaseException as error:  # noqa: BLE001 - the listener failing must never reach the job
             self.failure = f"the TCP listener stopped: {type(error).__name__}: {error}"
         finally:
             if os.getpid() == self.owner_pid:
                 self._close_everything()
-            own.discard(threading.get_ident())
+            own.discard(get_ident())
 
     def _timeout(self, now: float) -> float:
-        deadlines = [entry.deadline for entry in self._pending]
-        deadlines.append(now + IDENTITY_CHECK_S)
+        deadlines = [now + IDENTITY_CHECK_S]
+        handshake_due = self._pending.next_deadline()
+        if handshake_due is not None:
+            deadlines.append(handshake_due)
         if self._accept_paused_until is not None:
             deadlines.append(self._accept_paused_until)
         due = self.publisher.due_at()
@@ -193,7 +195,7 @@ class TcpListener:
     def _accept_some(self) -> None:
         for _ in range(ACCEPTS_PER_WAKE):
             try:
-                conn, address = self.sock.accept()
+                conn, address = accept(self.sock)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:
@@ -201,24 +203,29 @@ class TcpListener:
                     continue
                 if error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self._selector.unregister(self.sock)
-                    self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                    self._accept_paused_until = monotonic() + ACCEPT_PAUSE_S
                     return
                 raise
-            self._begin_handshake(conn, peer_text(address))
+            self._begin_handshake(conn, address)
 
     def _maybe_resume_accepting(self, now: float) -> None:
         if self._accept_paused_until is not None and now >= self._accept_paused_until:
             self._accept_paused_until = None
-            self._selector.register(self.sock, selectors.EVENT_READ, None)
+            self._selector.register(self.sock, None)
 
-    def _begin_handshake(self, conn: socket.socket, peer: str) -> None:
+    def _begin_handshake(self, conn: Socket, address: Any) -> None:
+        self.outcomes["accepted"] += 1
+        identity = descriptor_identity(conn)
+        source = source_of(address)
+        if not self._make_room(source):
+            self.outcomes["turned_away"] += 1
+            _reset(conn, identity)
+            return
         conn.setblocking(False)
-        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
-            self._drop(self._pending[0])
         nonce, challenge = auth.challenge()
-        entry = _Handshake(conn, peer, nonce, time.monotonic())
-        self._pending.append(entry)
-        self._selector.register(conn, selectors.EVENT_READ, entry)
+        entry = Handshake(conn, identity, address, source, nonce, monotonic() + HANDSHAKE_TIMEOUT_S)
+        self._pending.add(entry)
+        self._selector.register(conn, entry)
         try:
             sent = conn.send(challenge)
         except OSError:
@@ -226,25 +233,46 @@ class TcpListener:
         if sent != len(challenge):  # a fresh socket's buffer takes 40 bytes; else it is broken
             self._drop(entry)
 
-    def _read_response(self, entry: _Handshake) -> None:
+    def _make_room(self, source: str) -> bool:
+        """A slot for a newcomer from `source`, made by dropping the handshake handshakes.py
+        names; False when none may go. A silent one is read first: its answer may have come
+        since the last wake-up, and then it is settled by that answer instead."""
+        while self._pending.full():
+            victim = self._pending.victim_for(source)
+            if victim is None:
+                return False
+            if victim.state == SILENT and self._read_response(victim):
+                continue
+            self._drop(victim)
+        return True
+
+    def _read_response(self, entry: Handshake) -> bool:
+        """Read what `entry` sent and act on it; False when there was nothing to read."""
         if descriptor_identity(entry.sock) != entry.identity:
             self._drop(entry)  # the job closed it: its number may be the job's file now
-            return
-        want = 4096 if entry.refused else auth.RESPONSE_BYTES - len(entry.received)
+            return True
+        refused = entry.state == REFUSED
+        want = 4096 if refused else auth.RESPONSE_BYTES - len(entry.received)
         try:
             data = entry.sock.recv(want)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self._drop(entry)
-            return
-        if entry.refused:
-            return  # a refused peer's bytes are discarded unread, whatever they are
+            return True
+        if refused:
+            return True  # a refused peer's bytes are discarded unread, whatever they are
         entry.received += data
         if len(entry.received) < auth.RESPONSE_BYTES:
-            return
+            if not self._pending.progressing(entry):
+                self._drop(entry)  # a trickler beyond its source's share
+            return True
+        self._give_verdict(entry)
+        return True
+
+    def _give_verdict(self, entry: Handshake) -> None:
         accepted, verdict = auth.verdict(self._key, entry.nonce, entry.received)
         try:
             entry.sock.send(verdict)
@@ -252,8 +280,8 @@ class TcpListener:
             self._drop(entry)
             return
         if not accepted:
-            entry.refused = True
-            entry.deadline = time.monotonic() + REFUSAL_LINGER_S
+            self.outcomes["refused"] += 1
+            self._pending.refused(entry, monotonic() + REFUSAL_LINGER_S)
             try:
                 entry.sock.shutdown(socket.SHUT_WR)
             except OSError:
@@ -261,6 +289,7 @@ class TcpListener:
             return
         # Authenticated: from here on it is a client like any on the Unix socket. Whatever it
         # sent after its RESPONSE (a pipelined hello) is still unread in the kernel's buffer.
+        self.outcomes["authenticated"] += 1
         self._selector.unregister(entry.sock)
         self._pending.remove(entry)
         entry.sock.setblocking(True)
@@ -272,23 +301,25 @@ class TcpListener:
         # (protocol/sealed.py): a relay that passed the handshake along can inject nothing.
         session_key = auth.session_key(self._key, entry.nonce, entry.received)
         self.server.admit_authenticated(
-            sealed.SealedSocket(entry.sock, session_key, sealed.AGENT), entry.peer
+            sealed.SealedSocket(entry.sock, session_key, sealed.AGENT), peer_text(entry.address)
         )
 
     def _expire(self, now: float) -> None:
-        for entry in [entry for entry in self._pending if entry.deadline <= now]:
+        for entry in self._pending.expired(now):
             self._drop(entry)
 
-    def _drop(self, entry: _Handshake) -> None:
+    def _drop(self, entry: Handshake) -> None:
+        """Close a handshake: one that got its refusal as usual, any other with a reset."""
         try:
             self._selector.unregister(entry.sock)
         except (KeyError, ValueError, OSError):
             pass
-        try:
-            self._pending.remove(entry)
-        except ValueError:
-            pass
-        release(entry.sock, entry.identity)
+        self._pending.remove(entry)
+        if entry.state == REFUSED:
+            release(entry.sock, entry.identity)
+        else:
+            self.outcomes["dropped"] += 1
+            _reset(entry.sock, entry.identity)
 
     # --- stopping ------------------------------------------------------------------------------
 
@@ -328,15 +359,15 @@ class TcpListener:
             self._close_everything()
             return
         self._wake()
-        if thread is not None and thread.ident != threading.get_ident():
+        if thread is not None and thread.ident != get_ident():
             thread.join(timeout=2.0)
         if thread is None:  # never started; a thread closes everything itself as it ends
             self._close_everything()
 
     def _close_everything(self) -> None:
-        for entry in list(self._pending):
+        for entry in self._pending:
+            self._pending.remove(entry)
             release(entry.sock, entry.identity)
-        self._pending.clear()
         try:
             self._selector.close()
         except OSError:
@@ -351,13 +382,29 @@ class TcpListener:
         if os.getpid() == self.owner_pid or self._stopping:
             return
         self._stopping = True
-        for entry in list(self._pending):
+        for entry in self._pending:
+            self._pending.remove(entry)
             release(entry.sock, entry.identity)
-        self._pending.clear()
         release(self.sock, self.identity)
         release(self._waker, self._waker_identity)
         release(self._wake_end, self._wake_end_identity)
         self.publisher.forget()
+
+
+def _reset(sock: Socket, identity: Optional[Any]) -> None:
+    """Close a peer's connection with a reset, while its descriptor is still ours (else forget
+    the number, as release() does). One identity check: a flood pays this per connection."""
+    if identity is None or descriptor_identity(sock) != identity:
+        release(sock, None)
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
 
 
 # Listeners of this process, for the one fork hook that abandons them all in a child: a hook per

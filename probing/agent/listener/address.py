@@ -7,6 +7,7 @@ import os
 import socket
 from typing import Mapping, Optional, Tuple
 
+from ...originals import Socket, getaddrinfo
 from ...protocol import endpoints
 from ...protocol.endpoints import AddressError as AddressError
 
@@ -32,12 +33,12 @@ def parse_listen_address(text: str, environ: Optional[Mapping[str, str]] = None)
     return endpoints.parse_listen_address(text, int(local_rank) if local_rank.isdigit() else 0)
 
 
-def bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
+def bind_tcp(host: str, port: int, backlog: int) -> Socket:
     """A listening, non-blocking TCP socket; OSError (address in use, no such host) as it comes."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    infos = getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
-    listener = socket.socket(family, kind | socket.SOCK_CLOEXEC, proto)
+    listener = Socket(family, kind | socket.SOCK_CLOEXEC, proto)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(address)
@@ -49,7 +50,7 @@ def bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
     return listener
 
 
-def published_endpoint(listener: socket.socket, environ: Optional[Mapping[str, str]] = None) -> str:
+def published_endpoint(listener: Socket, environ: Optional[Mapping[str, str]] = None) -> str:
     """ "HOST:PORT" as another node should dial it.
 
     A socket bound to every interface has no address of its own to give: the one on the route
@@ -69,11 +70,14 @@ def _route_address(master_host: Optional[str], master_port: Optional[str]) -> Op
         return None
     port = int(master_port) if master_port and master_port.isdigit() else 29500
     try:
-        infos = socket.getaddrinfo(master_host, port, 0, socket.SOCK_DGRAM)
+        infos = getaddrinfo(master_host, port, 0, socket.SOCK_DGRAM)
         family, kind, proto, _, address = infos[0]
-        with socket.socket(family, kind, proto) as probe:
+        probe = Socket(family, kind, proto)
+        try:
             probe.connect(address)
             local = str(probe.getsockname()[0])
+        finally:
+            probe.close()
     except (OSError, UnicodeError):
         return None
     return None if local in WILDCARD_HOSTS else local

@@ -5,9 +5,9 @@ when it cannot start (agent/__init__.py for PROBING_LISTEN, handlers.py for `lis
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Optional, Tuple
 
+from ...originals import allocate_lock
 from ...protocol.auth import TOKEN_ENV, TOKEN_HINT, TokenError, load_token
 from .acceptor import BACKLOG, Admitting, TcpListener
 from .address import AddressError, bind_tcp, parse_listen_address
@@ -46,7 +46,7 @@ def start_listener(server: Admitting, address: str, token: Optional[str] = None)
 
 
 # Two `listen` requests at once must not start two listeners (the loser's would be orphaned).
-_start_lock = threading.Lock()
+_start_lock = allocate_lock()
 
 
 def listen_once(server: Any, address: str, token: Optional[str] = None) -> Tuple[TcpListener, bool]:
@@ -65,7 +65,7 @@ def listen_once(server: Any, address: str, token: Optional[str] = None) -> Tuple
 def _new_lock_in_child() -> None:
     # A thread of the parent may have held it at fork; the child has no such thread.
     global _start_lock
-    _start_lock = threading.Lock()
+    _start_lock = allocate_lock()
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)

@@ -6,14 +6,13 @@ may take seconds to answer and the listener's thread must keep serving handshake
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Callable, Optional, Set
 
+from ...originals import get_ident, monotonic
 from ..threads import AgentThread
 from .registry import Registry, RegistryUnavailable, loaded_torch_distributed
 
-REGISTRY_THREAD_NAME = "probing-registry"
+REGISTRY_THREAD_NAME = "probing-publish"  # an OS name keeps 15 bytes
 REGISTER_FIRST_DELAY_S = 0.5
 REGISTER_MAX_DELAY_S = 5.0
 
@@ -32,7 +31,7 @@ class Publisher:
         self.registered = False
         self.error: Optional[str] = None
         self._delay = REGISTER_FIRST_DELAY_S
-        self._at = time.monotonic()
+        self._at = monotonic()
         self._running = False
         self._stopping = False
 
@@ -51,7 +50,7 @@ class Publisher:
             self._retry_later()
             return
         self._running = True
-        worker = AgentThread(target=self._attempt, name=REGISTRY_THREAD_NAME, daemon=True)
+        worker = AgentThread(target=self._attempt, name=REGISTRY_THREAD_NAME)
         try:
             worker.start()  # it adds itself to the agent's threads: it may be gone before we could
         except RuntimeError:  # can't start new thread: try again later
@@ -59,7 +58,7 @@ class Publisher:
             self._retry_later()
 
     def _attempt(self) -> None:
-        self.own_threads.add(threading.get_ident())
+        self.own_threads.add(get_ident())
         registry = self.registry
         try:
             if registry is not None and not self._stopping:
@@ -77,11 +76,11 @@ class Publisher:
             self._retry_later()
         finally:
             self._running = False
-            self.own_threads.discard(threading.get_ident())
+            self.own_threads.discard(get_ident())
             self.wake()
 
     def _retry_later(self) -> None:
-        self._at = time.monotonic() + self._delay
+        self._at = monotonic() + self._delay
         self._delay = min(self._delay * 2, REGISTER_MAX_DELAY_S)
 
     def stop(self) -> None:

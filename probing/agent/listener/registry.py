@@ -10,22 +10,20 @@ only once the job has imported torch.distributed completely.
 A store can hang (a stopped process, a peer that accepts and never answers), and torch's own
 timeout does not bound its socket I/O (measured: > 90 s in the constructor, > 40 s in check()).
 So no store call ever runs in a thread that matters: each operation runs in a throwaway daemon
-thread ("probing-registry") that the caller waits on for at most a few seconds, holding no lock
+thread ("probing-store") that the caller waits on for at most a few seconds, holding no lock
 meanwhile. At most one such thread lives per Registry: while one is out, a newcomer waits for it
 within its own deadline, and once that one is overdue, every caller is answered at once.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
-import threading
-import time
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Set
 
+from ...originals import Event, allocate_lock, get_ident, json_dumps, json_loads, monotonic
 from ..threads import AgentThread
 from .rank import env_number
 
@@ -35,7 +33,7 @@ KEY_PREFIX = "probing"
 STORE_DEADLINE_S = 3.0
 # Detach waits this long at most to take the endpoint out: a detach must stay fast.
 UNREGISTER_DEADLINE_S = 1.0
-STORE_THREAD_NAME = "probing-registry"
+STORE_THREAD_NAME = "probing-store"  # an OS name keeps 15 bytes
 
 StoreOperation = Callable[[Any], Any]
 # Store clients whose descriptor the job closed: alive for good, see Registry.abandon().
@@ -70,15 +68,15 @@ class _StoreCall:
         self._operation = operation
         self._own_threads = own_threads
         self.deadline = deadline
-        self.done = threading.Event()
+        self.done = Event()
         self.result: Any = None
         self.error: Optional[str] = None
 
     def start(self) -> None:
-        AgentThread(target=self._run, name=STORE_THREAD_NAME, daemon=True).start()
+        AgentThread(target=self._run, name=STORE_THREAD_NAME).start()
 
     def _run(self) -> None:
-        self._own_threads.add(threading.get_ident())
+        self._own_threads.add(get_ident())
         try:
             if self.store is None:
                 from datetime import timedelta  # here: only a rank that uses its store needs it
@@ -100,7 +98,7 @@ class _StoreCall:
             self.error = f"the job's store at {self.address} failed: {type(error).__name__}: {error}"
         finally:
             self.done.set()
-            self._own_threads.discard(threading.get_ident())
+            self._own_threads.discard(get_ident())
 
 
 def _job() -> Dict[str, Any]:
@@ -124,7 +122,7 @@ class Registry:
 
     def __init__(self, own_threads: Set[int]) -> None:
         self._own_threads = own_threads
-        self._lock = threading.Lock()  # guards the fields below; never held while waiting
+        self._lock = allocate_lock()  # guards the fields below; never held while waiting
         self._store: Any = None
         self._store_address: Optional[str] = None
         self._call: Optional[_StoreCall] = None  # the store thread out now, if any
@@ -135,7 +133,7 @@ class Registry:
         dist = loaded_torch_distributed()
         if dist is None:
             raise RegistryUnavailable("the job has not imported torch.distributed (yet)")
-        deadline = time.monotonic() + timeout
+        deadline = monotonic() + timeout
         late = RegistryUnavailable(f"the job's store at {address} did not answer within {timeout:g} s")
         while True:
             with self._lock:
@@ -152,9 +150,9 @@ class Registry:
                     break
             # One thread per Registry: wait for the one out (its deadline or ours, whichever
             # comes first: one already overdue answers this caller at once).
-            if not out.done.wait(max(0.0, min(out.deadline, deadline) - time.monotonic())):
+            if not out.done.wait(max(0.0, min(out.deadline, deadline) - monotonic())):
                 raise late
-        finished = call.done.wait(max(0.0, deadline - time.monotonic()))
+        finished = call.done.wait(max(0.0, deadline - monotonic()))
         with self._lock:
             if not finished or call.error is not None:
                 # A client that hung or failed is not used again: the next call makes a new one.
@@ -178,7 +176,7 @@ class Registry:
             "endpoint": endpoint,
             "world_size": job["world_size"],
         }
-        key, text = f"endpoint/{job['attempt']}/{job['rank']}", json.dumps(value)
+        key, text = f"endpoint/{job['attempt']}/{job['rank']}", json_dumps(value)
         self._run(job, lambda store: store.set(key, text), STORE_DEADLINE_S)
 
     def unregister(self) -> None:
@@ -218,7 +216,7 @@ class Registry:
     def forget(self) -> None:
         """In a forked child: drop the parent's client (and its thread) without a word to the store."""
         self._store, self._store_address, self._call = None, None, None
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
 
 
 def _read_entries(store: Any, job: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -240,7 +238,7 @@ _ENTRY_FIELDS = ("rank", "local_rank", "group_rank", "node", "pid", "endpoint")
 def _entry(raw: Any) -> Optional[Dict[str, Any]]:
     """A registry value as the reply carries it; None for one that is not ours to trust."""
     try:
-        value = json.loads(bytes(raw).decode("utf-8"))
+        value = json_loads(bytes(raw).decode("utf-8"))
     except (ValueError, TypeError):
         return None
     if not isinstance(value, dict) or not isinstance(value.get("rank"), int):
