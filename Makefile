@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser test check-install lint format bench soak demo docs screenshots clean
+.PHONY: help install browser test fuzz check-install lint format bench soak demo docs screenshots clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,6 +51,10 @@ browser: $(SPEEDSCOPE)/index.html ## Install Debian's chromium, which the tests 
 
 test: lint browser ## Lint, type-check, then run the whole test suite
 	$(BIN)/pytest
+
+fuzz: install ## The fuzz layer alone (tests/fuzz), FUZZ_SCALE times its examples; FUZZ_SEED=N draws other inputs
+	PROBING_FUZZ_SCALE=$(or $(FUZZ_SCALE),1) $(if $(FUZZ_SEED),PROBING_FUZZ_SEED=$(FUZZ_SEED)) \
+		$(BIN)/pytest tests/fuzz -p no:cacheprovider
 
 check-install: install ## Build the wheel; pip install it, wheels only, on every CPython 3.8-3.13 (a few minutes)
 	$(BIN)/pytest -m install tests/integration/test_build.py

@@ -54,7 +54,7 @@ class ExitCode:
         REMOTE_ERROR: "the code run by eval (or a statement piped into repl) raised an exception",
         BAD_SQL: "the SQL query failed",
         ATTACH_TIMEOUT: "attached, but the agent did not come up in time (the GIL is held)",
-        HUNG: "hang / run --hang-timeout: the job's main thread made no progress (--ranks: the job is stuck)",
+        HUNG: "hang / run --hang-timeout: no thread carrying the job progressed (--ranks: the job is stuck)",
         NO_TORCH: "trace / nan / memory --cuda-snapshot: the process has not imported torch (or CUDA)",
         BAD_REPLY: "what answered on the agent's socket sent a reply probing cannot use",
         PARTIAL: "--ranks: some ranks answered and others did not (the output names those missing and why)",

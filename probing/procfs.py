@@ -14,7 +14,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple, Union
+    from typing import Dict, FrozenSet, List, Optional, Tuple, Union
 
     Pid = Union[int, str]  # a PID, or "self"
 
@@ -91,6 +91,25 @@ def effective_uid(pid: Pid) -> Optional[int]:
             words = line.split()
             return _int(words[2]) if len(words) > 2 else None
     return None
+
+
+def file_credentials(pid: Pid) -> Optional[Tuple[int, FrozenSet[int]]]:
+    """The user and groups a process opens files as (its filesystem uid and gid, and its
+    supplementary groups); None when they cannot be read."""
+    value = _read_small_whole(f"/proc/{pid}/status")
+    uid = gid = None
+    groups: List[int] = []
+    for line in (value or b"").splitlines():
+        words = line.split()
+        if line.startswith(b"Uid:") and len(words) > 4:
+            uid = _int(words[4])
+        elif line.startswith(b"Gid:") and len(words) > 4:
+            gid = _int(words[4])
+        elif line.startswith(b"Groups:"):
+            groups = [number for number in (_int(word) for word in words[1:]) if number is not None]
+    if uid is None or gid is None:
+        return None
+    return uid, frozenset([gid, *groups])
 
 
 def environ_value(pid: int, name: str) -> Optional[str]:

@@ -1,6 +1,7 @@
 /* /proc reads, and lines of the job's source files read as engine/sources.py SourceLines
  * reads them: the file's own path, else the same path under /proc/PID/root (a job in a
- * container); the whole file decoded, split as str.splitlines() does, the line stripped. */
+ * container); the whole file decoded, split as str.splitlines() does, the line stripped. Run
+ * as root for a job of another user, only files that user could read (sources.py readable_as). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -14,7 +15,8 @@
 #include "front.h"
 #include "front_tables.h"
 
-int read_whole(const char *path, char **data, size_t *size, size_t cap)
+/* read_whole, of the file `expect` describes (device and inode) when it is not NULL. */
+static int read_whole_of(const char *path, char **data, size_t *size, size_t cap, const struct stat *expect)
 {
     struct stat info;
     char reopen[64];
@@ -25,7 +27,8 @@ int read_whole(const char *path, char **data, size_t *size, size_t cap)
     int where = open(path, O_PATH | O_CLOEXEC);
     if (where < 0)
         return -1;
-    if (fstat(where, &info) < 0 || !S_ISREG(info.st_mode) || (size_t)info.st_size > cap) {
+    if (fstat(where, &info) < 0 || !S_ISREG(info.st_mode) || (size_t)info.st_size > cap ||
+        (expect && (info.st_dev != expect->st_dev || info.st_ino != expect->st_ino))) {
         close(where);
         return -1;
     }
@@ -53,6 +56,142 @@ int read_whole(const char *path, char **data, size_t *size, size_t cap)
     *data = buf.data ? buf.data : calloc(1, 1);
     *size = buf.len;
     return *data ? 0 : -2;
+}
+
+int read_whole(const char *path, char **data, size_t *size, size_t cap)
+{
+    return read_whole_of(path, data, size, cap, NULL);
+}
+
+/* Whose permissions the job's files are read with (sources.py Reader, reader_for_process):
+ * `check` 0 when the kernel's own check is enough (we are not root, or the job is root's);
+ * else the job's filesystem uid and groups, or nobody's (uid -1) when they cannot be read. */
+static struct {
+    int pid, check;
+    long long uid;
+    size_t count;
+    long long gids[1024];
+} reader = {.pid = -1};
+
+static long long status_field(const char *line, int index)
+{
+    const char *at = line;
+    for (int i = 0; i <= index; i++) {
+        while (*at && *at != ' ' && *at != '\t')
+            at++;
+        while (*at == ' ' || *at == '\t')
+            at++;
+    }
+    char *end;
+    long long value = strtoll(at, &end, 10);
+    return end == at ? -1 : value;
+}
+
+static void read_as_user_of(int pid)
+{
+    if (reader.pid == pid)
+        return;
+    reader.pid = pid, reader.check = geteuid() == 0, reader.uid = -1, reader.count = 0;
+    char path[64], *data;
+    size_t size;
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    if (!reader.check || pid <= 0 || read_whole(path, &data, &size, 1 << 20) < 0)
+        return;
+    long long uid = -1, gid = -1;
+    for (char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, "Uid:", 4) == 0)
+            uid = status_field(line, 3);
+        else if (strncmp(line, "Gid:", 4) == 0)
+            gid = status_field(line, 3);
+        else if (strncmp(line, "Groups:", 7) == 0) {
+            char *at = line + 7, *end;
+            for (;;) {
+                long long group = strtoll(at, &end, 10);
+                if (end == at || reader.count + 1 >= sizeof(reader.gids) / sizeof(reader.gids[0]))
+                    break;
+                reader.gids[reader.count++] = group, at = end;
+            }
+        }
+    }
+    free(data);
+    if (uid < 0 || gid < 0) {
+        reader.count = 0; /* nobody's */
+        return;
+    }
+    if (uid == 0) {
+        reader.check = 0;
+        return;
+    }
+    reader.uid = uid;
+    reader.gids[reader.count++] = gid;
+}
+
+static int permits(const struct stat *info, int bit)
+{
+    if ((long long)info->st_uid == reader.uid)
+        return (info->st_mode >> 6) & bit;
+    for (size_t i = 0; i < reader.count; i++)
+        if ((long long)info->st_gid == reader.gids[i])
+            return (info->st_mode >> 3) & bit;
+    return info->st_mode & bit;
+}
+
+/* sources.py readable_as: the path under `root`, symlinks resolved, at which the reader could
+ * open `filename` for reading, in `resolved`, and what that file is in `found`; -1 when it
+ * could not (a directory it may not search, a file it may not read, not a regular file, a
+ * relative name, more than 40 symlinks, anything missing or too long). */
+static int readable_as(const char *filename, const char *root, char *resolved, size_t cap, struct stat *found)
+{
+    char pending[8192], rest[8192], name[4096], target[4096];
+    size_t root_length = strlen(root), at = 0;
+    int links = 0;
+    if (filename[0] != '/' || snprintf(pending, sizeof(pending), "%s", filename) >= (int)sizeof(pending) ||
+        snprintf(resolved, cap, "%s", root) >= (int)cap)
+        return -1;
+    for (;;) {
+        while (pending[at] == '/')
+            at++;
+        if (pending[at] == '\0')
+            break;
+        size_t end = at;
+        while (pending[end] && pending[end] != '/')
+            end++;
+        if (end - at >= sizeof(name))
+            return -1;
+        memcpy(name, pending + at, end - at);
+        name[end - at] = '\0';
+        at = end;
+        if (strcmp(name, ".") == 0)
+            continue;
+        if (strcmp(name, "..") == 0) {
+            char *slash = strrchr(resolved + root_length, '/');
+            if (slash)
+                *slash = '\0';
+            continue;
+        }
+        if (stat(resolved[0] ? resolved : "/", found) < 0 || !permits(found, 1))
+            return -1;
+        size_t length = strlen(resolved);
+        if (snprintf(resolved + length, cap - length, "/%s", name) >= (int)(cap - length) ||
+            lstat(resolved, found) < 0)
+            return -1;
+        if (S_ISLNK(found->st_mode)) {
+            ssize_t got = readlink(resolved, target, sizeof(target) - 1);
+            if (++links > 40 || got < 0)
+                return -1;
+            target[got] = '\0';
+            resolved[target[0] == '/' ? root_length : length] = '\0';
+            snprintf(rest, sizeof(rest), "%s", pending + at);
+            if (snprintf(pending, sizeof(pending), "%s/%s", target, rest) >= (int)sizeof(pending))
+                return -1;
+            at = 0;
+        }
+    }
+    if (resolved[0] == '\0')
+        snprintf(resolved, cap, "/");
+    if (lstat(resolved, found) < 0 || !S_ISREG(found->st_mode) || !permits(found, 4))
+        return -1;
+    return 0;
 }
 
 /* The state letter of a stat(5) file (after the last ')': the name may hold any), or 0. */
@@ -217,8 +356,20 @@ static source_t *load(int pid, str_t file)
         return NULL;
     snprintf(root, file.n + 64, "/proc/%d/root%s", pid, source->name);
     const char *paths[] = {source->name, pid > 0 ? root : NULL};
+    read_as_user_of(pid);
     for (int i = 0; i < 2 && paths[i]; i++) {
-        int read = read_whole(paths[i], &source->data, &source->size, MAX_SOURCE_BYTES);
+        char resolved[8192];
+        struct stat found;
+        const char *path = paths[i];
+        if (reader.check) {
+            char prefix[64] = "";
+            if (i)
+                snprintf(prefix, sizeof(prefix), "/proc/%d/root", pid);
+            if (readable_as(source->name, prefix, resolved, sizeof(resolved), &found) < 0)
+                continue;
+            path = resolved;
+        }
+        int read = read_whole_of(path, &source->data, &source->size, MAX_SOURCE_BYTES, reader.check ? &found : NULL);
         if (read == -2) { /* too big, or no memory: the Python CLI reads it */
             free(root);
             return NULL;

@@ -7,10 +7,10 @@ from typing import Optional
 import click
 
 from ..engine.record_request import request_record
-from ..errors import ExitCode
+from ..errors import ExitCode, RecordNotWritten
 from .invocation import Invocation
 from .options import apply, pass_invocation
-from .render.record import write_recorded
+from .render.record import write_not_recorded, write_recorded
 from .spec import RANKS, TEXT_OR_JSON, timeout
 
 
@@ -24,7 +24,9 @@ def record(
     """Write a record of the live job now (every table its agent holds), without stopping it.
 
     The agent writes it under PROBING_RECORD_DIR, as it would at the job's end; the path, size and
-    the time it took are printed. With --ranks, every rank writes its own.
+    the time it took are printed. With --ranks, every rank writes its own. When the agent cannot
+    write it (a full disk, a refused directory) the exit code is 18, and the reason is said (with
+    --format json, on stdout too: {"pid", "path": null, "error", "exit_code"}).
     """
     if ranks is not None:
         from ..engine.fanout import gather
@@ -37,8 +39,15 @@ def record(
             lambda rank: request_record(invocation.rank_target(rank), reason, timeout),
             invocation.attach_timeout + timeout + 31.0,
         )
-        write_recorded_ranks(gathered.answers, format)
+        write_recorded_ranks(gathered.answers, format, gathered.missing)
         write_missing(gathered.missing)
         return gathered.exit_code()
-    write_recorded(request_record(invocation.target(), reason, timeout), format)
+    target = invocation.target()
+    try:
+        written = request_record(target, reason, timeout)
+    except RecordNotWritten as error:
+        # The agent answered: a script reading the JSON learns that no file was written, and why.
+        write_not_recorded(target.pid, error, format)
+        raise
+    write_recorded(written, format)
     return ExitCode.OK

@@ -19,6 +19,7 @@ from ..errors import (
     PermissionDenied,
 )
 from ..procfs import effective_uid
+from ..protocol.texts import quoted
 
 # The `X as X` names are re-exported: cli/ imports them from here. TODO(lead, at merge): import
 # them from discovery and replies in the engine/CLI branch's modules, then drop the re-exports.
@@ -213,7 +214,7 @@ class Client:
             raise BadReply(f"unusable reply to {method!r}: {error}") from None
         # The agent refuses a connection (busy, not allowed) before reading a request: id null.
         if reply_id != request_id and (ok or reply_id is not None):
-            raise BadReply(f"the reply to {method!r} answers request {reply_id!r}, not {request_id}")
+            raise BadReply(f"the reply to {method!r} answers request {quoted(reply_id)}, not {request_id}")
         if not ok:
             raise error_from_reply(body, frame.payload)
         return check_result(method, body), frame.payload
@@ -224,7 +225,7 @@ class Client:
         result, payload = self.call("table", dict(params or {}, name=name), timeout)
         table = decode_reply_table(result, payload)
         if table.name != name:
-            raise BadReply(f"asked for table {name!r}, the agent sent {table.name!r}")
+            raise BadReply(f"asked for table {name!r}, the agent sent {quoted(table.name)}")
         return table
 
     def describe_tables(self) -> List[Dict[str, Any]]:

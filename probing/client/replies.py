@@ -28,11 +28,13 @@ from ..errors import (
     PermissionDenied,
     ProbingError,
     ProtocolMismatch,
+    RecordNotWritten,
     RemoteError,
     RequestRefused,
     SessionGone,
 )
 from ..protocol.messages import ErrorKind
+from ..protocol.texts import quoted
 from ..schema.column_check import mismatched_column
 
 TYPE_CHECKING = False
@@ -188,20 +190,33 @@ def _check_described(tables: List[Any]) -> None:
             raise BadReply("the agent's list of tables holds an entry without a name")
         columns = table.get("columns")
         if not isinstance(columns, list) or not columns:
-            raise BadReply(f"the agent describes table {table['name']!r} without columns")
+            raise BadReply(f"the agent describes table {quoted(table['name'])} without columns")
         for column in columns:
             if not isinstance(column, dict) or not all(
                 isinstance(column.get(key), str) for key in ("name", "type")
             ):
-                raise BadReply(f"the agent describes a column of {table['name']!r} without a name or type")
+                raise BadReply(
+                    f"the agent describes a column of {quoted(table['name'])} without a name or type"
+                )
         if not isinstance(table.get("doc", ""), str):
-            raise BadReply(f"the agent's description of {table['name']!r} is not text")
+            raise BadReply(f"the agent's description of {quoted(table['name'])} is not text")
+
+
+# The most of an agent's error message the CLI quotes: it becomes one line of ours (one per rank,
+# with --ranks). A remote traceback, and what eval printed, travel in fields of their own, whole.
+MAX_ERROR_MESSAGE_CHARS = 4000
 
 
 def check_error(error: Dict[str, Any]) -> Dict[str, Any]:
-    """An error reply's fields, each text (what the job sent is rendered, never trusted)."""
+    """An error reply's fields, each text (what the job sent is rendered, never trusted); a
+    message that says nothing is replaced, a very long one cut."""
     checked = {key: value for key, value in error.items() if isinstance(value, str)}
-    checked.setdefault("message", "the agent replied with an error and no message")
+    message = checked.get("message", "")
+    if not message.strip():
+        checked["message"] = "the agent replied with an error and no message"
+    elif len(message) > MAX_ERROR_MESSAGE_CHARS:
+        cut = message[: MAX_ERROR_MESSAGE_CHARS - 40]
+        checked["message"] = f"{cut}... (cut at {len(cut)} of {len(message)} characters)"
     return checked
 
 
@@ -248,6 +263,7 @@ ERROR_OF_KIND: Dict[str, Type[ProbingError]] = {
     ErrorKind.REMOTE_ERROR: RemoteError,
     ErrorKind.EVAL_TIMEOUT: EvalTimedOut,
     ErrorKind.NO_SESSION: SessionGone,
+    ErrorKind.RECORD_NOT_WRITTEN: RecordNotWritten,
 }
 
 

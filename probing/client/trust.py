@@ -100,7 +100,7 @@ def expected_for_path(path: str) -> Tuple[str, ExpectedPeer]:
     except OSError:
         owner = os.geteuid()  # connect() will say what is wrong with the path
     stem, _, suffix = os.path.basename(real).partition(".")
-    own_pid = int(stem) if suffix == "sock" and stem.isdigit() else None
+    own_pid = int(stem) if suffix == "sock" and stem.isdecimal() else None
     return real, ExpectedPeer(None, own_pid, owner, f"the socket {path}")
 
 

@@ -8,16 +8,17 @@ Two kinds of file (the agent writes both under PROBING_RECORD_DIR):
 A record is untrusted input (root reads other users' records, and a job may be hostile): the
 file is opened only if it is a regular file, its size is bounded, every table goes through
 decode_table's checks, and every header field is checked for its type before use; what does not
-fit is a BadRecord naming the file and why, never a traceback.
+fit is a BadRecord naming the file and why, never a traceback. A table DuckDB could not hold (no
+columns, a name in a schema of DuckDB's own) is left out with a note; a record of more than
+MAX_TABLES tables is refused, and reading one below that bound takes time linear in its tables.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import BadRecord, ProbingError
 from ..protocol import DecodedTable, FrameError, decode_table
@@ -25,9 +26,10 @@ from ..protocol.frames import MAX_HEADER_BYTES
 from ..protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
 from ..schema.column_check import mismatched_column
 from ..schema.tables import AGENT_TABLES, BACKTRACE
+from ..sql.session import table_problem
 from .fatal_text import parse_faulthandler
-from .record_fields import integer, number, text, texts
-from .record_path import FATAL_MAGIC, FATAL_SUFFIX, open_regular
+from .record_fields import integer, text, texts, timestamp
+from .record_path import FATAL_MAGIC, FATAL_SUFFIX, is_temporary_record, open_regular
 
 # A .fatal file is a header line and faulthandler's text (at most 100 threads of 100 frames):
 # anything past this is not faulthandler's, and is left unread.
@@ -36,9 +38,15 @@ FATAL_VERSION = 1
 # Raises the size of a .probing file read (protocol.records.MAX_RECORD_BYTES, 1 GiB), for a record
 # written with a PROBING_RECORD_MAX_MB above it.
 READ_MAX_MB_VARIABLE = "PROBING_RECORD_READ_MAX_MB"
-# Table names a record may hold: `schema.table`, as the agent names them. Anything else (a
-# path, a quote) is left out: names become SQL identifiers and file names in `export`.
-_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\.[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# The most tables a record may hold: an agent writes about 15 (AGENT_TABLES), and newer ones may
+# write more. Each becomes a DuckDB table of the session a query runs in, with its view: 1 000
+# tables of a row each took 4 s to query, 50 000 took minutes; 256 take about 1 s.
+MAX_TABLES = 256
+# The most of a refusal's reason a message quotes (the rest is the file's, and of any length).
+MAX_REASON_CHARS = 300
+# Header fields that are times: a value there that is no time (1e30, NaN) is no header an agent
+# wrote (it writes time.time()), and would fail every reader that shows it as a date.
+_TIME_FIELDS = ("written_at", "started_at")
 # faulthandler's words for the signals it handles.
 _FATAL_SIGNALS = {
     "Segmentation fault": signal.SIGSEGV,
@@ -50,6 +58,8 @@ _FATAL_SIGNALS = {
 # A .fatal file with stacks and no fatal error's line: faulthandler.register's dump of SIGTERM or
 # SIGHUP, on its way to the default action (one file serves both, so it cannot say which).
 DEFAULT_ACTION_DEATH = "SIGTERM or SIGHUP (default action) ended the job: the stacks at that moment"
+# The file or function of a frame whose record holds none.
+UNKNOWN_NAME = "<unknown>"
 NO_TRACE = "ended without a trace (SIGKILL, os._exit, or faulthandler taken by the job)"
 
 
@@ -58,7 +68,18 @@ class Record:
     `tables`: the decoded tables; `backtrace_rows`: python.backtrace parsed from faulthandler's
     text (a .fatal file holds no tables); `notes`: what was left out of it and why."""
 
-    __slots__ = ("path", "kind", "header", "tables", "backtrace_rows", "notes", "size", "modified")
+    __slots__ = (
+        "path",
+        "kind",
+        "header",
+        "tables",
+        "backtrace_rows",
+        "notes",
+        "size",
+        "modified",
+        "owner",
+        "_by_name",
+    )
 
     def __init__(
         self,
@@ -70,6 +91,7 @@ class Record:
         notes: List[str],
         size: int,
         modified: float,
+        owner: Tuple[int, int] = (-1, -1),
     ) -> None:
         self.path = path
         self.kind = kind
@@ -79,6 +101,8 @@ class Record:
         self.notes = notes
         self.size = size
         self.modified = modified
+        self.owner = owner  # (uid, gid) of the file: whose the source files it names are
+        self._by_name = {table.name: table for table in tables}
 
     @property
     def pid(self) -> Optional[int]:
@@ -98,7 +122,7 @@ class Record:
         # at the fault, which the file's modification time tells.
         if self.kind == "fatal":
             return self.modified
-        return number(self.header.get("written_at"))
+        return timestamp(self.header.get("written_at"))
 
     def reason(self) -> Dict[str, Any]:
         """Why it was written: kind, message, signal, exit_status (each None where unknown)."""
@@ -131,7 +155,14 @@ class Record:
         return names
 
     def table(self, name: str) -> Optional[DecodedTable]:
-        return next((table for table in self.tables if table.name == name), None)
+        return self._by_name.get(name)
+
+    def row_count(self, name: str) -> int:
+        """How many rows table `name` holds (0 when the record does not hold it)."""
+        if name == BACKTRACE.name and self.kind == "fatal":
+            return len(self.backtrace_rows)
+        table = self.table(name)
+        return table.rows if table is not None else 0
 
     def rows(self, name: str) -> List[Dict[str, Any]]:
         """The rows of table `name` as dicts (empty when the record does not hold it)."""
@@ -182,44 +213,90 @@ def read_any(path: str, fatal_text_bytes: int = MAX_FATAL_BYTES) -> Record:
         with os.fdopen(fd, "rb") as handle:
             start = handle.read(len(FATAL_MAGIC))
             if start == FATAL_MAGIC or (not start and path.endswith(FATAL_SUFFIX)):
-                return _read_fatal(path, handle, fatal_text_bytes)
-            # Reopened through the descriptor: the file checked above, whatever the path is now.
-            return _read_probing(path, f"/proc/self/fd/{handle.fileno()}", os.fstat(handle.fileno()))
+                record = _read_fatal(path, handle, fatal_text_bytes)
+            else:
+                # Reopened through the descriptor: the file checked above, whatever the path is now.
+                opened = f"/proc/self/fd/{handle.fileno()}"
+                record = _read_probing(path, opened, os.fstat(handle.fileno()))
     except OSError as error:
         raise BadRecord(f"{path}: cannot be read: {error.strerror or error}", hint="") from None
+    problem = header_problem(record.header)
+    if problem is not None:
+        raise BadRecord(f"{path}: {problem}", hint="")
+    return record
+
+
+def header_problem(header: Dict[str, Any]) -> Optional[str]:
+    """Why a record's header is not one an agent wrote, in words; None when it can be read.
+    Fields of another type are read as missing (record_fields); a time that is no time is
+    refused, since every listing and heading shows it as a date."""
+    for field in _TIME_FIELDS:
+        value = header.get(field)
+        if value is not None and timestamp(value) is None:
+            return f"its header's {field} ({_shown(value)}) is not a time"
+    return None
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def said(reason: Any) -> str:
+    """Why a file is refused, as the format's checks word it, in at most MAX_REASON_CHARS: they
+    quote what the file says (`it says 'xxx...' tables`), and the file is the job's."""
+    text = str(reason)
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
 def _read_probing(path: str, opened: str, status: os.stat_result) -> Record:
     try:
         read = read_record(opened, _read_max_bytes())
     except RecordFormatError as error:
-        raise BadRecord(f"{path}: {error}", hint=_hint_for(str(error))) from None
+        if is_temporary_record(path):
+            # `.NAME.probing.PID.tmp`: the agent writes a record there and renames it when whole.
+            raise BadRecord(
+                f"{path}: a record whose write was cut short (its temporary file: the job was "
+                f"killed, or the disk filled, while writing it)",
+                hint=_hint_for("cut short"),
+            ) from None
+        raise BadRecord(f"{path}: {said(error)}", hint=_hint_for(str(error))) from None
     except (SystemError, RecursionError):
         # protocol.json_loads's C scanner fails this way on some malformed JSON (not ValueError),
         # and on JSON nested deeper than the interpreter's stack.
         raise BadRecord(f"{path}: a frame whose header is not JSON", hint="") from None
+    if len(read.tables) > MAX_TABLES:
+        raise BadRecord(
+            f"{path}: {len(read.tables)} tables, more than the {MAX_TABLES} a record may hold "
+            f"(an agent writes about {len(AGENT_TABLES)})",
+            hint="",
+        )
     notes = texts(read.header.get("notes"))
     tables: List[DecodedTable] = []
+    seen = set()  # lower case: DuckDB, which every query goes through, ignores the case of names
     for index, (descriptor, payload) in enumerate(read.tables):
         try:
             table = decode_table(descriptor, payload)
         except FrameError as error:
-            raise BadRecord(f"{path}: table {index + 1}: {error}", hint="") from None
+            raise BadRecord(f"{path}: table {index + 1}: {said(error)}", hint="") from None
         mismatch = mismatched_column(table.name, ((column.name, column.type) for column in table.columns))
         if mismatch is not None:
-            raise BadRecord(f"{path}: {mismatch}", hint="") from None
-        if not _TABLE_NAME.match(table.name):
-            notes.append(f"a table named {table.name!r} was left out: not a table name")
-        elif any(seen.name == table.name for seen in tables):
-            notes.append(f"a second table {table.name} was left out")
-        else:
-            tables.append(table)
-    return Record(path, "record", read.header, tables, [], notes, status.st_size, status.st_mtime)
+            raise BadRecord(f"{path}: {said(mismatch)}", hint="") from None
+        problem = table_problem(table.name, [(column.name, column.type) for column in table.columns])
+        if problem is None and table.name.lower() in seen:
+            problem = "a second table of that name"
+        if problem is not None:
+            notes.append(f"a table named {table.name!r} was left out: {problem}")
+            continue
+        seen.add(table.name.lower())
+        tables.append(table)
+    owner = (status.st_uid, status.st_gid)
+    return Record(path, "record", read.header, tables, [], notes, status.st_size, status.st_mtime, owner)
 
 
 def _read_max_bytes() -> int:
     given = os.environ.get(READ_MAX_MB_VARIABLE, "")
-    return int(given) << 20 if given.isdigit() else MAX_RECORD_BYTES
+    return int(given) << 20 if given.isdecimal() else MAX_RECORD_BYTES
 
 
 def _hint_for(reason: str) -> Optional[str]:
@@ -265,7 +342,8 @@ def _read_fatal(path: str, handle: Any, text_bytes: int) -> Record:
     elif rows:
         reason.update(kind="signal", message=DEFAULT_ACTION_DEATH, signal=None)
     header = dict(header, reason=reason, tables=[BACKTRACE.name] if rows else [])
-    return Record(path, "fatal", header, [], rows, notes, status.st_size, status.st_mtime)
+    owner = (status.st_uid, status.st_gid)
+    return Record(path, "fatal", header, [], rows, notes, status.st_size, status.st_mtime, owner)
 
 
 def record_stacks(record: Record, locals: bool, thread: Optional[str]) -> List[Dict[str, Any]]:
@@ -294,5 +372,9 @@ def backtrace_rows(record: Record) -> List[Dict[str, Any]]:
         row = {name: row.get(name) for name in names}
         row["depth"] = integer(row["depth"]) or 0
         row["lineno"] = integer(row["lineno"])
+        # Read as names (a source file is looked up by it): `<...>` as Python names what has no
+        # file, so that nothing is looked up for a frame whose record left the column out.
+        row["file"] = text(row["file"]) or UNKNOWN_NAME
+        row["func"] = text(row["func"]) or UNKNOWN_NAME
         rows.append(row)
     return rows

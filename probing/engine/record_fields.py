@@ -1,10 +1,15 @@
 """A field of something a job wrote (a record's header, an agent's reply), taken only if it
 has the type the reader expects: None (or empty) otherwise, never a value of another type.
-bool is not a number here, though Python makes it an int: `{"pid": true}` is no PID."""
+bool is not a number here, though Python makes it an int: `{"pid": true}` is no PID; a number is
+finite, and a time is one a clock could show."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, List, Optional
+
+# 9999-12-31 23:59:59 UTC: the last second datetime (and so DuckDB's results in Python) can hold.
+LATEST_TIME_S = 253402300799.0
 
 
 def integer(value: Any) -> Optional[int]:
@@ -12,9 +17,22 @@ def integer(value: Any) -> Optional[int]:
 
 
 def number(value: Any) -> Optional[float]:
+    """A finite number as a float: NaN, an infinity, and an integer too large for a float (JSON
+    allows `1e999` and a 400-digit integer) are no number a reader can use."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        converted = float(value)
+    except OverflowError:
+        return None
+    return converted if math.isfinite(converted) else None
+
+
+def timestamp(value: Any) -> Optional[float]:
+    """Seconds since the epoch that are a time: from 1970 to the end of year 9999, the range
+    time.localtime, strftime and datetime all take (1e30 is a number, and no time)."""
+    seconds = number(value)
+    return seconds if seconds is not None and 0.0 <= seconds <= LATEST_TIME_S else None
 
 
 def text(value: Any) -> Optional[str]:

@@ -7,7 +7,8 @@ Where: PROBING_RECORD_DIR, else `<socket dir>/records` (PROBING_SOCKET_DIR or
 A directory is read only if it is a real directory (not a symlink), mode 0700, as the agent
 creates it; under /tmp/probing-UID, that directory must be a real one too, and both must be
 UID's (a user could otherwise point root at any directory, or name another user's); the files
-in it are untrusted all the same.
+in it are untrusted all the same: a file that cannot be read, or whose header is not one an agent
+wrote, costs its own line ("unreadable: why"), never the listing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..errors import BadRecord
 from ..procfs import process_alive, start_time
 from ..protocol.records import SUFFIX, RecordFormatError
 from ..protocol.records import read_header as read_record_header
-from .record import NO_TRACE, Record, read_any
+from .record import NO_TRACE, Record, header_problem, read_any, said
 from .record_path import FATAL_SUFFIX, open_regular
 
 # At most this many files of a directory are looked at (the agent keeps 20 per machine).
@@ -125,10 +126,16 @@ def _entry(path: str) -> Optional[RecordEntry]:
         return _unreadable(path, error.message)
     except OSError as error:
         return _unreadable(path, str(error.strerror or error))
+    problem = header_problem(header)
+    if problem is not None:
+        return _unreadable(path, problem)
     return _from_record(Record(path, "record", header, [], [], [], status.st_size, status.st_mtime), "record")
 
 
 def _unreadable(path: str, why: str) -> RecordEntry:
+    # The reader's messages name the file (they are errors of `probing FILE ...` too); the
+    # listing's line shows it already, and cuts the reason to fit.
+    why = why[len(path) + 2 :] if why.startswith(path + ": ") else why
     try:
         status = os.lstat(path)
     except OSError:
@@ -176,4 +183,4 @@ def read_header(path: str) -> Tuple[Dict[str, Any], os.stat_result]:
         try:
             return read_record_header(handle, status.st_size), status
         except RecordFormatError as error:
-            raise BadRecord(str(error)) from None
+            raise BadRecord(said(error)) from None

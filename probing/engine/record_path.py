@@ -1,7 +1,7 @@
-"""Whether a TARGET names a record file: a regular file ending in .probing or .fatal, or one
-that starts as a record does. Standard library only (target parsing goes through here on the
-fast path of `probing PID backtrace`); a leaf, so target.py can ask without importing the
-reader."""
+"""Whether a TARGET names a record file: a regular file ending in .probing or .fatal, one that
+starts as a record does, or the temporary file of a record whose write was cut short. Standard
+library only (target parsing goes through here on the fast path of `probing PID backtrace`); a
+leaf, so target.py can ask without importing the reader."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ FATAL_MAGIC = b"#probing-fatal "
 # A record of another format version starts with these too: it is a record, to be refused
 # by name (BadRecord) rather than taken for a mistyped TARGET.
 _RECORD_FAMILY = RECORD_MAGIC[:6]
+# The name the agent writes a record under before renaming it into place (protocol/records.py
+# write_record): `.NAME.probing.PID.tmp`. A SIGKILL or a full disk during the write leaves it,
+# often empty: it is still a record, cut short (exit 15), not a mistyped TARGET (exit 2).
+_TEMPORARY_SUFFIX = ".tmp"
 
 
 def is_record_path(text: str) -> bool:
@@ -27,7 +31,7 @@ def is_record_path(text: str) -> bool:
             return False
     except (OSError, ValueError):
         return False
-    if text.endswith((SUFFIX, FATAL_SUFFIX)):
+    if text.endswith((SUFFIX, FATAL_SUFFIX)) or is_temporary_record(text):
         return True
     try:
         fd = open_regular(text)
@@ -36,6 +40,15 @@ def is_record_path(text: str) -> bool:
     with os.fdopen(fd, "rb") as handle:
         start = handle.read(len(FATAL_MAGIC))
     return start.startswith(_RECORD_FAMILY) or start == FATAL_MAGIC
+
+
+def is_temporary_record(path: str) -> bool:
+    """Whether `path` is named as the agent names a record while it writes it."""
+    name = os.path.basename(path)
+    if not (name.startswith(".") and name.endswith(_TEMPORARY_SUFFIX)):
+        return False
+    record, _, pid = name[1 : -len(_TEMPORARY_SUFFIX)].rpartition(".")
+    return pid.isdigit() and record.endswith(SUFFIX) and len(record) > len(SUFFIX)
 
 
 def open_regular(path: str) -> int:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..analysis.states import thread_state
 from .fatal_text import FAULTING_THREAD
 from .record import Record, backtrace_rows
-from .record_fields import number
+from .record_fields import number, timestamp
 
 # How many of the last memory samples the report lists.
 LAST_SAMPLES = 10
@@ -31,7 +31,7 @@ def record_memory(record: Record, last: int = LAST_SAMPLES) -> Dict[str, Any]:
     """The memory history a record holds: first, peak and last sample, the last `last`
     samples, and the torch allocator's numbers of the last traced step."""
     samples = sorted(
-        (row for row in record.rows("process.memory") if number(row.get("ts")) is not None),
+        (_sample(row) for row in record.rows("process.memory") if timestamp(row.get("ts")) is not None),
         key=lambda row: row["ts"],
     )
     answer: Dict[str, Any] = {
@@ -44,9 +44,23 @@ def record_memory(record: Record, last: int = LAST_SAMPLES) -> Dict[str, Any]:
         "last": samples[-1] if samples else None,
         "history": samples[-last:],
         "torch": _torch_memory(record),
-        "tables": {name: len(record.rows(name)) for name in record.table_names()},
+        "tables": {name: record.row_count(name) for name in record.table_names()},
     }
     return answer
+
+
+def _sample(row: Dict[str, Any]) -> Dict[str, Any]:
+    """A process.memory row with each value of the type its column has, or None: the record is
+    the job's, and a byte-swapped or hostile table holds NaN, 1e294 or text where MB are."""
+    checked: Dict[str, Any] = {}
+    for name, value in row.items():
+        if name == "ts":
+            checked[name] = timestamp(value)
+        elif isinstance(value, float):
+            checked[name] = number(value)
+        else:
+            checked[name] = value
+    return checked
 
 
 def _torch_memory(record: Record) -> Optional[Dict[str, Any]]:

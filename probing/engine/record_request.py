@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
-from ..errors import BadReply
+from ..errors import BadReply, RecordNotWritten
 from .record_fields import integer, is_texts, number
 from .target import Target
 
@@ -21,7 +21,12 @@ def request_record(target: Target, reason: Optional[str], timeout: float) -> Dic
     if reason:
         params["reason"] = reason
     with target.connect(timeout) as client:
-        result, _ = client.call("record", params, timeout=timeout + RECORD_WRITE_S)
+        try:
+            result, _ = client.call("record", params, timeout=timeout + RECORD_WRITE_S)
+        except RecordNotWritten as error:
+            # The agent's words say why ("cannot write in DIR: No space left on device"); whose.
+            pid = target.pid or client.info.get("pid")
+            raise RecordNotWritten(f"PID {pid}: {error.message}") from None
         pid = target.pid or client.info.get("pid")
     check_recorded(result)
     return dict(result, pid=pid, waited=time.monotonic() - started)

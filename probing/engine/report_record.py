@@ -23,6 +23,7 @@ from .report_tables import (
     thread_details,
 )
 from .report_threads import fold_threads
+from .sources import reader_for_owner
 
 OBJECT_TYPES_SHOWN = 15
 
@@ -41,7 +42,7 @@ def _object_types(record: Record) -> List[Dict[str, Any]]:
 
 def gather_record(record: Record) -> Report:
     started = time.monotonic()
-    sources = ReportSources(None)
+    sources = ReportSources(None, reader_for_owner(*record.owner))
 
     def code_line(frame: Dict[str, Any]) -> str:
         return sources.line(str(frame.get("file")), frame.get("lineno"))

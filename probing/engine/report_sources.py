@@ -14,7 +14,7 @@ import os
 import re
 from typing import Dict, Optional, Tuple
 
-from .sources import _read_regular_file
+from .sources import UNSET, Reader, _read_regular_file, candidate_paths, reader_for_process
 
 # A source file bigger than this shows no lines in a report (code is rarely over 1 MB).
 FILE_BYTES = 4 << 20
@@ -28,8 +28,9 @@ FileKey = Tuple[int, int]
 class ReportSources:
     """Lines of the job's source files for one report, with the caps above."""
 
-    def __init__(self, pid: Optional[int]) -> None:
+    def __init__(self, pid: Optional[int], reader: Optional[Reader] = UNSET) -> None:
         self.pid = pid
+        self.reader = reader_for_process(pid) if reader is UNSET else reader
         self.read_bytes = 0
         self.left_unread = 0  # files not read because of a cap
         self._keys: Dict[str, Optional[FileKey]] = {}
@@ -52,10 +53,8 @@ class ReportSources:
         return found
 
     def _load(self, filename: str) -> Optional[FileKey]:
-        # A job in a container sees its files under its own root.
-        for path in (filename, f"/proc/{self.pid}/root{filename}" if self.pid else None):
-            if path is None:
-                continue
+        # The path itself, then under the job's root; with a reader, only what it could read.
+        for path, identity in candidate_paths(filename, self.pid, self.reader):
             try:
                 info = os.stat(path)  # follows symlinks without opening anything
             except (OSError, ValueError):
@@ -65,7 +64,7 @@ class ReportSources:
                 return key
             room = min(FILE_BYTES, TOTAL_BYTES - self.read_bytes)
             try:
-                data = _read_regular_file(path, room) if room > 0 else None
+                data = _read_regular_file(path, room, identity) if room > 0 else None
             except (OSError, ValueError):
                 continue
             if data is None:

@@ -155,12 +155,23 @@ def _failure(core: str, kind: str, message: str) -> ProbingError:
 
 
 def _text(value: Any) -> str:
+    """Text of at most _MAX_TEXT characters. A lone surrogate (the reader writes a name that was
+    not UTF-8 with \\udcXX escapes) stays that escape, as the agent ships names: one that is not
+    UTF-8 fails wherever the text goes (DuckDB refuses it, so does a strict stdout)."""
     text = "" if value is None else str(value)
-    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 3] + "..."
+    text = text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_INT64 = 1 << 63
 
 
 def _integer(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """An integer a BIGINT column holds; anything else (a bool, a float, one of 64 bits or more)
+    is not what the reader prints, and None."""
+    if isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64:
+        return value
+    return None
 
 
 def reading_from_document(core: str, document: Dict[str, Any]) -> CoreReading:
@@ -209,9 +220,10 @@ def _thread_name(thread: Dict[str, Any], tid: Optional[int], pid: Optional[int],
 def _thread_rows(
     pid: Optional[int], tid: Optional[int], name: str, thread: Dict[str, Any]
 ) -> List[Dict[str, Any]]:
-    frames = thread.get("frames")
+    listed = thread.get("frames")
+    frames = [frame for frame in listed if isinstance(frame, dict)] if isinstance(listed, list) else []
     rows = []
-    for depth, frame in enumerate(frame for frame in frames or [] if isinstance(frame, dict)):
+    for depth, frame in enumerate(frames):
         values = frame.get("locals")
         if isinstance(values, dict) and values:
             shown: Optional[str] = json_dumps({_text(key): _text(value) for key, value in values.items()})

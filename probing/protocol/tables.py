@@ -11,6 +11,7 @@ import struct
 import sys
 
 from .frames import FrameError
+from .texts import quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -176,11 +177,13 @@ def _region(entry: Dict[str, Any], offset_key: str, length_key: str, size: int) 
     offset, length = entry.get(offset_key), entry.get(length_key)
     for key, value in ((offset_key, offset), (length_key, length)):
         if type(value) is not int or value < 0:
-            raise ValueError(f"{key} of column {entry.get('name')!r} is not a byte count: {value!r}")
+            raise ValueError(
+                f"{key} of column {quoted(entry.get('name'))} is not a byte count: {quoted(value)}"
+            )
     assert isinstance(offset, int) and isinstance(length, int)
     if offset + length > size:
         raise ValueError(
-            f"column {entry.get('name')!r}: bytes {offset}..{offset + length} lie outside the "
+            f"column {quoted(entry.get('name'))}: bytes {offset}..{offset + length} lie outside the "
             f"payload of {size} bytes"
         )
     return offset, length
@@ -192,36 +195,36 @@ def _decode_column(entry: Any, view: memoryview, rows: int, swap: bool) -> Decod
     name, kind, encoding = entry["name"], entry.get("type"), entry.get("encoding")
     # The type ends up in the CLI's SQL (CAST ... AS type): only the known ones pass.
     if kind not in ENCODING_OF_TYPE or encoding != ENCODING_OF_TYPE[kind]:
-        raise ValueError(f"column {name!r} has type {kind!r} with encoding {encoding!r}")
+        raise ValueError(f"column {quoted(name)} has type {quoted(kind)} with encoding {quoted(encoding)}")
     typecode = TYPECODE_OF_ENCODING[encoding]
     offset, length = _region(entry, "offset", "length", len(view))
     if length != rows * struct.calcsize(typecode):
-        raise ValueError(f"column {name!r} has {length} bytes for {rows} rows")
+        raise ValueError(f"column {quoted(name)} has {length} bytes for {rows} rows")
     data = _typed(typecode, view, offset, length, swap)
     valid = None
     if "valid_offset" in entry:
         offset, length = _region(entry, "valid_offset", "valid_length", len(view))
         if length != rows:
-            raise ValueError(f"column {name!r} has {length} validity bytes for {rows} rows")
+            raise ValueError(f"column {quoted(name)} has {length} validity bytes for {rows} rows")
         valid = _typed("b", view, offset, length, False)
     dictionary = None
     if encoding == "dict":
         count = entry.get("dict_count")
         if type(count) is not int or count < 0:
-            raise ValueError(f"column {name!r} has a dict_count of {count!r}")
+            raise ValueError(f"column {quoted(name)} has a dict_count of {quoted(count)}")
         entry = dict(entry, dict_length=4 * count)
         offset, _ = _region(entry, "dict_offset", "dict_length", len(view))
         lengths = _typed("I", view, offset, 4 * count, swap)
         start, length = _region(entry, "dict_bytes_offset", "dict_bytes_length", len(view))
         if sum(lengths) != length:
-            raise ValueError(f"column {name!r}: the dictionary's lengths do not add up to its bytes")
+            raise ValueError(f"column {quoted(name)}: the dictionary's lengths do not add up to its bytes")
         blob = bytes(view[start : start + length])
         dictionary, start = [], 0
         for size in lengths:
             dictionary.append(blob[start : start + size].decode("utf-8", "replace"))
             start += size
         if rows and not -1 <= min(data) <= max(data) < count:
-            raise ValueError(f"column {name!r} has codes outside its dictionary of {count} words")
+            raise ValueError(f"column {quoted(name)} has codes outside its dictionary of {count} words")
     return DecodedColumn(name, kind, encoding, data, valid, dictionary)
 
 
@@ -238,10 +241,10 @@ def decode_table(descriptor: Any, payload: ByteChunk) -> DecodedTable:
             raise ValueError("the table descriptor is not an object")
         byteorder = descriptor.get("byteorder", sys.byteorder)
         if byteorder not in ("little", "big"):
-            raise ValueError(f"byteorder {byteorder!r}")
+            raise ValueError(f"byteorder {quoted(byteorder)}")
         rows, name, notes = descriptor.get("rows"), descriptor.get("name"), descriptor.get("notes") or []
         if type(rows) is not int or rows < 0:
-            raise ValueError(f"rows is {rows!r}")
+            raise ValueError(f"rows is {quoted(rows)}")
         if not isinstance(name, str) or not isinstance(notes, list):
             raise ValueError("no table name, or notes that are not a list")
         entries = descriptor.get("columns")

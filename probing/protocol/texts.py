@@ -14,6 +14,18 @@ if TYPE_CHECKING:
     from .frames import ByteChunk
 
 
+def quoted(value: Any, limit: int = 80) -> str:
+    """`value`, something a peer sent, as a message of ours quotes it: its repr, at most `limit`
+    characters and a few levels deep. A hostile job's names and values may be megabytes, or
+    nested as deep as the JSON reader allows, and the message is one line a person reads."""
+    import reprlib
+
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxstring, shown.maxother = 3, limit, limit
+    text = shown.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def encode_texts(texts: Dict[str, Optional[str]]) -> Tuple[Dict[str, Any], List[ByteChunk]]:
     """Texts (what an eval printed, its value, its traceback) as UTF-8 in the payload.
 
@@ -53,6 +65,6 @@ def decode_texts(layout: Any, payload: ByteChunk) -> Dict[str, Optional[str]]:
             or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in place)
             or place[0] + place[1] > len(view)
         ):
-            raise FrameError(f"reply text {name!r} does not fit the payload", fatal=False)
+            raise FrameError(f"reply text {quoted(name)} does not fit the payload", fatal=False)
         texts[name] = bytes(view[place[0] : place[0] + place[1]]).decode("utf-8", "replace")
     return texts

@@ -12,14 +12,30 @@ The registered columns show in information_schema under the `temp` catalog, as _
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import BadSQL
 from ..protocol import DecodedColumn, DecodedTable
+from ..protocol.tables import ENCODING_OF_TYPE
 from ..schema.tables import Column, Table
 
 _STAGING = "__probing_part"
+# The names a table may have: `schema.table`, as the agents name them (a name also becomes a file
+# name in `export`).
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\.[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# Schemas and catalogs DuckDB keeps for itself. A table named into one cannot be made
+# (pg_catalog, information_schema: "Cannot create schema in system catalog"), or makes every
+# name of that schema ambiguous (memory, system, temp: the attached databases), or lands among
+# what the session makes (main). DuckDB compares names ignoring case, and so does this.
+RESERVED_SCHEMAS = frozenset({"main", "temp", "system", "memory", "pg_catalog", "information_schema"})
+# Seconds since the epoch that a TIMESTAMP column may hold (1970 to the end of year 9999): beyond,
+# x * 1e6 overflows BIGINT (from 9.2e12) or DuckDB hands back text instead of a datetime. A value
+# outside (a byte-swapped or hostile column: 1e294, NaN) is NULL, as a value that is no time.
+_LATEST_TIMESTAMP_S = 253402300799
+# A \u escape of a surrogate in JSON text: DuckDB's JSON reader refuses a lone one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
 class QueryResult(NamedTuple):
@@ -51,7 +67,11 @@ def _column_expression(column: DecodedColumn, data: str, valid: str, words: str,
     if kind in ("VARCHAR[]", "BIGINT[]"):
         return f"from_json({data}, '[\"{kind[:-2]}\"]')"
     if kind == "TIMESTAMP":
-        value = f"make_timestamp(CAST(round({data} * 1000000) AS BIGINT))"
+        # NaN compares above every number in DuckDB: BETWEEN leaves it out too.
+        value = (
+            f"CASE WHEN {data} BETWEEN 0 AND {_LATEST_TIMESTAMP_S} "
+            f"THEN make_timestamp(CAST(round({data} * 1000000) AS BIGINT)) END"
+        )
     else:
         value = f"CAST({data} AS {kind})"
     if nan:
@@ -68,6 +88,77 @@ def _plain_value(kind: str) -> str:
     if kind == "TIMESTAMP":
         return "make_timestamp(CAST(round(? * 1000000) AS BIGINT))"
     return f"CAST(? AS {kind})"
+
+
+def _plain(kind: str, value: Any) -> Any:
+    """A plain Python value as DuckDB can take it: a TIMESTAMP that is no time (see
+    _LATEST_TIMESTAMP_S) is NULL, and a lone surrogate in text its escape (DuckDB refuses text
+    that is not UTF-8: a file name of bytes py-spy decoded with surrogateescape)."""
+    if kind == "TIMESTAMP" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value if 0 <= value <= _LATEST_TIMESTAMP_S else None  # NaN fails both: NULL
+    if isinstance(value, str):
+        return without_surrogates(value)
+    return value
+
+
+def without_surrogates(text: str) -> str:
+    """`text` with each lone surrogate as its escape (`\\ud83d`), as render.inert shows it."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _json_word(word: str) -> str:
+    """A JSON text of a JSON, VARCHAR[] or BIGINT[] column as DuckDB's JSON reader takes it.
+
+    JSON carries a lone surrogate as an escape (`"\\ud83d"`: argv that a job decoded from broken
+    UTF-8), which DuckDB refuses ("no low surrogate in string"), failing every query of the
+    table. Such a string is written again with the surrogate as the text of its escape, as the
+    protocol sends a plain VARCHAR (protocol/tables.py: backslashreplace)."""
+    if not _SURROGATE_ESCAPE.search(word):
+        return word
+    try:
+        value = json.loads(word)
+    except (ValueError, RecursionError):
+        return word  # not JSON: DuckDB says so, of this column's values, when a query reads them
+    return json.dumps(_escaped_surrogates(value))
+
+
+def _escaped_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return without_surrogates(value)
+    if isinstance(value, list):
+        return [_escaped_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {without_surrogates(key): _escaped_surrogates(item) for key, item in value.items()}
+    return value
+
+
+def table_problem(name: str, columns: Sequence[Tuple[str, str]]) -> Optional[str]:
+    """Why a table of this name and these (name, type) columns cannot be one of a session's, in
+    words ("it has no columns"); None when it can. A job names its tables and types its columns
+    (a record's, a hostile agent's `tables` reply): DuckDB cannot make a table without columns,
+    with two columns of one name (case ignored), with a column named "" or with a name that is
+    not UTF-8, nor one in a schema of its own (RESERVED_SCHEMAS). A type is one the protocol
+    knows (ENCODING_OF_TYPE), never other text: it is written into the CREATE TABLE as it is, and
+    `BIGINT); COPY (...) TO '/root/...'` would be the job's SQL run by root."""
+    if not _TABLE_NAME.match(name):
+        return "not a schema.table name"
+    schema = name.split(".")[0]
+    if schema.lower() in RESERVED_SCHEMAS:
+        return f"{schema} is a schema of DuckDB's own"
+    if not columns:
+        return "it has no columns"
+    seen = set()
+    for column, kind in columns:
+        if not column or without_surrogates(column) != column:
+            return f"a column named {column[:80]!r}"
+        if column.lower() in seen:
+            return f"two columns named {column[:80]!r}"
+        if kind not in ENCODING_OF_TYPE:
+            return f"column {column[:80]!r} has type {kind[:80]!r}, which is no column type of probing's"
+        seen.add(column.lower())
+    return None
 
 
 def _numpy_column(column: DecodedColumn) -> Any:
@@ -109,8 +200,23 @@ class SqlSession:
         self._duckdb = duckdb
         self.connection = duckdb.connect(":memory:")
         self.added = [(column.name, column.type) for column in added]
-        tables = [with_columns(table, added) for table in tables]
-        self.tables = {table["name"]: table for table in tables}
+        # Why tables were left out (a hostile agent may describe any name and any columns).
+        self.notes: List[str] = []
+        self.tables: Dict[str, Dict[str, Any]] = {}
+        seen = set()
+        for table in tables:
+            name = str(table.get("name"))
+            described = [
+                (str(column.get("name")), str(column.get("type"))) for column in table.get("columns") or []
+            ]
+            problem = table_problem(name, described)
+            if problem is None and name.lower() in seen:
+                problem = "a second table of that name"
+            if problem is not None:
+                self.notes.append(f"a table named {name!r} was left out: {problem}")
+                continue
+            seen.add(name.lower())
+            self.tables[name] = with_columns(table, added)
         schemas = sorted({name.split(".")[0] for name in self.tables})
         for schema in schemas:
             self.connection.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
@@ -130,8 +236,10 @@ class SqlSession:
     def load(self, table: DecodedTable, constants: Optional[Dict[str, Any]] = None) -> None:
         """Make the rows of a fetched table what its name shows (a second load adds rows);
         `constants` give the added columns' values for these rows."""
-        if table.rows == 0:
-            return
+        if table.rows == 0 or not self._takes(
+            table.name, [(column.name, column.type) for column in table.columns]
+        ):
+            return  # an empty table is its CREATE TABLE; one left out (see notes) has none
         import numpy
 
         self.staged += 1
@@ -152,6 +260,8 @@ class SqlSession:
                     staged[nan] = is_nan.astype(numpy.int8)
             if column.encoding == "dict":
                 dictionary = column.dictionary or []
+                if column.type != "VARCHAR":
+                    dictionary = [_json_word(word) for word in dictionary]
                 self.connection.register(
                     words,
                     {"code": numpy.arange(len(dictionary)), "word": numpy.array(dictionary, dtype=object)},
@@ -159,11 +269,33 @@ class SqlSession:
             expressions.append(
                 f"{_column_expression(column, data, valid, words, nan)} AS {_quote(column.name)}"
             )
+        names = [column.name for column in table.columns]
+        expressions += self._absent(table.name, names)
         if self.added:
-            names = [column.name for column in table.columns]
             expressions = self._with_constants(names, expressions, constants or {})
         self.connection.register(part, staged)
         self._add_part(table.name, f"SELECT {', '.join(expressions)} FROM {part}")
+
+    def _takes(self, name: str, columns: Sequence[Tuple[str, str]]) -> bool:
+        """Whether rows of table `name` with these columns can be loaded: a table the session
+        made, and columns DuckDB can name (a hostile agent's reply may differ from its
+        description); a note says why not."""
+        if name not in self.tables:
+            return False
+        problem = table_problem(name, columns)
+        if problem is not None:
+            self.notes.append(f"the rows of {name} were left out: {problem}")
+        return problem is None
+
+    def _absent(self, name: str, columns: Sequence[str]) -> List[str]:
+        """NULL for each column the session's table has and these rows lack: a record or an older
+        agent's table without a column, read by a query (report's) that names it."""
+        have = {column.lower() for column in columns} | {added.lower() for added, _ in self.added}
+        return [
+            f"CAST(NULL AS {column['type']}) AS {_quote(column['name'])}"
+            for column in self.tables[name]["columns"]
+            if str(column["name"]).lower() not in have
+        ]
 
     def _with_constants(
         self, names: List[str], expressions: List[str], constants: Dict[str, Any]
@@ -187,19 +319,23 @@ class SqlSession:
         for tables this process builds itself (process.stats, stacks read from outside),
         which never pass through the wire format. TIMESTAMP values are seconds since the epoch,
         JSON values their text, as the agent's columns carry them."""
-        if not rows:
+        if not rows or not self._takes(table.name, [(column.name, column.type) for column in table.columns]):
             return
         self.staged += 1
         part = f"{_STAGING}{self.staged}"
         columns = ", ".join(f"{_quote(column.name)} {column.type}" for column in table.columns)
         self.connection.execute(f"CREATE TEMP TABLE {part} ({columns})")
         values = ", ".join(_plain_value(column.type) for column in table.columns)
-        self.connection.executemany(f"INSERT INTO {part} VALUES ({values})", [list(row) for row in rows])
-        select = "*"
+        kinds = [column.type for column in table.columns]
+        self.connection.executemany(
+            f"INSERT INTO {part} VALUES ({values})",
+            [[_plain(kind, value) for kind, value in zip(kinds, row)] for row in rows],
+        )
+        names = table.column_names()
+        selected = [_quote(name) for name in names] + self._absent(table.name, names)
         if self.added:
-            names = table.column_names()
-            select = ", ".join(self._with_constants(names, [_quote(name) for name in names], constants or {}))
-        self._add_part(table.name, f"SELECT {select} FROM {part}")
+            selected = self._with_constants(names, selected, constants or {})
+        self._add_part(table.name, f"SELECT {', '.join(selected)} FROM {part}")
 
     def _add_part(self, name: str, select: str) -> None:
         selects = self.parts.setdefault(name, [])

@@ -118,7 +118,8 @@ def test_a_job_with_its_own_faulthandler_keeps_it(tmp_path: Path) -> None:
     with Target("dies.py", via="env", env=env) as job:
         send(job, "segv")
         assert job.process.wait(30) == -signal.SIGSEGV
-        assert "in read_address" in job.output()  # the job's own dump, on its stderr
+        # The job's own dump, on its stderr (read by the Target's reader thread: it may lag the exit).
+        assert wait_until(lambda: "in read_address" in job.output(), timeout=10), job.output()
     assert not list(directory.glob("*.fatal"))
 
 
@@ -127,7 +128,7 @@ def test_a_job_that_enables_faulthandler_later_takes_it_over(tmp_path: Path) -> 
     with Target("dies.py", via="env", args=["--faulthandler"], env=record_env(directory)) as job:
         send(job, "segv")
         assert job.process.wait(30) == -signal.SIGSEGV
-        assert "in read_address" in job.output()
+        assert wait_until(lambda: "in read_address" in job.output(), timeout=10), job.output()
     # Left with its header alone: the reader says the job ended without a trace.
     (fatal,) = directory.glob("*.fatal")
     assert fatal.read_text().count("\n") == 1

@@ -140,3 +140,11 @@ def test_the_table_never_takes_more_than_a_sixteenth_of_the_descriptor_limit(
     ):
         monkeypatch.setattr(resource, "getrlimit", lambda _which, soft=soft: (soft, soft))
         assert handshakes.capacity() == expected
+
+
+def test_a_local_rank_that_is_no_number_moves_no_port() -> None:
+    """str.isdigit() takes '²', which int() refuses: the job's environment is the job's."""
+    from probing.agent.listener.address import parse_listen_address
+
+    assert parse_listen_address("127.0.0.1:5000", {"LOCAL_RANK": "\u00b2"}) == ("127.0.0.1", 5000)
+    assert parse_listen_address("127.0.0.1:5000", {"LOCAL_RANK": "3"}) == ("127.0.0.1", 5003)

@@ -179,17 +179,19 @@ def test_a_records_backtrace_reads_no_source_under_proc_pid_root(
 ) -> None:
     """The job that wrote the record is gone; its PID (1 here) may be another process's now."""
     from probing.cli.render import backtrace as render_backtrace
+    from probing.cli.render import record as render_record
     from probing.cli.render.record import write_record_stacks
     from probing.engine.record import record_stacks
 
     asked: List[Any] = []
 
     class SpyingSourceLines(render_backtrace.SourceLines):  # type: ignore[misc,name-defined]
-        def __init__(self, pid: Any) -> None:
+        def __init__(self, pid: Any, *args: Any) -> None:
             asked.append(pid)
-            super().__init__(pid)
+            super().__init__(pid, *args)
 
     monkeypatch.setattr(render_backtrace, "SourceLines", SpyingSourceLines)
+    monkeypatch.setattr(render_record, "SourceLines", SpyingSourceLines)
     record = open_record(write_record(str(tmp_path), "a.probing", {"pid": 1}, [good_backtrace()]))
     write_record_stacks(record, record_stacks(record, False, None), "text")
     assert asked == [None]

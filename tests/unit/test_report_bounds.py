@@ -42,7 +42,7 @@ def within(seconds: float, call: Any) -> Any:
 def test_one_file_through_many_names_is_read_once(tmp_path: Path) -> None:
     source = tmp_path / "big.py"
     source.write_text("".join(f"line_{n} = {n}\n" for n in range(20000)))
-    sources = ReportSources(None)
+    sources = ReportSources(None, reader=None)
     for n in range(50):
         link = tmp_path / f"link{n}.py"
         link.symlink_to(source)
@@ -54,7 +54,7 @@ def test_a_fifo_or_a_device_named_as_source_is_not_opened(tmp_path: Path) -> Non
     fifo = tmp_path / "train.py"
     os.mkfifo(fifo)
     (tmp_path / "tty.py").symlink_to("/dev/tty")
-    sources = ReportSources(None)
+    sources = ReportSources(None, reader=None)
     assert within(5, lambda: sources.line(str(fifo), 1)) == ""
     assert within(5, lambda: sources.line(str(tmp_path / "tty.py"), 1)) == ""
 
@@ -62,7 +62,7 @@ def test_a_fifo_or_a_device_named_as_source_is_not_opened(tmp_path: Path) -> Non
 def test_source_reads_are_capped_per_file_and_in_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report_sources, "FILE_BYTES", 1000)
     monkeypatch.setattr(report_sources, "TOTAL_BYTES", 2500)
-    sources = ReportSources(None)
+    sources = ReportSources(None, reader=None)
     (tmp_path / "huge.py").write_text("x = 1\n" * 1000)
     assert sources.line(str(tmp_path / "huge.py"), 1) == ""
     for n in range(4):

@@ -30,7 +30,7 @@ def parse_listen_address(text: str, environ: Optional[Mapping[str, str]] = None)
     """
     env = os.environ if environ is None else environ
     local_rank = env.get("LOCAL_RANK", "0")
-    return endpoints.parse_listen_address(text, int(local_rank) if local_rank.isdigit() else 0)
+    return endpoints.parse_listen_address(text, int(local_rank) if local_rank.isdecimal() else 0)
 
 
 def bind_tcp(host: str, port: int, backlog: int) -> Socket:
@@ -68,7 +68,7 @@ def published_endpoint(listener: Socket, environ: Optional[Mapping[str, str]] = 
 def _route_address(master_host: Optional[str], master_port: Optional[str]) -> Optional[str]:
     if not master_host:
         return None
-    port = int(master_port) if master_port and master_port.isdigit() else 29500
+    port = int(master_port) if master_port and master_port.isdecimal() else 29500
     try:
         infos = getaddrinfo(master_host, port, 0, socket.SOCK_DGRAM)
         family, kind, proto, _, address = infos[0]

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional
 
 
 def env_number(text: Optional[str]) -> Optional[int]:
-    return int(text) if text is not None and text.strip().isdigit() else None
+    return int(text) if text is not None and text.strip().isdecimal() else None
 
 
 def rank_identity(environ: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:

@@ -22,11 +22,13 @@ import atexit
 import signal
 import sys
 import threading
-import time
 from types import FrameType
 from typing import Any, Dict, List, Optional
 
+from ...originals import Event, allocate_lock, get_ident, monotonic, wall_time
 from ..lifecycle import JOB_HOOKS, on_fork_in_child, on_stop
+from ..requests import ErrorKind, RequestError
+from ..threads import AgentThread, job_thread
 from . import settings
 from .fatal import FatalFile, open_fatal_file
 from .hooks import ExceptionHooks, SignalHooks, mark, marked
@@ -57,7 +59,7 @@ class Records:
         self.notes: List[str] = []  # about the hooks themselves, copied into every record
         self.failures: List[str] = []
         self.written: List[str] = []
-        self.lock = threading.Lock()
+        self.lock = allocate_lock()
         self.writing_thread: Optional[int] = None
         self.last_kind: Optional[str] = None
         self.last_at = 0.0
@@ -65,7 +67,7 @@ class Records:
         self.thread_records_skipped = 0
         self.last_signal_record_at: Dict[int, float] = {}
         self.signal_records_skipped: Dict[int, int] = {}
-        self.signal_writer: Optional[threading.Thread] = None
+        self.signal_writer: Optional[AgentThread] = None
         self.exceptions = ExceptionHooks(self.on_exception)
         self.signals = SignalHooks(self.on_signal)
         self.fatal: Optional[FatalFile] = None
@@ -76,7 +78,7 @@ class Records:
     def write(self, trigger: Trigger) -> Dict[str, Any]:
         """One record; RecordFailed when none was written. Records are written one at a time,
         and a hook that fires inside a write (a signal while the excepthook writes) gets none."""
-        me = threading.get_ident()
+        me = get_ident()
         # The writer (tables, the protocol's encoders) is loaded when a record is written: a job
         # that never dies never loads it.
         from .writer import RecordFailed, write
@@ -92,7 +94,7 @@ class Records:
             self.writing_thread = None
             self.lock.release()
         self.written.append(result["path"])
-        self.last_kind, self.last_at = trigger.kind, time.monotonic()
+        self.last_kind, self.last_at = trigger.kind, monotonic()
         return result
 
     def write_quietly(self, trigger: Trigger) -> None:
@@ -109,7 +111,7 @@ class Records:
             self.failures.append(why)
 
     def _recent(self, kind: str, within: float) -> bool:
-        return self.last_kind == kind and time.monotonic() - self.last_at < within
+        return self.last_kind == kind and monotonic() - self.last_at < within
 
     # --- what the hooks call -------------------------------------------------------------------
 
@@ -119,7 +121,7 @@ class Records:
         mark(error)
         main = thread is threading.main_thread()
         if not main:
-            now = time.monotonic()
+            now = monotonic()
             last = self.last_thread_record_at
             if last is not None and now - last < THREAD_RECORD_EVERY_S:
                 self.thread_records_skipped += 1
@@ -141,7 +143,7 @@ class Records:
         none of the job's __repr__ (no locals)."""
         if self._recent("watchdog", AFTER_WATCHDOG_S):
             return
-        now = time.monotonic()
+        now = monotonic()
         last = self.last_signal_record_at.get(signum)
         if last is not None and now - last < SIGNAL_RECORD_EVERY_S:
             self.signal_records_skipped[signum] = self.signal_records_skipped.get(signum, 0) + 1
@@ -160,7 +162,7 @@ class Records:
             "signal", f"{name} received", signum=signum, frame=frame, thread=threading.main_thread(),
             locals=False, helper_thread=True,
         )  # fmt: skip
-        written = threading.Event()
+        written = Event()
 
         def write_record() -> None:
             try:
@@ -168,7 +170,8 @@ class Records:
             finally:
                 written.set()
 
-        writer = threading.Thread(target=write_record, name="probing-signal-record", daemon=True)
+        # An agent thread (threads.py): the job's threading never counts it, even mid-write.
+        writer = AgentThread(target=write_record, name="probing-record")
         try:
             writer.start()
         except RuntimeError as error:  # the interpreter is shutting down
@@ -185,9 +188,7 @@ class Records:
     def on_nonfinite(self, error: BaseException) -> None:
         """`nan on --stop` is about to raise `error` in the training thread."""
         mark(error)
-        self.write_quietly(
-            Trigger("nan", str(error), error=error, thread=threading.current_thread(), training_thread=True)
-        )
+        self.write_quietly(Trigger("nan", str(error), error=error, thread=job_thread(), training_thread=True))
 
     def at_exit(self) -> None:
         """An uncaught exception the job's own sys.excepthook took (it replaced ours): Python
@@ -228,7 +229,7 @@ class Records:
         else:
             from .header import header
 
-            fatal_header = header(Trigger("fatal_signal", "a fatal signal"), [], time.time())
+            fatal_header = header(Trigger("fatal_signal", "a fatal signal"), [], wall_time())
             self.fatal = open_fatal_file(directory, fatal_header, self.notes)
         self.signals.install(self.fatal.fd if self.fatal is not None else None)
         atexit.register(self.at_exit)
@@ -287,15 +288,20 @@ def current() -> Optional[Records]:
 
 
 def record_now(server: Any, kind: str, message: str) -> Dict[str, Any]:
-    """The `record` method: a record of the live job, now. RecordFailed says why not."""
+    """The `record` method: a record of the live job, now. A record that could not be written
+    is a RequestError of kind RECORD_NOT_WRITTEN whose message says why (a full disk, a refused
+    directory): the job's environment, not a bug of the agent."""
+    from .writer import RecordFailed, write
+
     records = _records
     trigger = Trigger(kind, message or ("asked by the watchdog" if kind == "watchdog" else "asked for"))
-    if records is None:
-        from .writer import write
-
-        return write(server, trigger)
-    records.server = server
-    result = records.write(trigger)
+    try:
+        if records is None:
+            return write(server, trigger)
+        records.server = server
+        result = records.write(trigger)
+    except RecordFailed as error:
+        raise RequestError(ErrorKind.RECORD_NOT_WRITTEN, f"no record: {error}") from None
     # Why earlier records of this process are missing (a refused directory, a full disk).
     result["failures"] = list(records.failures)
     return result

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import faulthandler
 import fcntl
-import json
 import os
 import resource
 import sys
 from typing import IO, Any, Dict, List, Optional, Tuple
 
+from ...originals import json_dumps
 from . import settings
 
 FATAL_LINE_PREFIX = "#probing-fatal 1 "
@@ -111,12 +111,49 @@ def open_fatal_file(directory: str, header: Dict[str, Any], notes: List[str]) ->
             # kept under a name of its own.
             os.rename(path, f"{path[: -len(settings.FATAL_SUFFIX)]}-{int(os.lstat(path).st_mtime)}.fatal")
             fd = os.open(path, flags, 0o600)
-        stream = os.fdopen(_high_descriptor(fd), "w", encoding="utf-8", errors="replace", closefd=False)
-        stream.write(FATAL_LINE_PREFIX + json.dumps(header, default=str) + "\n")
+    except Exception as error:  # noqa: BLE001 - the other hooks go on without it
+        notes.append(f"fatal signals: no .fatal file ({_why(error)})")
+        return None
+    try:
+        fd = _high_descriptor(fd)
+        stream = os.fdopen(fd, "w", encoding="utf-8", errors="replace", closefd=False)
+    except Exception as error:  # noqa: BLE001
+        _discard(path, None, fd)
+        notes.append(f"fatal signals: no .fatal file ({_why(error)})")
+        return None
+    try:
+        # A full disk fails here, after the file was made: it must not stay behind, empty and
+        # open, for every job that starts (`probing records` would list each as a death).
+        stream.write(FATAL_LINE_PREFIX + json_dumps(header) + "\n")
         stream.flush()
         fatal = FatalFile(path, stream, os.getpid())
         faulthandler.enable(stream, all_threads=True)
-    except Exception as error:  # noqa: BLE001 - the other hooks go on without it
-        notes.append(f"fatal signals: no .fatal file ({type(error).__name__}: {error})")
+    except Exception as error:  # noqa: BLE001
+        _discard(path, stream, fd)
+        notes.append(f"fatal signals: no .fatal file ({_why(error)})")
         return None
     return fatal
+
+
+def _why(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror  # "No space left on device", without the errno's number
+    return f"{type(error).__name__}: {error}"
+
+
+def _discard(path: str, stream: Optional[IO[str]], fd: int) -> None:
+    """Undo a .fatal file that could not be prepared: closed, and removed."""
+    if stream is not None:
+        try:
+            # Its buffer still holds the header that did not fit; dropped with it, unwritten.
+            stream.close()
+        except (OSError, ValueError):
+            pass
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

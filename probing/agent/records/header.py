@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
@@ -14,12 +13,14 @@ from ...procfs import process_start_time
 from ..identity import python_version, working_directory
 from ..listener.rank import rank_identity
 from ..stacks import thread_name
+from ..threads import job_thread
 from .trigger import Trigger
 
 
 def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, Any]:
     error = trigger.error
-    thread = trigger.thread if trigger.thread is not None else threading.current_thread()
+    # Never threading.current_thread(): in an agent thread it would register a _DummyThread.
+    thread = trigger.thread if trigger.thread is not None else job_thread()
     rank = rank_identity()
     hostname = socket.gethostname()
     return {

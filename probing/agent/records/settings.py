@@ -14,6 +14,7 @@ import sys
 import time
 from typing import List, Mapping, Optional
 
+from ...originals import wall_time
 from ...protocol.records import SUFFIX
 
 DEFAULT_KEEP = 20
@@ -180,10 +181,10 @@ def _stale(path: str, uid: int) -> bool:
         info = os.lstat(path)
     except OSError:
         return False
-    old = time.time() - info.st_mtime > STALE_TEMPORARY_S
+    old = wall_time() - info.st_mtime > STALE_TEMPORARY_S
     return stat.S_ISREG(info.st_mode) and info.st_uid == uid and old
 
 
 def _alive(pid_text: str) -> bool:
     """Whether the PID a `.fatal` name ends with runs (a renamed one ends with a time: never)."""
-    return pid_text.isdigit() and os.path.exists(f"/proc/{int(pid_text)}")
+    return pid_text.isdecimal() and os.path.exists(f"/proc/{int(pid_text)}")

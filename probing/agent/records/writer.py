@@ -13,11 +13,10 @@ from __future__ import annotations
 import copy
 import os
 import sys
-import threading
-import time
 from types import FrameType, TracebackType
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from ...originals import allocate_lock, get_ident, monotonic, wall_time
 from ...protocol.records import write_record
 from ...schema.tables import BACKTRACE
 from ..reprs import BoundedRepr
@@ -79,7 +78,7 @@ def _frames_of(
     frame = current
     if trigger.frame is not None and _ident_of(trigger.thread) == thread_ident:
         frame = trigger.frame  # the interrupted frame, not our handler waiting for the record
-    elif thread_ident == threading.get_ident():
+    elif thread_ident == get_ident():
         frame = trigger.frame if trigger.frame is not None else sys._getframe()
         while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HERE:
             frame = frame.f_back
@@ -97,7 +96,7 @@ def backtrace_table(own_threads: Set[int], trigger: Trigger) -> Any:
     locals_frames = LOCALS_FRAMES if trigger.locals else 0
     pid = os.getpid()
     if trigger.helper_thread:
-        own_threads = own_threads | {threading.get_ident()}
+        own_threads = own_threads | {get_ident()}
     for stack in thread_stacks(own_threads):
         frames = _frames_of(stack.ident, trigger, stack.frame)
         for depth, (frame, lineno) in enumerate(frames):
@@ -131,7 +130,7 @@ def _newest_blocks(ring: Ring, blocks: int) -> Ring:
 def _newest_rows(ring: Ring, rows: int) -> Ring:
     """A view of `ring` holding only the newest `rows` rows of its newest block."""
     view = copy.copy(ring)
-    view.lock = threading.Lock()
+    view.lock = allocate_lock()
     view.frozen = []
     block = type(ring.current)(ring.typecodes)
     with ring.lock:
@@ -240,8 +239,8 @@ def build_tables(server: Any, trigger: Trigger, budget: int) -> Tuple[List[Encod
 def write(server: Any, trigger: Trigger, extra_notes: Sequence[str] = ()) -> Dict[str, Any]:
     """Write one record now; its path, size, seconds, tables and notes. RecordFailed when none
     could be written (the message says why); never anything else."""
-    started = time.monotonic()
-    written_at = time.time()
+    started = monotonic()
+    written_at = wall_time()
     try:
         directory = settings.prepare_dir(settings.record_dir())
     except settings.RecordDirRefused as error:
@@ -251,16 +250,19 @@ def write(server: Any, trigger: Trigger, extra_notes: Sequence[str] = ()) -> Dic
         document = header(trigger, list(extra_notes) + list(trigger.notes) + notes, written_at)
         document["tables"] = [descriptor.get("name") for descriptor, _ in tables]
         # The header goes first in the file: this is the time held until the write began.
-        document["write_seconds"] = round(time.monotonic() - started, 6)
+        document["write_seconds"] = round(monotonic() - started, 6)
         path = settings.unique_path(directory, settings.record_name(os.getpid(), written_at))
         write_record(directory, os.path.basename(path), document, tables)
-    except Exception as error:  # noqa: BLE001 - a full disk, a vanished directory: no record
+    except OSError as error:
+        # A full disk (ENOSPC), a quota, a directory removed meanwhile: said as the system says it.
+        raise RecordFailed(f"cannot write in {directory}: {error.strerror or error}") from None
+    except Exception as error:  # noqa: BLE001 - anything else: no record, and why
         raise RecordFailed(f"{type(error).__name__}: {error}") from None
     settings.prune(directory, settings.keep_count())
     return {
         "path": path,
         "bytes": os.path.getsize(path),
-        "seconds": round(time.monotonic() - started, 6),
+        "seconds": round(monotonic() - started, 6),
         "tables": document["tables"],
         "notes": document["notes"],
     }

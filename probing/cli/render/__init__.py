@@ -39,22 +39,39 @@ _ESCAPED.update(
 # terminal sequence as ESC [ does.
 _ESCAPED.update({code: f"\\udc{code - 0xDC00:02x}" for code in range(0xDC80, 0xDD00)})
 _ESCAPED_KEEPING_LINES = {code: text for code, text in _ESCAPED.items() if code not in (0x0A, 0x09)}
+# Every other lone surrogate (a job that decoded half an emoji from JSON, or built a name with
+# chr(0xD83D)) has no UTF-8 form at all: written as is, it fails the write with
+# UnicodeEncodeError whatever the stream's error handler. It shows as its escape too, as
+# `flamegraph -o -` and render/files.py write it. Kept out of _ESCAPED, the table the native front
+# end shares (native/front/gen_tables.py): the front end hands such text to this CLI instead.
+_SURROGATES = {code: f"\\u{code:04x}" for code in range(0xD800, 0xE000)}
+_INERT = {**_SURROGATES, **_ESCAPED}
+_INERT_KEEPING_LINES = {**_SURROGATES, **_ESCAPED_KEEPING_LINES}
 
 
 def inert(value: Any) -> str:
     """`value` as text that cannot act on a terminal: every control character made visible."""
-    return str(value).translate(_ESCAPED)
+    return str(value).translate(_INERT)
 
 
 def inert_lines(text: str, out: IO[str]) -> str:
     """Multi-line output of the job (eval's prints, a remote traceback) for `out`: on a
     terminal, control characters other than newline and tab are made visible; to a file or
-    a pipe, the exact text goes through."""
+    a pipe, the exact text goes through, but for lone surrogates (no bytes can be written for
+    them: they show as their escapes)."""
     try:
         terminal = out.isatty()
     except (AttributeError, ValueError):
         terminal = False
-    return text.translate(_ESCAPED_KEEPING_LINES) if terminal else text
+    if terminal:
+        return text.translate(_INERT_KEEPING_LINES)
+    return writable(text)
+
+
+def writable(text: str) -> str:
+    """`text` with each lone surrogate as its escape (`\\ud83d`), everything else exact: what a
+    stream can write whatever its encoding's error handler (csv, a pipe)."""
+    return text if text.isascii() else text.translate(_SURROGATES)
 
 
 def inert_parts(parts: Iterable[str]) -> Iterator[str]:
@@ -72,7 +89,7 @@ class _InertStream:
         self._out = out
 
     def write(self, text: str) -> int:
-        return self._out.write(str(text).translate(_ESCAPED_KEEPING_LINES))
+        return self._out.write(str(text).translate(_INERT_KEEPING_LINES))
 
     def flush(self) -> None:
         self._out.flush()
@@ -111,7 +128,7 @@ def report_error(error: ProbingError, err: Optional[IO[str]] = None) -> int:
 def _indented(hint: str) -> str:
     """A hint of several lines (DuckDB's, with the SQL and a caret under the error), inert but
     for its newlines, each further line indented: no line of it can pass for one of ours."""
-    first, *rest = hint.translate(_ESCAPED_KEEPING_LINES).split("\n")
+    first, *rest = hint.translate(_INERT_KEEPING_LINES).split("\n")
     return "\n".join([first, *(line if line[:1].isspace() else "        " + line for line in rest)])
 
 

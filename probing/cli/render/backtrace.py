@@ -22,6 +22,7 @@ def write_backtrace_text(
     out: IO[str],
     host_pid: Optional[int] = None,
     outside: Optional[Dict[Any, Dict[str, Any]]] = None,
+    sources: Optional[SourceLines] = None,
 ) -> None:
     """Threads grouped, main thread first, each read like a Python traceback and headed by
     what it is doing. `outside`: py-spy's view of each thread (by native id), if it read them."""
@@ -31,7 +32,8 @@ def write_backtrace_text(
     shown = f"{host_pid} (PID {pid} in its namespace)" if host_pid and host_pid != pid else pid
     argv = " ".join(str(arg) for arg in info.get("argv") or [])
     out.write(f"Process {inert(shown)} (Python {inert(info.get('python_version'))}): {inert(argv)}\n")
-    sources = SourceLines(host_pid or (pid if isinstance(pid, int) else None))
+    if sources is None:
+        sources = SourceLines(host_pid or (pid if isinstance(pid, int) else None))
     threads: Dict[Tuple[Any, Any], List[Dict[str, Any]]] = {}
     for row in rows:
         threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
@@ -77,9 +79,10 @@ def _locals(text: Any) -> List[Tuple[Any, Any]]:
     return list(values.items()) if isinstance(values, dict) else [("locals", text)]
 
 
-def write_tree(tree: TreeStacks, format: str) -> None:
+def write_tree(tree: TreeStacks, format: str, sources: Optional[SourceLines] = None) -> None:
     """`probing PID backtrace [--children]`: what could not be read and why the answer came
-    from outside (stderr), then every process's stacks (stdout)."""
+    from outside (stderr), then every process's stacks (stdout). `sources`: where the source
+    lines come from (a record's: read as its owner), else each process's own files."""
     for pid, command, error in tree.failed:
         note(f"PID {pid} ({command}): {error.message}")
     for stacks in tree.processes:
@@ -91,7 +94,9 @@ def write_tree(tree: TreeStacks, format: str) -> None:
         for index, stacks in enumerate(tree.processes):
             if index:
                 out.write("\n")
-            write_backtrace_text(stacks.rows, stacks.info, out, stacks.pid, stacks.info.get("outside"))
+            write_backtrace_text(
+                stacks.rows, stacks.info, out, stacks.pid, stacks.info.get("outside"), sources
+            )
         return
     from ...schema.tables import BACKTRACE
     from .rows import write_rows

@@ -16,6 +16,9 @@ def size(mb: Optional[float], signed: bool = False) -> str:
         return "?"
     sign = "+" if signed and mb >= 0 else "-" if mb < 0 else ""
     value = abs(mb)
+    if value >= 1 << 30:
+        # No machine has an exabyte: a job's (or a byte-swapped record's) figure, in few digits.
+        return f"{sign}{value / 1024:.3g} GB"
     if value >= 1024:
         return f"{sign}{value / 1024:.2f} GB"
     if value >= 1 or value == 0:

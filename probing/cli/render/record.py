@@ -10,9 +10,11 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Sequence
 
 from ...engine.backtrace import Stacks, TreeStacks
+from ...engine.sources import SourceLines, reader_for_owner
+from ...errors import ProbingError
 from . import inert, inert_lines, inert_stream, notes
 from .backtrace import write_tree
 from .json_writer import write_json
@@ -37,9 +39,14 @@ REASONS = {
 
 
 def when(seconds: Optional[float]) -> str:
+    """A time the job wrote, as a local date; "?" for none, and for a value that is no time the
+    clock can show (the engine passes only times: this is the last guard of the printer)."""
     if seconds is None:
         return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+    except (OverflowError, ValueError, OSError):
+        return "?"
 
 
 def signal_name(number: Optional[int]) -> str:
@@ -104,7 +111,7 @@ def write_record_stacks(record: Record, rows: List[Dict[str, Any]], format: str)
         text = exception["text"] or f"{exception['type']}: {exception['message']}\n"
         out.write(inert_lines(text if text.endswith("\n") else text + "\n", out))
     out.write("\nThe stacks when it was written:\n")
-    write_tree(tree, "text")
+    write_tree(tree, "text", SourceLines(None, reader_for_owner(*record.owner)))
 
 
 def write_record_memory(report: Dict[str, Any], format: str) -> None:
@@ -221,10 +228,29 @@ def write_recorded(result: Dict[str, Any], format: str) -> None:
     )
 
 
-def write_recorded_ranks(answers: List[Any], format: str) -> None:
-    """`probing PID record --ranks`: what each rank's agent wrote, by rank."""
+def write_not_recorded(pid: Optional[int], error: ProbingError, format: str) -> None:
+    """`probing PID record --format json` when the agent could write no record: what it said, as
+    JSON on stdout (the error itself goes to stderr, as for every command)."""
     if format == "json":
-        write_json([dict(result, rank=rank.rank) for rank, result in answers])
+        write_json({"pid": pid, "path": None, "error": error.message, "exit_code": int(error.exit_code)})
+
+
+def write_recorded_ranks(answers: List[Any], format: str, missing: Sequence[Any] = ()) -> None:
+    """`probing PID record --ranks`: what each rank's agent wrote, by rank; as JSON, the ranks that
+    wrote none too, each with its error and exit code."""
+    if format == "json":
+        entries = [dict(result, rank=rank.rank) for rank, result in answers]
+        for each in missing:
+            error = each.error
+            entries.append(
+                {
+                    "rank": each.rank.rank,
+                    "path": None,
+                    "error": error.message,
+                    "exit_code": int(error.exit_code),
+                }
+            )
+        write_json(sorted(entries, key=lambda entry: (entry["rank"] is None, entry["rank"] or 0)))
         return
     for rank, result in answers:
         sys.stdout.write(f"rank {rank.rank}: ")

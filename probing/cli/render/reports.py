@@ -23,8 +23,9 @@ def write_tables(tables: List[Dict[str, Any]], format: str) -> None:
         if index:
             out.write("\n")
         out.write(f"{inert(table['name'])}: {inert(table.get('doc', ''))}\n")
-        name_width = max(len(inert(column["name"])) for column in table["columns"])
-        type_width = max(len(inert(column["type"])) for column in table["columns"])
+        # default: a table may have no columns (a hostile agent's description).
+        name_width = max((len(inert(column["name"])) for column in table["columns"]), default=0)
+        type_width = max((len(inert(column["type"])) for column in table["columns"]), default=0)
         for column in table["columns"]:
             name, kind = inert(column["name"]).ljust(name_width), inert(column["type"]).ljust(type_width)
             out.write(f"  {name}  {kind}  {inert(column.get('doc', ''))}\n")
@@ -128,6 +129,8 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
         document: Dict[str, Any] = {"hung": True, "stalled_s": round(job.stalled_s, 1), "processes": read}
         if job.job is not None:
             document["job"] = job.job.to_json()
+        else:
+            document["reason"] = job.reason
         document["records"] = [
             {"pid": outcome.pid, "path": outcome.path, "error": outcome.error} for outcome in records
         ]
@@ -147,9 +150,11 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
         )
         write_job_hang(job.job, "text", err)
     else:
+        # The verdict names the threads that decided it (analysis.progress), as `hang` does.
+        verdict = job.reason or "no thread that carries it moved or used the CPU"
         err.write(
-            f"probing: the job made no progress for {job.stalled_s:.0f} s (its main thread neither moved "
-            "nor used the CPU); every stack of its process tree follows, then it is ended\n"
+            f"probing: the job made no progress for {job.stalled_s:.0f} s ({inert(verdict)}); every stack "
+            "of its process tree follows, then it is ended\n"
         )
     for pid, stacks, error in job.processes:
         if stacks is None:
@@ -235,3 +240,5 @@ def write_switch(
     )
     if status["error"]:
         out.write(f"  stopped after an error in a hook (nothing was raised in the job): {status['error']}\n")
+    for message in status.get("notes") or ():  # what a bounded search for the models may have missed
+        out.write(f"  note: {inert(str(message))}\n")

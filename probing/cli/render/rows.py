@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from . import inert
+from . import inert, writable
 from .json_writer import write_json, write_json_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Iterable, Optional, Sequence
+    from typing import IO, Any, Iterable, List, Optional, Sequence
 
     Rows = Sequence[Sequence[Any]]
 
@@ -41,12 +41,10 @@ def write_rows(
 ) -> None:
     out = out or sys.stdout
     if fmt == "json" or fmt == "jsonl":
-        import json
-
         decode = [column_type.upper() == "JSON" for column_type in types]
         objects = (
             {
-                name: (json.loads(value) if is_json and isinstance(value, str) else value)
+                name: (_json_value(value) if is_json and isinstance(value, str) else value)
                 for name, value, is_json in zip(columns, row, decode)
             }
             for row in rows
@@ -59,12 +57,46 @@ def write_rows(
     if fmt == "csv":
         import csv
 
+        # Exact values, but for lone surrogates, which have no bytes to write (render.writable).
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
+        writer.writerow([writable(name) for name in columns])
         for row in rows:
-            writer.writerow(["" if value is None else _cell(value) for value in row])
+            writer.writerow(["" if value is None else writable(_cell(value)) for value in row])
         return
     write_table(columns, types, rows, out)
+
+
+# JSON nested deeper than this is written as its text: the JSON writer recurses once per level
+# (twice, with its comprehensions), and the agent's JSON (locals, tags) is one or two deep.
+MAX_JSON_DEPTH = 100
+
+
+def _json_value(text: str) -> Any:
+    """A JSON column's value as the JSON it holds; its text when it holds none, or nests deeper
+    than MAX_JSON_DEPTH (the job wrote it: a record's, or a hostile agent's, `locals` may be
+    any text), which JSON then quotes."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return value if _depth_within(value, MAX_JSON_DEPTH) else text
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest at most `limit` deep in `value` (without recursing)."""
+    level: List[Any] = [value]
+    for _ in range(limit + 1):
+        level = [
+            item
+            for each in level
+            if isinstance(each, (list, dict))
+            for item in (each.values() if isinstance(each, dict) else each)
+        ]
+        if not level:
+            return True
+    return False
 
 
 _NUMERIC = ("INT", "DOUBLE", "FLOAT", "DECIMAL", "REAL", "NUMERIC")
