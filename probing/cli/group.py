@@ -11,7 +11,7 @@ import click
 from .. import __version__
 from ..engine.record_path import is_record_path
 from ..engine.target import parse_address
-from ..errors import ExitCode, ProbingError
+from ..errors import ExitCode, ProbingError, UsageError
 from .backtrace import backtrace as show_backtrace
 from .core import core_command
 from .detach import detach_command
@@ -34,6 +34,7 @@ from .repl import repl
 from .report import report
 from .run import run
 from .spec import BACKTRACE_OPTIONS, ENDPOINTS, GLOBAL_OPTIONS, TARGET_OPTIONS
+from .spellings import Commands, foreign_spelling
 from .switch import nan, trace
 from .tables import tables
 
@@ -41,6 +42,8 @@ from .tables import tables
 VALUED_OPTIONS = tuple(option.name for option in (*GLOBAL_OPTIONS, ENDPOINTS) if not option.flag)
 # Commands that do not act on a target process.
 TARGETLESS = ("list", "run", "core", "records")
+# Where parse_args keeps the command line as given, for a refusal to be read as a habit.
+_GIVEN_ARGS = "probing.given_args"
 
 
 def _exit_code_table() -> str:
@@ -59,6 +62,7 @@ class ProbingGroup(click.Group):
     """
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        ctx.meta[_GIVEN_ARGS] = list(args)
         rewritten: List[str] = []
         index = 0
         while index < len(args):
@@ -87,6 +91,8 @@ class ProbingGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ProbingError as error:
+            if isinstance(error, UsageError):  # `probing core CORE EXECUTABLE`, as pystack's
+                error = foreign_spelling(ctx.meta.get(_GIVEN_ARGS, []), known_commands()) or error
             ctx.exit(report_error(error))
         except BrokenPipeError:  # `probing PID query ... | head`: the reader has all it wants
             stdout_is_closed()
@@ -193,11 +199,32 @@ def _values_not_options(args: List[str]) -> List[str]:
     return [f"\n{arg}" if arg[:2] == "--" and arg[2:3].isspace() else arg for arg in args]
 
 
+def known_commands() -> Commands:
+    """probing's commands that act on a TARGET, each with its options that take a value."""
+    on_target = {}
+    for name, command in cli.commands.items():
+        if name not in TARGETLESS:
+            valued = [
+                option.opts + option.secondary_opts
+                for option in command.params
+                if isinstance(option, click.Option) and not option.is_flag and not option.count
+            ]
+            on_target[name] = frozenset(flag for flags in valued for flag in flags)
+    return Commands(on_target)
+
+
 def run_click(args: List[str]) -> int:
     try:
         result = cli.main(args=_values_not_options(args), prog_name="probing", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         return int(exit_.exit_code)
+    except click.UsageError as error:
+        # Refused: said in probing's words when another tool's habit explains it (spellings.py).
+        mistaken = foreign_spelling(args, known_commands())
+        if mistaken is not None:
+            return report_error(mistaken)
+        error.show()
+        return int(error.exit_code)
     except click.ClickException as error:
         error.show()
         return int(error.exit_code)

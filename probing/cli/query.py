@@ -21,7 +21,10 @@ from .spec import RANKS, ROWS_FORMAT, scan_budget, timeout
 @apply(
     ROWS_FORMAT,
     timeout(10.0, "Seconds to wait for each table."),
-    scan_budget("Seconds the agent may spend walking live objects for python.tensors and python.gc."),
+    scan_budget(
+        "Seconds the agent may spend walking live objects for python.tensors and python.gc; a generation "
+        "of gc's objects is listed only if that holds the job's GIL at most S/100 at once (10 ms at least)."
+    ),
     RANKS,
 )
 @click.option(

@@ -29,7 +29,7 @@ class PythonProcess(NamedTuple):
     pid: int
     user: Optional[str]
     python_version: Optional[str]
-    agent: bool
+    agent: Optional[bool]  # None: this user cannot tell (agent_state)
     job: Optional[str]  # a short name of its distributed job (job_names); None outside one
     rank: Optional[int]  # the rank it is (or works for: a DataLoader worker)
     local_rank: Optional[int]
@@ -39,7 +39,49 @@ class PythonProcess(NamedTuple):
 def agent_present(pid: int) -> bool:
     """Whether an agent accepts connections on the socket of `pid` (connects, says nothing;
     never attaches)."""
-    return any(os.path.exists(path) and agent_listens(path) for path in socket_candidates(pid))
+    return agent_state(pid) is True
+
+
+def agent_state(pid: int) -> Optional[bool]:
+    """True when an agent accepts connections on the socket of `pid`, False when none does, and
+    None when this user cannot tell: the socket would be in a directory it may not search (a root
+    job's /tmp/probing-0, mode 0700, seen by nobody), or the job's environment, which may name
+    another directory (PROBING_SOCKET_DIR), is another user's to read."""
+    unknown = _environment_hidden(pid)
+    for path in socket_candidates(pid):
+        try:
+            os.stat(path)
+        except PermissionError:
+            unknown = True
+            continue
+        except OSError:
+            continue
+        if agent_listens(path):
+            return True
+    return None if unknown else False
+
+
+def _environment_hidden(pid: int) -> bool:
+    """Whether the process's environment is another user's (a process gone or exited is not)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environment:
+            environment.read(1)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def is_probing_cli(argv: List[str]) -> bool:
+    """Whether a command line is one of probing's own (`probing ...` runs the Python CLI as
+    `PYTHON .../probing-python ARGS`; `python -m probing ARGS`): probing at work, not a job."""
+    for index, word in enumerate(argv[1:], 1):
+        if word == "-m":
+            return argv[index + 1 : index + 2] == ["probing"]
+        if not word.startswith("-"):  # the script: the first word that is no option of Python's
+            return os.path.basename(word) == "probing-python"
+    return False
 
 
 def job_names(keys: List[JobKey]) -> Dict[JobKey, str]:
@@ -87,9 +129,12 @@ def python_processes() -> List[PythonProcess]:
             version = None
         if version is None and not (info.get("name") or "").startswith("python"):
             continue
-        command = " ".join(info.get("cmdline") or []) or f"[{info.get('name')}]"
+        argv = info.get("cmdline") or []
+        if is_probing_cli(argv):
+            continue
+        command = " ".join(argv) or f"[{info.get('name')}]"
         found.append(
-            PythonProcess(pid, info.get("username"), version, agent_present(pid), None, None, None, command)
+            PythonProcess(pid, info.get("username"), version, agent_state(pid), None, None, None, command)
         )
     return _with_jobs(found)
 

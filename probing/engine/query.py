@@ -170,8 +170,19 @@ def load_job_tables(
         session = SqlSession(described + local_tables_described(), RANK_COLUMNS)
     else:
         session = static_session(RANK_COLUMNS)
-    notes: List[str] = []
+    # A note that several ranks give (each rank's `torch.cuda_memory is empty`) is said once.
+    said: Dict[str, List[int]] = {}
     for rank, fetched in sorted(gathered.answers, key=lambda pair: pair[0].rank):
         fill(session, fetched, {"rank": rank.rank, "local_rank": rank.local_rank, "node": rank.node})
-        notes.extend(f"rank {rank.rank}: {note}" for note in fetched.notes)
+        for note in fetched.notes:
+            said.setdefault(note, []).append(rank.rank)
+    notes = [f"{_ranks_named(by, len(ranks))}: {note}" for note, by in said.items()]
     return JobTables(session, gathered.missing, notes)
+
+
+def _ranks_named(ranks: List[int], chosen: int) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) == chosen:
+        return "every rank"
+    return "ranks " + ", ".join(str(rank) for rank in ranks)

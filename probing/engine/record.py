@@ -330,7 +330,8 @@ def _read_fatal(path: str, handle: Any, text_bytes: int) -> Record:
     rest = handle.read(text_bytes)
     notes = []
     if handle.read(1):
-        notes.append(f"only the first {text_bytes >> 20} MB of faulthandler's text were read")
+        # Named after its table: a query's notes are those about the tables it reads (record_sql.py).
+        notes.append(f"python.backtrace: only the first {text_bytes >> 20} MB of faulthandler's text read")
     pid = integer(header.get("pid"))
     message, rows = parse_faulthandler(rest.decode("utf-8", "replace"), pid)
     given = header.get("reason")

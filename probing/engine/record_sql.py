@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, NamedTuple
+import re
+from typing import Any, Dict, List, NamedTuple, Sequence
 
 import duckdb
 
@@ -51,15 +52,25 @@ class RecordQuery(NamedTuple):
     notes: List[str]
 
 
+def notes_about(notes: Sequence[str], tables: Sequence[str]) -> List[str]:
+    """Those of a record's `notes` that name one of `tables` (`torch.cuda_memory is empty: ...`,
+    `python.modules, python.optimizers: left out (...)`). A note about a table a query does not
+    read is noise beside its rows; the record's heading (`probing FILE backtrace`) says them all."""
+    patterns = [re.compile(rf"(?<![\w.]){re.escape(name)}(?![\w])") for name in tables]
+    return [note for note in notes if any(pattern.search(note) for pattern in patterns)]
+
+
 def query_record(record: Record, sql: str) -> RecordQuery:
-    """`sql` over the record; notes name the tables it asks for that the record does not hold."""
+    """`sql` over the record; notes about the tables it reads, and those it asks for that the
+    record does not hold (once: a note of the record's that says why stands for it)."""
     held = set(record.table_names())
     known = list(AGENT_TABLES) + [table.name for table in record.tables]
-    missing = [name for name in referenced_tables(known, sql) if name not in held]
-    notes = list(record.notes)
-    if missing:
+    read = referenced_tables(known, sql)
+    notes = notes_about(record.notes, read)
+    unexplained = [name for name in read if name not in held and not notes_about(notes, [name])]
+    if unexplained:
         notes.append(
-            f"this record does not hold {', '.join(missing)} "
+            f"this record does not hold {', '.join(unexplained)} "
             f"(it holds {', '.join(sorted(held)) or 'no table'})"
         )
     session = record_session(record)

@@ -18,8 +18,9 @@ import time
 from ..client.connection import TCP_SCHEME, Client
 from ..client.discovery import locate_socket
 from ..errors import NoAgent, NotLive, ProbingError, UsageError
+from ..protocol.records import SUFFIX as RECORD_SUFFIX
 from .job import STALE_ENDPOINT_HINT, NotTheRank, Rank, identity_mismatch
-from .record_path import is_record_path
+from .record_path import FATAL_SUFFIX, is_record_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -86,10 +87,22 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
         from ..client.tcp import endpoint_url, split_endpoint
 
         return None, endpoint_url(*split_endpoint(text))
+    if _names_a_file(text) and not os.path.lexists(text):
+        record = text.endswith((RECORD_SUFFIX, FATAL_SUFFIX))
+        raise UsageError(f"no such file: {text}", hint=_RECORDS_HINT if record else "")
     raise UsageError(
         "TARGET must be a PID, the path of an agent socket, HOST:PORT, tcp://HOST:PORT or a record "
         f"file, not {text!r}"
     )
+
+
+_RECORDS_HINT = "`probing records` lists the records jobs left on this machine"
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether a TARGET can only be read as a path: a directory in it, or a record's or a socket's
+    name (no PID, host or endpoint looks like one)."""
+    return os.sep in text or text.endswith((RECORD_SUFFIX, FATAL_SUFFIX, ".sock"))
 
 
 class Stillness:
@@ -244,8 +257,10 @@ class Target:
     # --- the look from outside, which decides whether to wait on a silent agent ---------------
 
     def gil_holder(self) -> Optional[str]:
-        """Which thread holds the GIL, read from outside (py-spy); None when none does or
-        when it cannot be read. The look is kept for the answer that follows."""
+        """Which thread holds the GIL, read from outside (py-spy); None when none does, when it
+        cannot be read, or when /proc does not show the thread py-spy flags keeping it
+        (pyspy.checked_gil: py-spy flags starting and exited threads too, and passing holders).
+        The look is kept for the answer that follows."""
         from ..outside.pyspy import dump, gil_holder
 
         if self.pid is None:

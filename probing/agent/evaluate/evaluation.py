@@ -88,9 +88,21 @@ def compile_source(source: str, filename: str) -> Tuple[Optional[CodeType], Opti
     return body, tail
 
 
+_OUTER_SHOWN, _INNER_SHOWN, _THREADS_SHOWN = 2, 4, 4  # what an error of --frame names of threads
+
+
 def _describe_stack(stack: ThreadStack) -> str:
-    names = [frame.f_code.co_name for frame in stack.frames()]
-    return " > ".join(reversed(names))
+    """Where a thread is, in a line: importlib's frames left out, a module being imported named
+    (a job importing torch is 60 frames deep), the middle of a deep stack counted."""
+    names: List[str] = []
+    for frame in stack.frames():
+        module = dict.get(frame.f_globals, "__name__")  # not a get() of the job's own
+        if not frame.f_code.co_filename.startswith("<frozen importlib"):
+            imported = frame.f_code.co_name == "<module>" and type(module) is str and module != "__main__"
+            names.insert(0, "import " + str(module)[:80] if imported else frame.f_code.co_name)
+    if len(names) > _OUTER_SHOWN + _INNER_SHOWN + 1:
+        names[_OUTER_SHOWN:-_INNER_SHOWN] = [f"({len(names) - _OUTER_SHOWN - _INNER_SHOWN} more)"]
+    return " > ".join(names)
 
 
 def frame_namespace(own_threads: Any, spec: str) -> Tuple[Dict[str, Any], Any]:
@@ -109,7 +121,8 @@ def frame_namespace(own_threads: Any, spec: str) -> Tuple[Dict[str, Any], Any]:
             code = frame.f_code
             if function in (code.co_name, getattr(code, "co_qualname", None)):
                 return frame.f_globals, framelocals.snapshot(frame)
-    where = "; ".join(f"{stack.name}: {_describe_stack(stack)}" for stack in stacks)
+    shown = [f"{stack.name}: {_describe_stack(stack)}" for stack in stacks[:_THREADS_SHOWN]]
+    where = "; ".join(shown + [f"{len(stacks) - len(shown)} more threads"] * (len(stacks) > len(shown)))
     raise RequestError(ErrorKind.NOT_FOUND, f"no frame of function {function!r} is running ({where})")
 
 

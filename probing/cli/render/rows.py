@@ -38,7 +38,10 @@ def write_rows(
     rows: Rows,
     fmt: str,
     out: Optional[IO[str]] = None,
+    fit_terminal: bool = False,
 ) -> None:
+    """`fit_terminal`: on a terminal, the table's last column is cut to the terminal's width
+    (to a pipe or a file, and in the other formats, every value stays whole for scripts)."""
     out = out or sys.stdout
     if fmt == "json" or fmt == "jsonl":
         decode = [column_type.upper() == "JSON" for column_type in types]
@@ -63,7 +66,18 @@ def write_rows(
         for row in rows:
             writer.writerow(["" if value is None else writable(_cell(value)) for value in row])
         return
-    write_table(columns, types, rows, out)
+    write_table(columns, types, rows, out, terminal_width(out) if fit_terminal else None)
+
+
+def terminal_width(out: IO[str]) -> Optional[int]:
+    """The columns of the terminal `out` writes to; None when it is no terminal."""
+    import shutil
+
+    try:
+        terminal = out.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return shutil.get_terminal_size().columns if terminal else None
 
 
 # JSON nested deeper than this is written as its text: the JSON writer recurses once per level
@@ -102,12 +116,26 @@ def _depth_within(value: Any, limit: int) -> bool:
 _NUMERIC = ("INT", "DOUBLE", "FLOAT", "DECIMAL", "REAL", "NUMERIC")
 
 
-def write_table(columns: Sequence[str], types: Sequence[str], rows: Rows, out: IO[str]) -> None:
+# What `fit` leaves of the last column at least, however narrow the terminal.
+MIN_LAST_COLUMN = 20
+
+
+def write_table(
+    columns: Sequence[str], types: Sequence[str], rows: Rows, out: IO[str], fit: Optional[int] = None
+) -> None:
+    """An aligned table; `fit`: the width its lines must keep within, by cutting values of the last
+    column (a command line) with `...`."""
     cells = [[inert(_cell(value)) for value in row] for row in rows]
     columns = [inert(name) for name in columns]
     widths = [len(name) for name in columns]
     for row in cells:
         widths = [max(width, len(text)) for width, text in zip(widths, row)]
+    if fit is not None and widths and sum(widths) + 2 * (len(widths) - 1) > fit:
+        room = max(MIN_LAST_COLUMN, len(columns[-1]), fit - sum(widths[:-1]) - 2 * (len(widths) - 1))
+        widths[-1] = room
+        for row in cells:
+            if len(row[-1]) > room:
+                row[-1] = row[-1][: room - 3] + "..."
     right = [
         any(kind in column_type.upper() for kind in _NUMERIC) and "[]" not in column_type
         for column_type in types
