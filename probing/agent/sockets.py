@@ -151,6 +151,26 @@ def accept(listener: Socket) -> Tuple[Socket, Any]:
     return conn, address
 
 
+# SO_LINGER on, 0 s: close() resets the connection instead of the FIN handshake.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+
+
+def reset(sock: Socket, identity: Optional[Any]) -> None:
+    """Close a peer's connection with a reset, while its descriptor is still ours (else forget
+    the number, as release() does). One identity check: a flood pays this per connection."""
+    if identity is None or descriptor_identity(sock) != identity:
+        release(sock, None)
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
 class Poller:
     """What the agent needs of selectors.PollSelector: sockets registered with a value, and the
     values of those with something to read. On originals.poll: `selectors` takes select.poll

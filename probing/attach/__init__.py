@@ -15,9 +15,9 @@ import os
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ..client.discovery import agent_listens, python_version_of, require_process
+from ..client.discovery import agent_listens, python_version_of, require_process, socket_candidates
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
-from ..procfs import executable, process_alive, socket_candidates, thread_names, thread_work_done
+from ..procfs import executable, process_alive, thread_names, thread_work_done
 from .methods import InjectReport, choose_method
 
 Log = Callable[[str], None]

@@ -7,8 +7,8 @@ per probing version, and the injector is given the path as the process sees it. 
 finds the agent's Python files next to the path it was loaded by (native/helper.c), and the
 agent's loader imports them by file path: the copy is never put on the job's sys.path, nor
 the CLI's site-packages (DESIGN.md, "Attaching without harming the target", rule 4). The
-agent's socket is then a file of that file system too, found by procfs.socket_candidates
-through the same /proc/PID/root (procfs.View).
+agent's socket is then a file of that file system too, found by client/discovery.py socket_candidates
+through the same /proc/PID/root (client/discovery.py View).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import __version__
+from ..client.discovery import View
 from ..errors import AttachFailed
-from ..procfs import View
 from .methods import HELPER, PACKAGE, native
 
 

@@ -16,7 +16,8 @@ import socket
 import stat
 from typing import Optional
 
-from ..procfs import process_alive, socket_candidates, start_time
+from ..client.discovery import socket_candidates
+from ..procfs import process_alive, start_time
 
 
 def _refused(path: str) -> bool:

@@ -8,9 +8,10 @@ backtrace`: stdlib only and cheap to import.
 from __future__ import annotations
 
 import os
+from typing import List
 
 from ..errors import NoAgent, NotPython, PermissionDenied, ProcessNotFound
-from ..procfs import process_alive, python_version, socket_candidates
+from ..procfs import effective_uid, environ_value, namespace_pid, process_alive, python_version
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -88,3 +89,53 @@ def locate_socket(pid: int, log: Log = no_log) -> str:
     if denied is not None:
         raise PermissionDenied(f"not allowed to reach the agent of PID {pid} ({denied})")
     raise NoAgent(f"PID {pid} (Python {version}) has no probing agent")
+
+
+class View:
+    """How a process sees the file system and itself, from where the CLI stands.
+
+    A process in another mount namespace (a container) has its own /tmp, and one in a chroot
+    its own / in our namespace: either way its files are reached through /proc/PID/root. In
+    another PID namespace it knows itself by another number, which is the one in its socket's
+    name.
+    """
+
+    __slots__ = ("root", "own_pid")
+
+    def __init__(self, pid: int) -> None:
+        self.root = ""
+        self.own_pid = pid
+        try:
+            if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+                self.root = f"/proc/{pid}/root"
+        except OSError:
+            pass
+        try:
+            theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/proc/self/root")
+            if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+                self.root = f"/proc/{pid}/root"  # a chroot (or we are in one)
+        except OSError:
+            pass
+        self.own_pid = namespace_pid(pid)
+
+    def path(self, inside: str) -> str:
+        """A path of the process's file system, as the CLI reaches it."""
+        return self.root + inside
+
+
+def socket_candidates(pid: int) -> List[str]:
+    """Where the agent of `pid` would have put its socket, most specific first."""
+    view = View(pid)
+    # The job's own PROBING_SOCKET_DIR and default directory are paths in its file system;
+    # ours applies only when we share one.
+    directories = [view.path(d) for d in (environ_value(pid, "PROBING_SOCKET_DIR"),) if d]
+    if not view.root and os.environ.get("PROBING_SOCKET_DIR"):
+        directories.append(os.environ["PROBING_SOCKET_DIR"])
+    uid = effective_uid(pid)
+    directories.append(view.path(f"/tmp/probing-{uid if uid is not None else os.geteuid()}"))
+    seen: List[str] = []
+    for directory in directories:
+        path = os.path.join(directory, f"{view.own_pid}.sock")
+        if path not in seen:
+            seen.append(path)
+    return seen

@@ -13,9 +13,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
 
-from ..client.discovery import agent_listens, python_version_of
+from ..client.discovery import agent_listens, python_version_of, socket_candidates
 from ..errors import ProbingError
-from ..procfs import socket_candidates
 from .job import rank_of
 
 if TYPE_CHECKING:

@@ -25,17 +25,15 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
 import weakref
 from typing import Any, Dict, Optional, Protocol, Set
 
 from ...originals import Socket, get_ident, monotonic
 from ...protocol import auth, sealed
-from ...protocol.endpoints import format_endpoint
 from ..lifecycle import WORK, on_fork_in_child, on_stop
-from ..sockets import Poller, accept, descriptor_identity, release, socket_pair
+from ..sockets import Poller, accept, descriptor_identity, release, reset, socket_pair
 from ..threads import AgentThread
-from .address import published_endpoint
+from .address import peer_text, published_endpoint
 from .handshakes import REFUSED, SILENT, Handshake, PendingHandshakes, capacity, source_of
 from .publisher import Publisher
 from .rank import rank_identity
@@ -55,8 +53,6 @@ ACCEPT_PAUSE_S = 0.1
 # reused the numbers for files that never wake the poll must not keep the thread for good.
 IDENTITY_CHECK_S = 30.0
 LOST_DESCRIPTORS = "the TCP listener stopped: the job closed its sockets (os.closerange or the like)"
-# SO_LINGER on, 0 s: close() resets the connection instead of the FIN handshake.
-_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 class Admitting(Protocol):
@@ -65,12 +61,6 @@ class Admitting(Protocol):
     own_threads: Set[int]
 
     def admit_authenticated(self, conn: Socket, peer: str) -> None: ...
-
-
-def peer_text(address: Any) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        return format_endpoint(str(address[0]), address[1])
-    return str(address)
 
 
 class TcpListener:
@@ -219,7 +209,7 @@ class TcpListener:
         source = source_of(address)
         if not self._make_room(source):
             self.outcomes["turned_away"] += 1
-            _reset(conn, identity)
+            reset(conn, identity)
             return
         conn.setblocking(False)
         nonce, challenge = auth.challenge()
@@ -319,7 +309,7 @@ class TcpListener:
             release(entry.sock, entry.identity)
         else:
             self.outcomes["dropped"] += 1
-            _reset(entry.sock, entry.identity)
+            reset(entry.sock, entry.identity)
 
     # --- stopping ------------------------------------------------------------------------------
 
@@ -389,22 +379,6 @@ class TcpListener:
         release(self._waker, self._waker_identity)
         release(self._wake_end, self._wake_end_identity)
         self.publisher.forget()
-
-
-def _reset(sock: Socket, identity: Optional[Any]) -> None:
-    """Close a peer's connection with a reset, while its descriptor is still ours (else forget
-    the number, as release() does). One identity check: a flood pays this per connection."""
-    if identity is None or descriptor_identity(sock) != identity:
-        release(sock, None)
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
-    except OSError:
-        pass
-    try:
-        sock.close()
-    except OSError:
-        pass
 
 
 # Listeners of this process, for the one fork hook that abandons them all in a child: a hook per

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from ...originals import Socket, getaddrinfo
 from ...protocol import endpoints
@@ -81,3 +81,10 @@ def _route_address(master_host: Optional[str], master_port: Optional[str]) -> Op
     except (OSError, UnicodeError):
         return None
     return None if local in WILDCARD_HOSTS else local
+
+
+def peer_text(address: Any) -> str:
+    """A peer's address as the agent says it (`hello`, a Busy reply)."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        return endpoints.format_endpoint(str(address[0]), address[1])
+    return str(address)
