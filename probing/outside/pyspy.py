@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..analysis.gil import keeps_the_gil, live_thread
 from ..errors import PermissionDenied, ProbingError
 from ..procfs import thread_name
 from ..protocol.frames import json_dumps, json_loads
@@ -19,7 +20,7 @@ from . import spawn
 # `probing PID backtrace` when a stuck job is read from outside, timed against py-spy itself.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # py-spy sometimes cannot read a process that is starting up; one retry settles it.
 _ATTEMPTS = 2
@@ -75,17 +76,90 @@ def dump(pid: int, native: bool = False, timeout: float = 2.0, locals: bool = Fa
                 f"py-spy printed more than {too_much.cap >> 20} MB on its {too_much.stream} reading PID {pid}"
             ) from None
         try:
-            threads = json_loads(stdout.decode("utf-8", "replace"))
-        except ValueError:
-            error = _dump_failed(pid, stderr.decode("utf-8", "replace"), native)
-            if isinstance(error, PermissionDenied):
-                raise error from None
+            threads = threads_of(pid, stdout, stderr, native)
+        except PermissionDenied:
+            raise
+        except ProbingError as failed:
+            error = failed
             continue
-        if isinstance(threads, list) and all(isinstance(thread, dict) for thread in threads):
-            return threads
-        error = ProbingError(f"py-spy printed something other than a list of threads for PID {pid}")
+        return checked_gil(pid, threads)
     assert error is not None
     raise error
+
+
+def threads_of(pid: int, stdout: bytes, stderr: bytes, native: bool = False) -> List[Dict[str, Any]]:
+    """What py-spy printed as its list of threads, each in the shape py-spy documents (`_thread`);
+    the ProbingError its failure means. py-spy reads the job's memory, which the job controls:
+    every field is checked here, so that nothing downstream meets a type it does not expect."""
+    try:
+        threads = json_loads(stdout.decode("utf-8", "replace"))
+    except ValueError:
+        raise _dump_failed(pid, stderr.decode("utf-8", "replace"), native) from None
+    if not isinstance(threads, list) or not all(isinstance(thread, dict) for thread in threads):
+        raise ProbingError(f"py-spy printed something other than a list of threads for PID {pid}")
+    return [_thread(thread) for thread in threads]
+
+
+# The most of py-spy's words one message quotes: its error is one line of a message of ours.
+_MAX_SAID = 300
+_INT64 = 1 << 63
+
+
+def _integer(value: Any) -> Optional[int]:
+    """An integer a table column (BIGINT) can hold, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64:
+        return value
+    return None
+
+
+def _text(value: Any) -> Optional[str]:
+    """Text, with a lone surrogate (from a \\udcXX escape) written as that escape, as the agent
+    ships names: what cannot be UTF-8 would fail wherever the text goes (DuckDB, stdout)."""
+    if not isinstance(value, str):
+        return None
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _flag(value: Any) -> Optional[bool]:
+    return value if isinstance(value, bool) else None
+
+
+def _checked(value: Dict[str, Any], fields: Dict[str, Callable[[Any], Any]]) -> Dict[str, Any]:
+    """`value` with each of `fields` that it has made of its type (or None) by its check."""
+    checked = dict(value)
+    for key, check in fields.items():
+        if key in checked:
+            checked[key] = check(checked[key])
+    return checked
+
+
+def _locals(values: Any) -> Optional[List[Dict[str, Any]]]:
+    if not isinstance(values, list):
+        return None
+    named = (each for each in values if isinstance(each, dict) and isinstance(each.get("name"), str))
+    return [_checked(each, {"name": _text, "repr": _text}) for each in named]
+
+
+def _frames(frames: Any) -> List[Dict[str, Any]]:
+    if not isinstance(frames, list):
+        return []
+    return [_checked(frame, _FRAME_FIELDS) for frame in frames if isinstance(frame, dict)]
+
+
+_FRAME_FIELDS: Dict[str, Callable[[Any], Any]] = {
+    "name": _text, "filename": _text, "module": _text, "short_filename": _text, "line": _integer,
+    "locals": _locals,
+}  # fmt: skip
+_THREAD_FIELDS: Dict[str, Callable[[Any], Any]] = {
+    "pid": _integer, "thread_id": _integer, "os_thread_id": _integer, "thread_name": _text, "active": _flag,
+    "owns_gil": lambda value: value is True, "frames": _frames,
+}  # fmt: skip
+
+
+def _thread(thread: Dict[str, Any]) -> Dict[str, Any]:
+    """One of py-spy's threads with each field py-spy documents of its type, or None (`owns_gil`
+    True or False), and its frames likewise; a thread as py-spy prints it is left as it is."""
+    return _checked(thread, _THREAD_FIELDS)
 
 
 _WITHOUT_NATIVE = "without --native, `probing PID backtrace` reads the Python stacks through the agent"
@@ -97,6 +171,8 @@ def _dump_failed(pid: int, stderr: str, native: bool) -> ProbingError:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     said = next((line[len("Error:") :].strip() for line in lines if line.startswith("Error:")), None)
     said = said or (lines[0] if lines else "it failed without saying why")
+    if len(said) > _MAX_SAID:
+        said = said[: _MAX_SAID - 3] + "..."
     if "Permission denied" in stderr or "Operation not permitted" in stderr:
         return PermissionDenied(f"py-spy is not allowed to read PID {pid}: {said}")
     if "Failed to find a python interpreter" in said:
@@ -123,14 +199,24 @@ def describe_frame(frame: Dict[str, Any]) -> str:
     return f"{frame.get('name')} ({frame.get('short_filename') or frame.get('filename')}:{frame.get('line')})"
 
 
+def _is_dummy(name: str) -> bool:
+    number = name[len("Dummy-") :]
+    return name.startswith("Dummy-") and number.isascii() and number.isdigit()
+
+
 def is_agent_thread(thread: Dict[str, Any]) -> bool:
     """The agent's threads, and the attach helper's thread (native frames only, in our library).
 
-    The helper's thread has no `threading` name while it loads the agent, and without
-    --native no frame of our library: its OS name tells it (the helper names itself
-    probing-attach, then probing-agent, and the agent's threads inherit that)."""
-    if str(thread.get("thread_name") or "").startswith("probing-"):
-        return True
+    Agent threads are not threading's (agent/threads.py), so py-spy has no name for them: their
+    OS name tells them (each names itself probing-..., the helper's thread probing-attach, then
+    probing-agent). A thread threading knows is decided by its threading name alone: a thread a
+    job started from an eval has the eval thread's OS name until it renames itself (3.14 does).
+    But "Dummy-N", threading's name for a thread it did not start, is told by the OS name too:
+    code run in an agent thread may make threading name it so (threading.current_thread()), and
+    py-spy showed such a thread holding the GIL while the agent answered, taken for the job's."""
+    name = thread.get("thread_name")
+    if name and not _is_dummy(str(name)):
+        return str(name).startswith("probing-")
     tid = thread.get("os_thread_id")
     if isinstance(tid, int) and tid > 0:
         if (thread_name(tid) or "").startswith("probing-"):
@@ -142,9 +228,11 @@ def is_agent_thread(thread: Dict[str, Any]) -> bool:
 
 
 def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """python.backtrace rows, main thread first, the agent's own threads left out."""
+    """python.backtrace rows, main thread first, the agent's own threads left out. `threads`:
+    py-spy's, as it printed them or as `threads_of` checked them."""
+    checked = [_thread(thread) for thread in threads if isinstance(thread, dict)]
     ordered = sorted(
-        (thread for thread in threads if not is_agent_thread(thread)),
+        (thread for thread in checked if not is_agent_thread(thread)),
         key=lambda thread: (thread.get("os_thread_id") != pid, thread.get("os_thread_id") or 0),
     )
     rows = []
@@ -175,8 +263,30 @@ def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, An
     return rows
 
 
-def gil_holder(threads: List[Dict[str, Any]]) -> Optional[str]:
+def checked_gil(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """`threads` with py-spy's owns_gil kept only on a thread that keeps the GIL, which /proc
+    shows (analysis/gil.py): py-spy also sets it on a thread state with id 0 (a thread starting),
+    on threads whose OS id it got wrong, and on a thread that has the GIL for a moment. Every
+    thread py-spy flags has the GIL's thread id, and one of them at most holds it: the first that
+    is a thread of the process is looked at, and the others keep the flag only if they are it.
+    probing's own threads lose it unlooked at: they are nobody's culprit, and the one that loads
+    the agent ends soon after, when its OS name can no longer tell whose it was."""
+    looked: Optional[Tuple[int, bool]] = None  # (its OS id, whether it keeps the GIL)
     for thread in threads:
+        if not thread.get("owns_gil"):
+            continue
+        tid = thread.get("os_thread_id")
+        if is_agent_thread(thread):
+            thread["owns_gil"] = False
+            continue
+        if looked is None and isinstance(tid, int) and live_thread(pid, tid) is not None:
+            looked = (tid, keeps_the_gil(pid, tid))
+        thread["owns_gil"] = looked == (tid, True)
+    return threads
+
+
+def gil_holder(threads: List[Dict[str, Any]]) -> Optional[str]:
+    for thread in (_thread(each) for each in threads if isinstance(each, dict)):
         if thread.get("owns_gil") and not is_agent_thread(thread):
             frames = [frame for frame in thread.get("frames") or [] if frame.get("module") is None]
             where = f" in {describe_frame(frames[0])}" if frames else ""
