@@ -33,6 +33,7 @@ import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 from ..originals import allocate_lock, get_ident, get_native_id, start_new_thread
+from .stacks import main_thread_ident
 
 # The prefix of every agent thread's OS name; the CLI's outside path leaves such threads out.
 NAME_PREFIX = "probing-"
@@ -138,6 +139,12 @@ def job_thread(ident: Optional[int] = None) -> Any:
     if not isinstance(active, dict):
         return None
     return active.get(get_ident() if ident is None else ident)
+
+
+def on_main_thread() -> bool:
+    """Whether the calling thread is the interpreter's main thread, asked without
+    threading.current_thread() (which, in an agent thread, would register a _DummyThread)."""
+    return get_ident() == main_thread_ident()
 
 
 def forget_dummy(ident: int) -> None:

@@ -3,7 +3,9 @@
 Each step recomputes floating-point work (scalar and, with torch, vectorised) and a heap
 structure whose expected results were computed before anything could attach, and compares
 them bit for bit: an injector that clobbered a register or the allocator, or an agent that
-touched the job's tensors, shows up as MISMATCH on stderr and exit code 3.
+touched the job's tensors, shows up as MISMATCH on stderr and exit code 3. It also counts the
+threads `threading` knows, as jobs that wait for their workers do: one that is not the job's
+(an agent thread, a _DummyThread made for one) is a MISMATCH too.
 
     --print     the main thread prints "line N" every step (to stdout, a pipe or a file)
     --gc-thread a thread calls gc.collect() in a loop
@@ -89,10 +91,22 @@ if options.spin:
     start_thread(spin_forever, "spinner")
 
 step = 0
+OWN_THREADS = {"MainThread", "collector", "spinner"}
+
+
+def threads_of_others():
+    threading = sys.modules.get("threading")  # only if the job (or an attach) imported it
+    if threading is None:
+        return None
+    others = sorted(thread.name for thread in threading.enumerate() if thread.name not in OWN_THREADS)
+    return f"threading counts {others}" if others else None
 
 
 def check():
     problems = []
+    others = threads_of_others()
+    if others:
+        problems.append(others)
     if scalar_work() != expected_scalar:
         problems.append("scalar")
     if heap_work() != expected_heap:

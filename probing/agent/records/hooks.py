@@ -31,6 +31,8 @@ import threading
 from types import FrameType, TracebackType
 from typing import Any, Callable, Dict, List, Optional, Set, Type
 
+from ..threads import job_thread, on_main_thread
+
 HOOKED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Those whose default action ends the job without Python: their stacks go to the .fatal file.
 DUMPED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -118,7 +120,7 @@ class ExceptionHooks:
     def thread_excepthook(self, args: Any) -> None:
         try:
             value = args.exc_value
-            thread = args.thread if args.thread is not None else threading.current_thread()
+            thread = args.thread if args.thread is not None else job_thread()
             if self.active and value is not None and not isinstance(value, SystemExit) and not marked(value):
                 self.on_exception(value, thread)
         except Exception:  # noqa: BLE001, S110 - as above
@@ -156,7 +158,7 @@ class SignalHooks:
         """`dump_fd`: the .fatal file's descriptor (None: no stacks for default-action deaths)."""
         self.active = True
         self.dump_fd = dump_fd
-        in_main = threading.current_thread() is threading.main_thread()
+        in_main = on_main_thread()
         for signum in HOOKED_SIGNALS:
             name = signal.Signals(signum).name
             current = self.original_getsignal(signum)
@@ -279,7 +281,7 @@ class SignalHooks:
         if signal.getsignal == self.job_getsignal:
             signal.getsignal = self.original_getsignal
         self.stop_dumping()
-        if not in_child and threading.current_thread() is not threading.main_thread():
+        if not in_child and not on_main_thread():
             return
         for signum, job_handler in list(self.job_handlers.items()):
             try:

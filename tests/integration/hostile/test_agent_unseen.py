@@ -61,6 +61,11 @@ def test_a_job_that_counts_its_threads_never_counts_the_agents(python: str) -> N
         assert report["active_idents"] == 2 and report["limbo"] == 0 and report["dummies"] == [], report
         assert report["joined"] == ["MainThread", "worker"], report
 
+        # Detach undoes the agent's hooks from one of its own threads: still nothing counted.
+        assert probing(pid, "detach").returncode == 0
+        report = _report(job)
+        assert report["names"] == ["MainThread", "worker"] and report["dummies"] == [], report
+
         # The job's own idiom ends: nothing of probing's is counted, nothing waits for it.
         assert job.finish(timeout=30) == 0, job.output()
         assert "done" in job.stdout_lines, job.output()
