@@ -45,7 +45,7 @@ now = time.time()
 for index in range(rows):
     step, seq = divmod(index, 36)
     ring.append((step, seq, modules[seq % 12], kinds, stages[seq // 12], 0.001, 0.0001 * seq,
-                 None, None, None, 0, now))
+                 None, None, None, 0, now, 1))  # session 1: the trace was turned on once
 print("ready", len(ring), flush=True)
 sys.stdin.readline()
 try:

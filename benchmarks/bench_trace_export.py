@@ -66,7 +66,7 @@ for step in range(steps):
         in_step = step * step_s + offset if one_step else offset
         number = 0 if one_step else step
         order = count if one_step else seq
-        ring.append((number, order, name, kind, stage, duration, in_step, *memory, 0, t0 + offset))
+        ring.append((number, order, name, kind, stage, duration, in_step, *memory, 0, t0 + offset, 1))
         count += 1
         if count == rows:
             break

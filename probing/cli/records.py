@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from ..engine.record_listing import list_records, record_directories
+from ..engine.record_listing import list_pruned, list_records, record_directories
 from ..errors import ExitCode
 from .options import apply
 from .render.record import write_records
@@ -26,8 +26,11 @@ def records(directory: Optional[str], format: str) -> int:
     A record is a target: `probing FILE backtrace|query|tables|memory|hang|export`. A fatal-signal
     file (.fatal) is listed once its process is gone: with the stacks faulthandler wrote, or as
     "ended without a trace" when the job died without one (SIGKILL, os._exit, or a fault handler of
-    its own).
+    its own). Then the records agents removed lately to keep the directory within its bounds
+    (PROBING_RECORD_KEEP newest per job, PROBING_RECORD_TOTAL_FILES and PROBING_RECORD_TOTAL_MB
+    per directory), each with why.
     """
     directories = [directory] if directory is not None else record_directories()
-    write_records(list_records(directories, given=directory is not None), format, directories)
+    given = directory is not None
+    write_records(list_records(directories, given), format, directories, list_pruned(directories, given))
     return ExitCode.OK

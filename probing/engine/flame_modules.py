@@ -11,6 +11,7 @@ from ..errors import ProbingError, UsageError
 from .flame import Flame
 from .target import Target
 from .timeline import parse_steps as parse_step_range
+from .trace_sessions import newest_whole, session_expression, sessions
 
 
 def parse_steps(text: Optional[str]) -> Optional[Tuple[Optional[int], Optional[int]]]:
@@ -56,6 +57,42 @@ def default_steps(low: Optional[int], high: Optional[int], count: int) -> Tuple[
     if count == 2:
         return low, low
     return low + 1, high - 1
+
+
+def _chosen_rows(
+    session: Any,
+    chosen: Optional[Tuple[Optional[int], Optional[int]]],
+    held: Tuple[Any, Any, int],
+    notes: List[str],
+) -> Tuple[str, Tuple[Optional[int], Optional[int]]]:
+    """The WHERE condition of the rows drawn, and the steps they are (for the title). Whole steps
+    only (trace_sessions.py): by default those of the newest tracing session, so that a mean per
+    step is not taken over two sessions with the time tracing was off between them; with
+    `--steps`, the whole steps among those chosen."""
+    low, high, count = held
+    expression = session_expression(session)
+    if expression == "1":  # an agent older than tracing sessions: the first and newest steps may be cut
+        chosen = chosen if chosen is not None else default_steps(low, high, count)
+        return steps_clause(chosen), chosen
+    found = sessions(session)
+    if chosen is not None:
+        # Each session's newest step was cut by `trace off` (or is under way), unless it is all there is.
+        cut = " OR ".join(f"(session = {each.number} AND step = {each.last})" for each in found)
+        whole = f"NOT ({cut})" if cut and sum(each.steps for each in found) > 1 else ""
+        return " AND ".join(part for part in (steps_clause(chosen), "session > 0", whole) if part), chosen
+    newest = newest_whole(found)
+    if newest is None:  # no step is whole yet: the one under way (or, with none, what there is)
+        if not found:
+            return "", (low, high)
+        return f"session = {found[-1].number}", (found[-1].first, found[-1].last)
+    if len(found) > 1:
+        others = ", ".join(f"{each.first}-{each.last}" for each in found if each != newest)
+        notes.append(
+            f"the whole steps of tracing session {newest.number} only: tracing was off between "
+            f"sessions, and the other sessions' steps ({others}) are left out; --steps A:B draws them"
+        )
+    condition = f"session = {newest.number} AND step >= {newest.first} AND step < {newest.last}"
+    return condition, (newest.first, newest.last - 1)
 
 
 STAGES = ("forward", "backward", "optimizer")
@@ -124,10 +161,9 @@ def torch_flame(session: Any, steps_text: Optional[str], title: str, notes: List
             hint="`probing PID trace on` (add --backward for backward times) starts tracing; "
             "run the flame graph after a few steps",
         )
+    notes = list(notes)
     chosen = parse_steps(steps_text)
-    if chosen is None:
-        chosen = default_steps(low, high, int(count))
-    where = steps_clause(chosen)
+    where, chosen = _chosen_rows(session, chosen, (low, high, int(count)), notes)
     rows = session.run(module_sql(where)).rows
     if not rows:
         raise ProbingError(
@@ -137,7 +173,6 @@ def torch_flame(session: Any, steps_text: Optional[str], title: str, notes: List
     spanned = int(rows[0][5] or 0)
     first, last = chosen
     shown = f"steps {first if first is not None else low}-{last if last is not None else high}"
-    notes = list(notes)
     if clamped:
         one = clamped == 1
         notes.append(
@@ -165,6 +200,7 @@ def torch_flame_of_target(target: Target, steps_text: Optional[str], timeout: fl
 
 
 def torch_flame_of_record(record: Any, steps_text: Optional[str]) -> Flame:
-    from .record_sql import record_session
+    from .record_sql import notes_about, record_session
 
-    return torch_flame(record_session(record), steps_text, os.path.basename(record.path), list(record.notes))
+    notes = notes_about(record.notes, ["python.torch_trace"])  # the one table it reads
+    return torch_flame(record_session(record), steps_text, os.path.basename(record.path), notes)

@@ -14,19 +14,22 @@ wrote, costs its own line ("unreadable: why"), never the listing.
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import stat
+import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import BadRecord
 from ..procfs import process_alive, start_time
-from ..protocol.records import SUFFIX, RecordFormatError
+from ..protocol.frames import json_loads
+from ..protocol.records import PRUNED_LOG, PRUNED_LOG_OLDER, SUFFIX, RecordFormatError
 from ..protocol.records import read_header as read_record_header
 from .record import NO_TRACE, Record, header_problem, read_any, said
 from .record_path import FATAL_SUFFIX, open_regular
 
-# At most this many files of a directory are looked at (the agent keeps 20 per machine).
+# At most this many files of a directory are looked at (the agent keeps 200 per directory).
 MAX_FILES = 1000
 # A process whose start time differs from the record's by more than this is another process
 # that was given the same PID.
@@ -34,13 +37,20 @@ START_TIME_SLACK_S = 2.0
 # Of a .fatal file, a listing reads the header line and this much of faulthandler's text: enough
 # for the fatal error's line and the first frames (whether it holds a trace at all).
 LISTED_FATAL_BYTES = 64 << 10
+# Of an agent's pruned log (and its rotated older part), a listing reads at most this much each
+# (the agent rotates it at 64 KB) and lists at most this many removals, the newest.
+PRUNED_LOG_READ_BYTES = 256 << 10
+MAX_PRUNED = 500
+_WHY_CHARS = 400
+_PRUNED_NAME = re.compile(r"^[^/\x00]+(?:\.probing|\.fatal)$")
+_PID_IN_NAME = re.compile(r"-([0-9]{1,7})(?:-[0-9]{8}-[0-9]{6}(?:-[0-9]+)?\.probing|(?:-[0-9]{8,})?\.fatal)$")
 # The socket directory the agent makes for user UID (PROBING_SOCKET_DIR unset).
 _SOCKET_DIR_OF_UID = re.compile(r"^probing-([0-9]+)$")
 
 
 class RecordEntry(NamedTuple):
     path: str
-    kind: str  # "record", "fatal", "no_trace" or "unreadable"
+    kind: str  # "record", "fatal", "no_trace", "unreadable" or "pruned"
     written_at: Optional[float]
     pid: Optional[int]
     argv: List[str]
@@ -108,6 +118,75 @@ def list_records(directories: List[str], given: bool = False) -> List[RecordEntr
                 entries.append(entry)
     entries.sort(key=lambda entry: entry.written_at or 0.0, reverse=True)
     return entries
+
+
+def list_pruned(directories: List[str], given: bool = False) -> List[RecordEntry]:
+    """The records agents removed from `directories` to keep them within their bounds (their
+    pruned logs), newest removal first, as entries of kind "pruned" whose `reason` says when,
+    by which process and why. A log is the job's writing, read as untrusted: a line that is not
+    one an agent wrote is skipped."""
+    pruned: List[Tuple[float, RecordEntry]] = []
+    for directory in directories:
+        if not given and not _trusted(directory):
+            continue
+        for name in (PRUNED_LOG_OLDER, PRUNED_LOG):
+            for line in _log_lines(os.path.join(directory, name)):
+                entry = _pruned_entry(directory, line)
+                if entry is not None:
+                    pruned.append(entry)
+    pruned.sort(key=lambda item: item[0], reverse=True)
+    return [entry for _, entry in pruned[:MAX_PRUNED]]
+
+
+def _log_lines(path: str) -> List[bytes]:
+    """The whole lines of the last PRUNED_LOG_READ_BYTES of a log (none if it is not a regular file)."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(max(0, size - PRUNED_LOG_READ_BYTES))
+            text = handle.read(PRUNED_LOG_READ_BYTES)
+        except OSError:
+            return []
+    lines = text.split(b"\n")
+    if size > PRUNED_LOG_READ_BYTES:
+        lines = lines[1:]  # the first was cut by the seek
+    return [line for line in lines if line.strip()]
+
+
+def _pruned_entry(directory: str, line: bytes) -> Optional[Tuple[float, RecordEntry]]:
+    """(when it was removed, its entry) for a line of a pruned log; None for a line an agent
+    did not write."""
+    try:
+        logged = json_loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(logged, dict):
+        return None
+    name, why, size = logged.get("name"), logged.get("why"), logged.get("bytes")
+    written, removed, by = logged.get("written_at"), logged.get("pruned_at"), logged.get("by_pid")
+    if not (isinstance(name, str) and _PRUNED_NAME.match(name) and isinstance(why, str)):
+        return None
+    if not (_a_time(written) and _a_time(removed)) or type(size) is not int or size < 0:
+        return None
+    assert isinstance(written, (int, float)) and isinstance(removed, (int, float))
+    by_text = f" by PID {by}" if type(by) is int else ""
+    found = _PID_IN_NAME.search(name)
+    reason = f"pruned {_local_time(removed)}{by_text}: {why[:_WHY_CHARS]}"
+    entry = RecordEntry(os.path.join(directory, name), "pruned", float(written),
+                        int(found.group(1)) if found else None, [], reason, None, size)  # fmt: skip
+    return float(removed), entry
+
+
+def _a_time(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and 0 <= value < 1e11
+
+
+def _local_time(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
 
 
 def _regular_entry(path: str) -> bool:

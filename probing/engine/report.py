@@ -273,7 +273,8 @@ def gather_live(
             absent["torch"] = "torch is not imported in this process"
         elif torch_seen is None:
             absent["torch"] = "whether torch is imported could not be told (the requests that say it failed)"
-        elif "python.torch_trace" not in tables.held and "tables" not in absent:
+        elif not tables.steps and "tables" not in absent:
+            # No rows, or only those of the step `trace on` came in the middle of (part of a step).
             absent["steps"] = _no_steps_yet(target, pid, timeout)
     hang: Optional[Dict[str, Any]] = None
     hang_report: Optional[HangReport] = None

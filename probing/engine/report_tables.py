@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Set, Tuple
 
 from ..errors import BadSQL
 from ..sql.session import SqlSession
+from .trace_sessions import whole_steps_sql
 
 # The steps the step-time chart shows, and the steps the slowest modules are averaged over.
 STEPS_SHOWN = 300
@@ -24,36 +25,40 @@ TENSORS_SHOWN = 20
 # (data loading, host work) counts. Its start is a call's ts less its offset into the step.
 # `traced_s` is the end of its last traced call, the part spent in traced calls. `by` names a
 # column whose values are different processes' steps (rank, for a job's tables), or is empty.
-def _steps_sql(by: str, shown: int) -> str:
+# Steps are paced within a tracing session only (trace_sessions.py): the time between the last
+# step before a `trace off` and the first after the next `trace on` is time untraced, no step's.
+def _steps_sql(session: SqlSession, by: str, shown: int) -> str:
     key = f"{by}, " if by else ""
     over = f"PARTITION BY {by} " if by else ""
+    within = f"PARTITION BY {key}trace_session "
     return f"""
-WITH per_step AS (
-  SELECT {key}step, max(time_offset + duration) AS traced_s, min(epoch(ts) - time_offset) AS started
-  FROM python.torch_trace WHERE step IS NOT NULL GROUP BY ALL
+WITH {whole_steps_sql(session, by)}, per_step AS (
+  SELECT {key}trace_session, step, any_value(session_newest) AS session_newest, any_value(steps) AS steps,
+         max(time_offset + duration) AS traced_s, min(epoch(ts) - time_offset) AS started
+  FROM bounded GROUP BY ALL
 ), paced AS (
-  SELECT {key}step, traced_s, started,
-         (lead(started) OVER ({over}ORDER BY step) - started)
-           / (lead(step) OVER ({over}ORDER BY step) - step) AS seconds,
-         max(step) OVER ({over}) AS newest, count(*) OVER ({over}) AS steps
+  SELECT {key}step, traced_s, started, session_newest, steps,
+         (lead(started) OVER ({within}ORDER BY step) - started)
+           / (lead(step) OVER ({within}ORDER BY step) - step) AS seconds
   FROM per_step
 ), kept AS (
   SELECT {key}step, seconds, traced_s, started, row_number() OVER ({over}ORDER BY step DESC) AS age
-  FROM paced WHERE steps = 1 OR step < newest
+  FROM paced WHERE step < session_newest OR steps = 1
 )
 SELECT {key}step, seconds, traced_s, started FROM kept WHERE age <= {shown} ORDER BY {key}step DESC
 """
 
 
 # Per module over the window: seconds per step in each stage, and calls per step (the most of
-# any stage: a module called once per step has one forward and one backward call, not two).
-_MODULES_SQL = f"""
-WITH bounds AS (SELECT max(step) AS newest, count(DISTINCT step) AS steps FROM python.torch_trace),
-recent AS (
-  SELECT t.* FROM python.torch_trace t, bounds
-  WHERE t.step > bounds.newest - {MODULE_WINDOW_STEPS + 1}
-    AND (bounds.steps = 1 OR t.step < bounds.newest)
-), counted AS (SELECT count(DISTINCT step) AS steps FROM recent),
+# any stage: a module called once per step has one forward and one backward call, not two). Whole
+# steps only (trace_sessions.py): the window is the last MODULE_WINDOW_STEPS step numbers up to
+# the newest whole step.
+def _modules_sql(session: SqlSession) -> str:
+    return f"""
+WITH {whole_steps_sql(session)},
+bounds AS (SELECT max(step) AS newest FROM whole),
+recent AS (SELECT w.* FROM whole w, bounds WHERE w.step > bounds.newest - {MODULE_WINDOW_STEPS}),
+counted AS (SELECT count(DISTINCT step) AS steps FROM recent),
 per_stage AS (
   SELECT module, any_value(module_type) AS module_type,
          CASE WHEN stage IN ('backward', 'optimizer') THEN stage ELSE 'forward' END AS stage,
@@ -116,7 +121,7 @@ def step_times(session: SqlSession, by: str = "", shown: int = STEPS_SHOWN) -> L
     each row with it (grouped by it, highest first)."""
     if _count(session, "python.torch_trace") == 0:
         return []
-    return list(reversed(_rows(session, _steps_sql(by, shown))))
+    return list(reversed(_rows(session, _steps_sql(session, by, shown))))
 
 
 def slowest_modules(session: SqlSession) -> List[Dict[str, Any]]:
@@ -125,7 +130,7 @@ def slowest_modules(session: SqlSession) -> List[Dict[str, Any]]:
     apart, slowest first."""
     if _count(session, "python.torch_trace") == 0:
         return []
-    modules = _rows(session, _MODULES_SQL)
+    modules = _rows(session, _modules_sql(session))
     for entry in modules:
         for key in ("forward_s", "backward_s", "optimizer_s", "total_s"):
             entry[key] = float(entry[key] or 0.0)

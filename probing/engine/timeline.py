@@ -209,7 +209,7 @@ def job_timeline(
 
 def record_timeline(record: Record, steps: StepRange) -> TimelineRows:
     """The rows a record holds (a record of a job that traced: PROBING_TORCH_TRACE=1, or trace on)."""
-    from .record_sql import record_session
+    from .record_sql import notes_about, record_session
 
     session = record_session(record)
     pid = record.pid or 0
@@ -223,4 +223,5 @@ def record_timeline(record: Record, steps: StepRange) -> TimelineRows:
         )
 
     _check_rows(session, steps, empty)
-    return TimelineRows(session, "0", steps, [(0, pid, f"PID {pid} (record)")], list(record.notes), [])
+    notes = notes_about(record.notes, ["python.torch_trace"])  # the one table it reads
+    return TimelineRows(session, "0", steps, [(0, pid, f"PID {pid} (record)")], notes, [])

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 RECORD_MAGIC = b"PRBREC\x00\x01"
 RECORD_VERSION = 1
 SUFFIX = ".probing"
+# Records an agent removed to keep its directory within its bounds, one JSON object a line (name,
+# job, bytes, written_at, pruned_at, by_pid, why), rotated to the older name once large:
+# `probing records` says from them what went and why (agent/records/retention.py writes them).
+PRUNED_LOG = ".pruned.jsonl"
+PRUNED_LOG_OLDER = ".pruned.1.jsonl"
 # A record bigger than this is not read by default: the agent caps its records at 256 MB
 # (PROBING_RECORD_MAX_MB), and reading one builds a Python row per table row.
 MAX_RECORD_BYTES = 1 << 30

@@ -31,6 +31,13 @@ TORCH_TRACE = Table(
         Column("reserved", "DOUBLE", "MB held by the CUDA caching allocator; NULL on CPU"),
         Column("rank", "BIGINT", "torch.distributed rank (RANK, or 0 when not distributed)"),
         Column("ts", "TIMESTAMP", "when the call started (UTC)"),
+        Column(
+            "session",
+            "BIGINT",
+            "tracing session: 1 from the first `trace on`, one more at each `trace on` after a `trace off`; "
+            "negative (-N) for the rows of the step under way when session N began (a part of a step: "
+            "step times and the module flame graph leave such steps out)",
+        ),
     ],
 )
 

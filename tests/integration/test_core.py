@@ -109,6 +109,16 @@ def test_a_kernel_core_shows_the_python_frame_that_crashed(python: str, tmp_path
     assert any(row["func"] == "wait_for_stop" for row in helper)
 
 
+def test_the_modes_docs_core_files_md_gives_a_core_are_its_writers(crash_core: Path, tmp_path: Path) -> None:
+    """The kernel writes a core 0600; gcore with the umask's mode (docs/core-files.md said 0600 for both)."""
+    assert stat.S_IMODE(crash_core.stat().st_mode) == 0o600
+    umask = os.umask(0)
+    os.umask(umask)
+    with Target("waiters.py", via="plain") as job:
+        core = gcore(job.pid, tmp_path)
+    assert stat.S_IMODE(core.stat().st_mode) == 0o666 & ~umask
+
+
 def test_sql_runs_over_a_core(crash_core: Path) -> None:
     rows = rows_of(probing("core", str(crash_core), "query", DEPTH_ZERO, "--format", "json"))
     assert {"func": "string_at", "file": rows[0]["file"], "lineno": rows[0]["lineno"]} in rows

@@ -8,10 +8,11 @@ from typing import List
 
 import pytest
 
-from probing.agent.records import settings
+from probing.agent.records import retention, settings
 from probing.agent.records.classify import describe, exit_status, reason_kind
 from probing.agent.records.writer import _bounded
 from probing.agent.ring import Ring
+from probing.engine.record_listing import list_pruned
 from probing.protocol import decode_table
 
 
@@ -95,8 +96,10 @@ def test_stem(argv: List[str], stem: str) -> None:
 
 def test_settings_from_the_environment() -> None:
     assert settings.enabled({}) and not settings.enabled({"PROBING_RECORD": "0"})
-    assert settings.keep_count({"PROBING_RECORD_KEEP": "x"}) == settings.DEFAULT_KEEP
-    assert settings.keep_count({"PROBING_RECORD_KEEP": "0"}) == 1
+    assert retention.retention({"PROBING_RECORD_KEEP": "x"}).keep_per_job == retention.DEFAULT_KEEP
+    assert retention.retention({"PROBING_RECORD_KEEP": "0"}).keep_per_job == 1
+    bounds = retention.retention({"PROBING_RECORD_TOTAL_FILES": "nan", "PROBING_RECORD_TOTAL_MB": "0.5"})
+    assert bounds.total_files == retention.DEFAULT_TOTAL_FILES and bounds.total_bytes == 1 << 19
     assert settings.max_bytes({"PROBING_RECORD_MAX_MB": "0.5"}) == 1 << 19
     assert settings.record_dir({"PROBING_SOCKET_DIR": "/s"}) == "/s/records"
     assert settings.record_dir({"PROBING_RECORD_DIR": "/r", "PROBING_SOCKET_DIR": "/s"}) == "/r"
@@ -115,30 +118,81 @@ def test_prepare_dir_refuses_what_others_could_read_or_swap(tmp_path: Path) -> N
         settings.prepare_dir(str(tmp_path / "link"))
 
 
-def test_prune_keeps_the_newest(tmp_path: Path) -> None:
+def test_prune_keeps_the_newest_of_each_job(tmp_path: Path) -> None:
     for index in range(5):
-        path = tmp_path / f"job-{index}.probing"
+        path = tmp_path / f"job-{100 + index}-20260101-00000{index}.probing"
         path.write_bytes(b"")
         os.utime(path, (1000 + index, 1000 + index))
-    # .fatal files of processes that are gone (PIDs over pid_max, renamed ones) are kept the
-    # same way; a live process's own is never touched.
+    # .fatal files of processes that are gone (PIDs over pid_max, renamed ones) are the job's
+    # records too; a live process's own is never touched.
     for index, name in enumerate(["job-4999999.fatal", "job-4999998.fatal", "job-1-1700000000.fatal"]):
         (tmp_path / name).write_bytes(b"")
-        os.utime(tmp_path / name, (1000 + index, 1000 + index))
+        os.utime(tmp_path / name, (900 + index, 900 + index))
     (tmp_path / f"job-{os.getpid()}.fatal").write_bytes(b"")
     os.utime(tmp_path / f"job-{os.getpid()}.fatal", (1, 1))
-    removed = settings.prune(str(tmp_path), 2)
+    (tmp_path / "other-7-20260101-000000.probing").write_bytes(b"")
+    os.utime(tmp_path / "other-7-20260101-000000.probing", (1, 1))  # the oldest of all, alone in its job
+    removed = retention.prune(str(tmp_path), retention.Retention(2, 100, 1 << 30))
     names = sorted(os.path.basename(path) for path in removed)
-    assert names == ["job-0.probing", "job-1.probing", "job-2.probing", "job-4999999.fatal"]
-    assert sorted(os.listdir(tmp_path)) == sorted(
-        [
-            "job-1-1700000000.fatal",
-            "job-4999998.fatal",
-            f"job-{os.getpid()}.fatal",
-            "job-3.probing",
-            "job-4.probing",
-        ]
+    assert names == sorted([
+        "job-100-20260101-000000.probing", "job-101-20260101-000001.probing",
+        "job-102-20260101-000002.probing", "job-4999999.fatal", "job-4999998.fatal",
+        "job-1-1700000000.fatal",
+    ])  # fmt: skip
+    assert sorted(name for name in os.listdir(tmp_path) if not name.startswith(".")) == sorted([
+        f"job-{os.getpid()}.fatal", "job-103-20260101-000003.probing", "job-104-20260101-000004.probing",
+        "other-7-20260101-000000.probing",
+    ])  # fmt: skip
+
+
+def _records(directory: Path, job: str, count: int, first: int, size: int = 0) -> List[str]:
+    names = []
+    for index in range(count):
+        name = f"{job}-{first + index}-20260101-000000.probing"
+        (directory / name).write_bytes(b"x" * size)
+        os.utime(directory / name, (first + index, first + index))
+        names.append(name)
+    return names
+
+
+def test_the_total_bounds_take_from_the_job_with_the_most(tmp_path: Path) -> None:
+    """Over PROBING_RECORD_TOTAL_FILES, the oldest record of the job with the most records goes
+    (not the oldest record of the directory: another job's only incident); over
+    PROBING_RECORD_TOTAL_MB, that of the job holding the most bytes."""
+    incident = _records(tmp_path, "train", 1, 1000)  # the oldest of all
+    chatty = _records(tmp_path, "poller", 6, 2000)
+    removed = retention.prune(str(tmp_path), retention.Retention(20, 4, 1 << 30))
+    assert sorted(os.path.basename(path) for path in removed) == chatty[:3]
+    assert (tmp_path / incident[0]).exists()
+    big = _records(tmp_path, "big", 2, 3000, 600_000)
+    removed = retention.prune(str(tmp_path), retention.Retention(20, 100, 1 << 20))
+    assert [os.path.basename(path) for path in removed] == big[:1]
+    # The record just written stays, even alone over the bounds.
+    retention.prune(str(tmp_path), retention.Retention(1, 1, 0), written=str(tmp_path / big[1]))
+    assert sorted(name for name in os.listdir(tmp_path) if not name.startswith(".")) == [big[1]]
+
+
+def test_what_was_pruned_is_logged_with_why(tmp_path: Path) -> None:
+    _records(tmp_path, "train", 1, 1000, 10)
+    poller = _records(tmp_path, "poller", 3, 2000, 10)
+    retention.prune(str(tmp_path), retention.Retention(2, 2, 1 << 30))
+    pruned = list_pruned([str(tmp_path)], given=True)
+    assert sorted(os.path.basename(entry.path) for entry in pruned) == poller[:2]
+    reasons = sorted(entry.reason for entry in pruned)
+    assert all(entry.kind == "pruned" and entry.pid in (2000, 2001) and entry.size == 10 for entry in pruned)
+    assert "PROBING_RECORD_KEEP=2 keeps the newest 2 of each job" in reasons[0] + reasons[1]
+    assert any(
+        "over PROBING_RECORD_TOTAL_FILES=2: the oldest of job 'poller'" in reason for reason in reasons
     )
+    assert all(reason.startswith("pruned ") and f"by PID {os.getpid()}" in reason for reason in reasons)
+    # A line no agent wrote (a hostile one) is skipped; the log is rotated, and both parts read.
+    with open(tmp_path / ".pruned.jsonl", "ab") as log:
+        log.write(b'{"name": "../x.probing", "why": 1}\nnot json\n')
+    assert len(list_pruned([str(tmp_path)], given=True)) == 2
+    os.rename(tmp_path / ".pruned.jsonl", tmp_path / ".pruned.1.jsonl")
+    retention.log_pruned(str(tmp_path), [dict(name="a-1-20260101-000000.probing", job="a", bytes=1,
+                                              written_at=1.0, pruned_at=2e9, by_pid=1, why="w")])  # fmt: skip
+    assert [entry.pid for entry in list_pruned([str(tmp_path)], given=True)][0] == 1
 
 
 def test_prune_removes_temporary_files_of_cut_writes_once_old(tmp_path: Path) -> None:
@@ -147,7 +201,7 @@ def test_prune_removes_temporary_files_of_cut_writes_once_old(tmp_path: Path) ->
     for path in (old, new):
         path.write_bytes(b"")
     os.utime(old, (1000, 1000))  # a write cut by SIGKILL long ago
-    assert settings.prune(str(tmp_path), 20) == [str(old)]
+    assert retention.prune(str(tmp_path), retention.retention({})) == [str(old)]
     assert os.listdir(tmp_path) == [new.name]  # one may be being written now
 
 

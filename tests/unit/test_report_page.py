@@ -107,6 +107,19 @@ def test_every_section_is_there_when_its_data_is() -> None:
     assert library_script("chart") in page
 
 
+def test_gc_objects_counted_once_or_twice_draw_no_empty_chart_and_say_why() -> None:
+    """Issue 26: the "objects" chart was empty: on a large heap the sampler counts gc's objects
+    rarely (a count holds the job's GIL), so only the start-up's count or two were there."""
+    full = full_report()
+    memory = [dict(point, gc_objects=None) for point in full.memory]
+    memory[0]["gc_objects"] = 10838
+    page = report_page(full._replace(memory=memory))
+    structure = parsed(page)
+    assert "chart-rss" in structure.ids and "chart-gc" not in structure.ids
+    assert "counted at 1 of these 5 points, too few for a chart" in page
+    assert "`probing 7 memory` counts them now" in page
+
+
 def test_sections_without_data_are_left_out_and_say_why_once() -> None:
     page = report_page(bare_report())
     structure = parsed(page)

@@ -4,6 +4,9 @@ bounded number of points that keep their peaks."""
 
 from __future__ import annotations
 
+from typing import Any, List, Tuple
+
+from probing.engine.flame_modules import torch_flame
 from probing.engine.query import static_session
 from probing.engine.report_tables import (
     MEMORY_POINTS,
@@ -12,29 +15,54 @@ from probing.engine.report_tables import (
     slowest_modules,
     step_times,
 )
+from probing.schema.definition import Table
 from probing.schema.tables import NAN_EVENTS, PROCESS_MEMORY, TORCH_TRACE
 from probing.sql.session import SqlSession
 
 START = 1.7e9
 
 
+CALLS = [
+    ("model.2", "Middle", "forward", 0.020, 0.0),
+    ("model.2", "Middle", "backward", 0.005, 0.030),
+    ("optimizer", "AdamW", "optimizer", 0.002, 0.040),
+]
+
+
+def step_rows(step: int, base: float, session: int = 1, rank: int = 0) -> List[Tuple[Any, ...]]:
+    """One step's rows: model.2 forward 20 ms at 0, its backward 5 ms at 30 ms, the optimizer
+    2 ms at 40 ms, the step starting at `base`."""
+    return [
+        (step, seq, module, kind, stage, duration, offset, None, None, None, rank, base + offset, session)
+        for seq, (module, kind, stage, duration, offset) in enumerate(CALLS)
+    ]
+
+
 def traced(steps: int, every: int = 1) -> SqlSession:
-    """Each step starts 1 s after the one before (most of it outside traced calls: data loading):
-    model.2 forward 20 ms at 0, its backward 5 ms at 30 ms, the optimizer 2 ms at 40 ms. Every
-    `every`th step is traced."""
-    rows = []
-    for step in range(0, steps, every):
-        base = START + step
-        for seq, (module, kind, stage, duration, offset) in enumerate([
-            ("model.2", "Middle", "forward", 0.020, 0.0),
-            ("model.2", "Middle", "backward", 0.005, 0.030),
-            ("optimizer", "AdamW", "optimizer", 0.002, 0.040),
-        ]):  # fmt: skip
-            rows.append(
-                (step, seq, module, kind, stage, duration, offset, None, None, None, 0, base + offset)
-            )
+    """Each step starts 1 s after the one before (most of it outside traced calls: data loading).
+    Every `every`th step is traced."""
+    rows = [row for step in range(0, steps, every) for row in step_rows(step, START + step)]
     session = static_session()
     session.load_rows(TORCH_TRACE, rows)
+    return session
+
+
+def off_and_on_rows(gap: float = 9.66, rank: int = 0, start: float = START) -> List[Tuple[Any, ...]]:
+    """`trace on` in the middle of step 0 (its rows session -1), steps 1-9 traced, `trace off` in
+    step 10, untraced for `gap` seconds (no hooks: the step counter stands still), `trace on` in
+    the middle of that same step 10 (its rows session -2), steps 11-20 whole, 21 under way. The
+    steps of 1 s, but the one across the gap; step 0 and step 10 started 0.3 s before tracing."""
+    rows = step_rows(0, start - 0.3, -1, rank)
+    rows += [row for step in range(1, 11) for row in step_rows(step, start + step, 1, rank)]
+    restarted = start + 10 + gap
+    rows += [row for row in step_rows(10, restarted - 0.3, -2, rank) if row[6] > 0.0]  # only after trace on
+    rows += [row for step in range(11, 22) for row in step_rows(step, restarted + step - 10, 2, rank)]
+    return rows
+
+
+def traced_off_and_on() -> SqlSession:
+    session = static_session()
+    session.load_rows(TORCH_TRACE, off_and_on_rows())
     return session
 
 
@@ -59,6 +87,49 @@ def test_a_single_step_is_shown_though_it_may_be_under_way() -> None:
     assert [step["step"] for step in step_times(traced(1))] == [0]
 
 
+def test_steps_are_only_steps_while_tracing_was_on() -> None:
+    """Issue 26: after `trace off` and `trace on`, the untraced gap was one step ("slowest
+    9.66 s"). A step is paced within its tracing session; the steps each session began or ended
+    in the middle of (0, and 10 on both sides of the gap) are no steps."""
+    steps = step_times(traced_off_and_on())
+    assert [step["step"] for step in steps] == [*range(1, 10), *range(11, 21)]
+    assert max(step["seconds"] for step in steps) < 1.0 + 1e-6
+    assert min(step["seconds"] for step in steps) > 1.0 - 1e-6
+    modules = slowest_modules(traced_off_and_on())
+    # The window: the last 20 step numbers up to the newest whole step (20), whole steps only.
+    assert modules[0]["steps"] == 19 and modules[0]["calls"] == 19  # steps 1-9 and 11-20
+
+
+def test_each_rank_s_steps_are_paced_within_its_own_sessions() -> None:
+    ranked = static_session()
+    ranked.load_rows(TORCH_TRACE, off_and_on_rows() + off_and_on_rows(3.0, rank=1, start=START + 0.5))
+    steps = step_times(ranked, "rank")
+    for rank in (0, 1):
+        mine = [step for step in steps if step["rank"] == rank]
+        assert [step["step"] for step in mine] == [*range(1, 10), *range(11, 21)]
+        assert all(abs(step["seconds"] - 1.0) < 1e-6 for step in mine)
+
+
+def test_the_module_flame_graph_is_of_the_newest_session_s_whole_steps() -> None:
+    """Its mean per step was over both sessions ("mean of 1 074 steps (steps 1-1105)")."""
+    flame = torch_flame(traced_off_and_on(), None, "PID 1", [])
+    assert flame.figures["range"] == "steps 11-20" and flame.figures["steps"] == 10
+    assert any("tracing session 2 only" in note and "(1-10)" in note for note in flame.notes), flame.notes
+    forward = dict(flame.stacks)[("forward", "model.2 (Middle)")]
+    assert abs(forward - 0.020) < 1e-9  # one call a step, of 20 ms
+    chosen = torch_flame(traced_off_and_on(), "5:12", "PID 1", [])  # --steps: the parts of steps left out
+    assert chosen.figures["steps"] == 7  # 5-9, 11 and 12: trace off cut 10, and trace on began in it
+
+
+def test_a_table_older_than_tracing_sessions_is_one_session() -> None:
+    columns = [column for column in TORCH_TRACE.columns if column.name != "session"]
+    older = Table(TORCH_TRACE.name, TORCH_TRACE.doc, columns)
+    session = SqlSession([older.describe()])
+    session.load_rows(older, [row[:-1] for step in range(5) for row in step_rows(step, START + step)])
+    assert [step["step"] for step in step_times(session)] == [0, 1, 2, 3]
+    assert torch_flame(session, None, "PID 1", []).figures["range"] == "steps 1-3"
+
+
 def test_slowest_modules_are_per_step_means_with_the_stages_apart() -> None:
     modules = slowest_modules(traced(30))
     assert [module["module"] for module in modules] == ["model.2", "optimizer"]
@@ -81,9 +152,9 @@ def test_memory_history_is_bounded_and_keeps_the_peak() -> None:
 
 
 def test_slowest_modules_are_ranked_and_cut_in_sql() -> None:
-    rows = [(0, n, f"m{n}", "Linear", "forward", n / 1e6, 0.0, None, None, None, 0, START)
+    rows = [(0, n, f"m{n}", "Linear", "forward", n / 1e6, 0.0, None, None, None, 0, START, 1)
             for n in range(500)]  # fmt: skip
-    rows += [(1, 0, "m0", "Linear", "forward", 0.0, 0.0, None, None, None, 0, START + 1)]
+    rows += [(1, 0, "m0", "Linear", "forward", 0.0, 0.0, None, None, None, 0, START + 1, 1)]
     session = static_session()
     session.load_rows(TORCH_TRACE, rows)
     modules = slowest_modules(session)

@@ -56,7 +56,7 @@ def session_with_rows(steps: int = 8) -> Any:
     nested_steps(clock, steps, random.Random(11))
     session = static_session()
     # FakeClock's last column is ts in microseconds; the table's is seconds.
-    trace = [(*row[1:11], 0, row[11] / 1e6) for row in clock.rows]
+    trace = [(*row[1:11], 0, row[11] / 1e6, 1) for row in clock.rows]  # one tracing session
     session.load_rows(TORCH_TRACE, trace)
     at = clock.rows[min(40, len(clock.rows) - 1)][11] / 1e6
     session.load_rows(

@@ -21,11 +21,10 @@ import math
 import os
 import sys
 import threading
-import time
 import weakref
-from time import perf_counter
 from typing import Any, List, Optional, Set, Tuple
 
+from ...originals import perf_counter, wall_time
 from ...schema.tables import AGENT_TABLES
 from ..ring import Ring
 
@@ -106,7 +105,11 @@ class StepClock:
         self.optimizer_seen = False
         self.stepped: Set[int] = set()  # optimizers that stepped in the current step
         self.step_start = perf_counter()
-        self.clock = (time.time(), perf_counter())
+        # Tracing sessions: each `trace on` while tracing was off begins the next (1, 2, ...). The
+        # rows of the step under way when a session began carry its number negated: that step
+        # began before tracing did, so its rows are part of a step, and its time is no step's.
+        self.session = 0
+        self.clock = (wall_time(), perf_counter())
         self.rank = 0
         self.rank_known = False
         # Rows.
@@ -124,6 +127,10 @@ class StepClock:
         sampled = self.step % self.every == 0
         self.tracing_now = self.trace_on and sampled
         self.watching = self.tracing_now or self.nan_on
+
+    def begin_session(self) -> None:
+        """Tracing goes on while it was off (agent thread, under the lock): the next session."""
+        self.session = -(abs(self.session) + 1)
 
     def failed(self, error: BaseException) -> None:
         """A hook failed: stop everything rather than risk the job, and say why in status."""
@@ -156,6 +163,8 @@ class StepClock:
         self.step += 1
         self.seqs = itertools.count()
         self.step_start = now
+        if self.session < 0:
+            self.session = -self.session  # a whole step of the session begins
         self.refresh()
         if not self.rank_known:
             self.check_rank()
@@ -179,10 +188,11 @@ class StepClock:
             allocated, peak, reserved = self.cuda_memory()
             self.step_extra += perf_counter() - reading
             row = (step, seq, name_code, type_code, self.stage_codes[stage], end - start,
-                   start - self.step_start, allocated, peak, reserved, self.rank, wall)  # fmt: skip
+                   start - self.step_start, allocated, peak, reserved, self.rank, wall,
+                   self.session)  # fmt: skip
         else:
             row = (step, seq, name_code, type_code, self.stage_codes[stage], end - start,
-                   start - self.step_start, None, None, None, self.rank, wall)  # fmt: skip
+                   start - self.step_start, None, None, None, self.rank, wall, self.session)  # fmt: skip
         if events is None:
             self.ring.append(row)
         else:

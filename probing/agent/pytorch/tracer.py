@@ -16,10 +16,9 @@ what they are doing (`trace status`).
 from __future__ import annotations
 
 import sys
-import threading
-from time import perf_counter
 from typing import Any, Callable, Dict, List, Optional
 
+from ...originals import RLock, allocate_lock, perf_counter
 from ..lifecycle import JOB_HOOKS, on_stop
 from ..ring import Ring
 from . import safepoint
@@ -37,7 +36,7 @@ class Tracer:
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
-        self.lock = threading.RLock()
+        self.lock = RLock()
         self.clock = StepClock(torch, self.lock)
         self.nan = NanChecks(self.clock)
         sequence_nr: Optional[Callable[[], int]] = getattr(
@@ -95,6 +94,8 @@ class Tracer:
             if patterns != hooks.patterns or depth != hooks.depth:
                 hooks.remove_module_hooks()
             hooks.patterns, hooks.depth = patterns, depth
+            if not clock.trace_on:
+                clock.begin_session()
             clock.trace_on = True
             clock.error = None
             if clock.auto_every:
@@ -179,6 +180,7 @@ class Tracer:
                 "nan_events": nan.events,
                 "rank": clock.rank,
                 "error": clock.error or start_error,
+                "notes": [hooks.discovery_note] if hooks.discovery_note else [],
             }
 
 
@@ -217,7 +219,7 @@ def stop() -> None:
 
 
 _tracer: Optional[Tracer] = None
-_tracer_lock = threading.Lock()
+_tracer_lock = allocate_lock()
 
 ENVIRONMENT = "PROBING_TORCH_TRACE"
 

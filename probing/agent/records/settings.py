@@ -1,4 +1,4 @@
-"""Where records go, what they are called, how many are kept, how big one may be.
+"""Where records go, what they are called, how big one may be (how many are kept: retention.py).
 
 Read from the environment each time a record is written (a job may set PROBING_RECORD_DIR
 after start-up), never cached: nothing here runs while the job is healthy.
@@ -6,7 +6,6 @@ after start-up), never cached: nothing here runs while the job is healthy.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import stat
@@ -14,17 +13,13 @@ import sys
 import time
 from typing import List, Mapping, Optional
 
-from ...originals import wall_time
 from ...protocol.records import SUFFIX
 
-DEFAULT_KEEP = 20
 DEFAULT_MAX_MB = 256.0
 FATAL_SUFFIX = ".fatal"
 _OFF = ("0", "false", "no", "off")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_STEM_CHARS = 40
-# A record's temporary file this old was left by a write that was cut (SIGKILL): removed.
-STALE_TEMPORARY_S = 3600.0
 
 
 class RecordDirRefused(Exception):
@@ -45,15 +40,6 @@ def record_dir(environ: Optional[Mapping[str, str]] = None) -> str:
         return explicit
     socket_dir = env.get("PROBING_SOCKET_DIR") or f"/tmp/probing-{os.geteuid()}"
     return os.path.join(socket_dir, "records")
-
-
-def keep_count(environ: Optional[Mapping[str, str]] = None) -> int:
-    """PROBING_RECORD_KEEP: how many records the directory keeps (at least 1)."""
-    env = os.environ if environ is None else environ
-    try:
-        return max(1, int(env.get("PROBING_RECORD_KEEP", "") or DEFAULT_KEEP))
-    except ValueError:
-        return DEFAULT_KEEP
 
 
 def max_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -129,62 +115,3 @@ def unique_path(directory: str, name: str) -> str:
         number += 1
         path = os.path.join(directory, f"{base}-{number}{SUFFIX}")
     return path
-
-
-def prune(directory: str, keep: int) -> List[str]:
-    """Remove this uid's oldest `.probing` files in `directory` beyond the newest `keep`, whatever
-    job or rank wrote them; the oldest `.fatal` files of processes that are gone beyond the newest
-    `keep` too (a live job's is its own); and temporary files of records whose write was cut
-    (`.NAME.PID.tmp`, older than STALE_TEMPORARY_S). What it removed."""
-    uid = os.geteuid()
-    records = []
-    fatal = []
-    stale = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    for name in names:
-        if name.startswith("."):
-            if name.endswith(".tmp") and SUFFIX + "." in name and _stale(os.path.join(directory, name), uid):
-                stale.append((0.0, name, os.path.join(directory, name)))
-            continue
-        is_record, is_fatal = name.endswith(SUFFIX), name.endswith(FATAL_SUFFIX)
-        if not is_record and not is_fatal:
-            continue
-        path = os.path.join(directory, name)
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != uid:
-            continue
-        if is_record:
-            records.append((info.st_mtime, name, path))
-        elif not _alive(name[: -len(FATAL_SUFFIX)].rsplit("-", 1)[-1]):
-            fatal.append((info.st_mtime, name, path))
-    removed = []
-    for found, kept in ((records, keep), (fatal, keep), (stale, 0)):
-        found.sort(reverse=True)
-        for _, _, path in found[kept:]:
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError as error:
-                if error.errno != errno.ENOENT:
-                    continue
-    return removed
-
-
-def _stale(path: str, uid: int) -> bool:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    old = wall_time() - info.st_mtime > STALE_TEMPORARY_S
-    return stat.S_ISREG(info.st_mode) and info.st_uid == uid and old
-
-
-def _alive(pid_text: str) -> bool:
-    """Whether the PID a `.fatal` name ends with runs (a renamed one ends with a time: never)."""
-    return pid_text.isdecimal() and os.path.exists(f"/proc/{int(pid_text)}")

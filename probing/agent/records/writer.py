@@ -23,7 +23,7 @@ from ..reprs import BoundedRepr
 from ..ring import Ring
 from ..stacks import frame_locals_json, thread_fields, thread_stacks
 from ..tables import BUILDERS, new_builder
-from . import settings
+from . import retention, settings
 from .header import header
 from .trigger import Trigger
 
@@ -258,7 +258,7 @@ def write(server: Any, trigger: Trigger, extra_notes: Sequence[str] = ()) -> Dic
         raise RecordFailed(f"cannot write in {directory}: {error.strerror or error}") from None
     except Exception as error:  # noqa: BLE001 - anything else: no record, and why
         raise RecordFailed(f"{type(error).__name__}: {error}") from None
-    settings.prune(directory, settings.keep_count())
+    retention.prune(directory, retention.retention(), written=path)
     return {
         "path": path,
         "bytes": os.path.getsize(path),

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 
 # Why a record was written, when that reason is itself a failure (a red banner, not an amber one).
+# The chart of gc's objects needs this many counted points to show a course, not a dot or two.
+MIN_GC_POINTS = 3
 FAILURE_KINDS = {"exception", "fatal_signal", "nan", "watchdog", "collective_timeout"}
 
 
@@ -156,7 +158,8 @@ def _steps(report: Report) -> str:
         "Step time: from a step's start to the next traced step's start (per step when steps "
         "between were not traced), so data loading and other work between steps count. "
         "“In traced calls”: from its start to the end of its last traced call. "
-        "The step under way is left out."
+        "Only steps traced from start to end count: the step under way is left out, and so are "
+        "the time tracing was off (`trace off` … `trace on`) and the steps either cut."
     )
     if not paced:
         lead = "One traced step so far: the time in its traced calls (from its start to its last call's end)."
@@ -198,7 +201,8 @@ def _memory(report: Report) -> str:
     if any(point.get("cuda_allocated_mb") is not None or point.get("cuda_reserved_mb") is not None
            for point in history):  # fmt: skip
         charts.append('<div><div class="chart"><canvas id="chart-cuda"></canvas></div></div>')
-    if any(point.get("gc_objects") is not None for point in history):
+    counted = sum(1 for point in history if point.get("gc_objects") is not None)
+    if counted >= MIN_GC_POINTS:
         charts.append('<div><div class="chart"><canvas id="chart-gc"></canvas></div></div>')
     rss = [point["rss_mb"] for point in history if point.get("rss_mb") is not None]
     span = history[-1]["ts"] - history[0]["ts"] if len(history) > 1 else 0.0
@@ -214,6 +218,17 @@ def _memory(report: Report) -> str:
         "process.memory, sampled by the agent. A long history is cut into at most 600 spans, "
         "each point (and the start and end figures) the peak of its span."
     )
+    if counted < MIN_GC_POINTS:
+        # A count of gc's objects holds the job's GIL (30 ms a million objects), so the sampler
+        # counts rarely on a big heap, and not at all past its stall bound: one or two points
+        # (the start-up's) drew an empty-looking chart.
+        lead += text(
+            f" The objects gc tracks were counted at {counted} of these {len(history)} points, too few "
+            "for a chart: a count holds the job's GIL, so the agent counts them rarely on a large heap "
+            "and not at all once a count would hold it too long."
+        )
+        if report.record is None:
+            lead += text(f" `probing {report.process.get('pid') or 'PID'} memory` counts them now.")
     return section("memory", "Memory over time", lead, figures + f'<div class="grid">{"".join(charts)}</div>')
 
 

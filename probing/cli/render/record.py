@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from ...engine.record import Record
     from ...engine.record_sql import Exported
 
+# Of the records agents removed lately, `probing records` shows this many (the newest).
+PRUNED_SHOWN = 10
 REASONS = {
     "exception": "an uncaught exception",
     "signal": "a signal",
@@ -193,23 +195,37 @@ def write_exported(exported: Exported, format: str) -> None:
         out.write(f"{inert(entry['path'])}  {what}, {size(entry['bytes'] / 1048576)}\n")
 
 
-def write_records(entries: List[Any], format: str, directories: List[str]) -> None:
-    """`probing records`: newest first; where it looked, when it found none."""
+def write_records(
+    entries: List[Any], format: str, directories: List[str], pruned: Sequence[Any] = ()
+) -> None:
+    """`probing records`: newest first; where it looked, when it found none; then the newest
+    PRUNED_SHOWN records the agents removed, each with why (JSON: all of them, kind "pruned")."""
     fields = ["written", "pid", "rank", "argv", "why", "size", "path"]
     if format == "json":
-        write_json([dict(entry._asdict(), size_bytes=entry.size) for entry in entries])
+        write_json([dict(entry._asdict(), size_bytes=entry.size) for entry in [*entries, *pruned]])
         return
     if not entries:
         sys.stdout.write(f"no records in {inert(', '.join(directories))}\n")
-        return
-    rows = [
-        (
-            when(entry.written_at), entry.pid, entry.rank, _short(" ".join(entry.argv), 40),
-            _short(entry.reason, 60), size(entry.size / 1048576), entry.path,
-        )
-        for entry in entries
-    ]  # fmt: skip
-    write_table(fields, ["VARCHAR"] * len(fields), rows, sys.stdout)
+    else:
+        rows = [
+            (
+                when(entry.written_at), entry.pid, entry.rank, _short(" ".join(entry.argv), 40),
+                _short(entry.reason, 60), size(entry.size / 1048576), entry.path,
+            )
+            for entry in entries
+        ]  # fmt: skip
+        write_table(fields, ["VARCHAR"] * len(fields), rows, sys.stdout)
+    if pruned:
+        shown = pruned[:PRUNED_SHOWN]
+        more = ""
+        if len(pruned) > len(shown):
+            more = f" (the newest {len(shown)} of {len(pruned)}: --format json lists them all)"
+        sys.stdout.write(f"\nremoved to keep the directory within its bounds{more}:\n")
+        for entry in shown:
+            sys.stdout.write(
+                f"  {inert(entry.path)} ({size(entry.size / 1048576)}, written {when(entry.written_at)}): "
+                f"{inert(entry.reason)}\n"
+            )
 
 
 def _short(text: str, width: int) -> str:
