@@ -8,24 +8,35 @@ window) and the whole-job view. Over a window of samples, each thread is
   and py-spy's are compared only among themselves: the two name frames differently);
 - busy: it stayed in one place but used at least BUSY_CPU_SHARE of a CPU (a long C call);
 - looping: it stayed on one line that is a wait (time.sleep, Event.wait, a queue get with a
-  timeout, select...) and kept waking up there (more than WAKEUPS_PER_S voluntary context
-  switches a second) without using the CPU: a polling loop or a timed wait that never gets
-  what it waits for. Wake-ups are not progress: a thread waiting for the GIL wakes up every
-  5 ms to ask for it;
+  timeout, select...) and kept waking up there without using the CPU: more than WAKEUPS_PER_S
+  voluntary context switches a second, or at least LOOP_MIN_WAKEUPS of them and one every
+  1/LOOP_WAKEUPS_PER_S seconds (`while True: time.sleep(1)`). A polling loop, or a timed wait
+  that never gets what it waits for. Wake-ups are not progress: a thread waiting for the GIL
+  wakes up every 5 ms to ask for it;
 - still: none of these.
 
 A thread that kept waking up and used the CPU (work between its waits: a step, then a sleep),
 or kept waking up on a line that is not a wait (I/O inside one C call), counts as moved.
-Wake-ups are read only when every sample came from the agent: py-spy stops each thread it
-reads, which wakes it up, so its samples' counts are its own doing.
+Wake-ups are counted only over the longest run of samples the agent gave one after the other:
+py-spy stops each thread it reads, which wakes it up, so counts across its samples are its own
+doing (the first sample is often read by py-spy, while an attach brings the agent up).
 
-The process progresses when a thread that carries it moved or was busy. The thread that
-carries a process is its main thread, or, while the main thread only waits for other threads
-(Thread.join, the interpreter's shutdown waiting for non-daemon threads, starting one), the
-other threads. Background threads (heartbeats, loggers) never make a stuck main thread look
-alive. One exception comes first: a thread seen holding the GIL in every sample without moving
-or using the CPU stops every thread of the process from running Python: the process is hung,
-whatever else woke up.
+The process progresses when a thread that carries it moved or was busy. The threads that carry
+it are, in this order:
+- those the user named (`--thread NAME`, a name or a glob), when any of them is there;
+- the other threads, while the main thread only waits for them: Thread.join, the interpreter's
+  shutdown waiting for non-daemon threads, starting one;
+- the main thread and the other threads, while the main thread only loops on a wait that
+  nothing outside the process answers (a supervisor: `while True: time.sleep(1)`, a 0.1 s poll,
+  a server's accept loop, while workers do the work). A main thread that waits on another
+  process (a DataLoader worker, a multiprocessing queue, a child, a collective) loops for it,
+  and its own other threads do not answer it;
+- the main thread alone otherwise. A main thread blocked in one wait that never came back (a
+  lock, an Event without timeout) is stuck, whatever background threads (heartbeats, loggers)
+  do: the verdict names those that moved, and --thread is how to say that they carry the job.
+The verdict says which threads decided and why. One exception comes first: a thread seen holding
+the GIL in every sample without moving or using the CPU stops every thread of the process from
+running Python: the process is hung, whatever else woke up.
 
 For a DataLoader main thread waiting for a batch, the worker that holds it is found among the
 descendants (the one inside the dataset's __getitem__) and shown with the index it is stuck on.
@@ -36,9 +47,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..procfs import thread_cpu_ticks, thread_wakeups
+from .carriers import carriers_of, thread_list, thread_options
 from .states import is_waiting, thread_state
 
 Rows = List[Dict[str, Any]]
@@ -47,6 +59,11 @@ Sampler = Callable[[], Rows]
 # A main thread that used at least this share of one CPU over the window is busy, not hung.
 BUSY_CPU_SHARE = 0.05
 WAKEUPS_PER_S = 4.0
+# A slower loop on a wait (a supervisor's `while True: time.sleep(1)`) is looping too when it came
+# back to its wait at least twice, once every 10 s at least: a thread blocked in one wait wakes
+# up only for a stray signal.
+LOOP_MIN_WAKEUPS = 2
+LOOP_WAKEUPS_PER_S = 0.1
 
 
 class ThreadReport(NamedTuple):
@@ -62,6 +79,7 @@ class ThreadReport(NamedTuple):
     where: str  # innermost Python frame: "func (file:line)"
     activity: str = "still"  # moved, busy, looping or still (the module docstring says which is progress)
     holds_gil: bool = False  # seen holding the GIL in every sample (from outside, by py-spy)
+    carries: bool = False  # one of the threads whose progress decided the verdict
 
 
 class HangReport(NamedTuple):
@@ -71,7 +89,7 @@ class HangReport(NamedTuple):
     samples: int
     threads: List[ThreadReport]
     worker: Optional[Dict[str, Any]]  # the DataLoader worker holding the missing batch
-    reason: str = ""  # the verdict in one sentence: which thread decided it and why
+    reason: str = ""  # the verdict in one sentence: which threads decided it and why
 
     def to_json(self) -> Dict[str, Any]:
         return {
@@ -138,20 +156,10 @@ def take_sample(pid: int, rows: Rows, process: Dict[str, Any]) -> Sample:
     return Sample(time.monotonic(), rows, counters, holder)
 
 
-# While the main thread is in one of these, the process is carried by its other threads.
-_WAITS_FOR_THREADS = ("waiting in Thread.join", "waiting for a new thread to start")
-
-
-def _waits_for_threads(thread: ThreadReport, frames: Rows) -> bool:
-    base = thread.state.split(", ", 1)[1] if thread.holds_gil else thread.state
-    # After the main script ends, the interpreter joins non-daemon threads in threading._shutdown.
-    shutdown = any(
-        frame["func"] == "_shutdown" and str(frame["file"]).endswith("threading.py") for frame in frames
-    )
-    return base in _WAITS_FOR_THREADS or shutdown
-
-
-def _activity(moved: bool, cpu: Optional[float], wakeups: Optional[float], waiting: bool) -> str:
+def _activity(
+    moved: bool, cpu: Optional[float], wakeups: Optional[float], woke: Optional[int], waiting: bool
+) -> str:
+    """`wakeups`: a second, `woke`: in all over the window (None: not counted)."""
     working = (cpu or 0.0) >= BUSY_CPU_SHARE * 100
     if moved:
         return "moved"
@@ -159,12 +167,43 @@ def _activity(moved: bool, cpu: Optional[float], wakeups: Optional[float], waiti
         # Woken on a wait line and then using the CPU: it works between its waits (a training
         # step, then time.sleep), the samples only ever caught it waiting.
         return "looping" if waiting and not working else "moved"
+    if waiting and not working and (woke or 0) >= LOOP_MIN_WAKEUPS and (wakeups or 0.0) >= LOOP_WAKEUPS_PER_S:
+        return "looping"
     return "busy" if working else "still"
 
 
-def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]], str]) -> HangReport:
+def _agent_run(samples: List[Sample]) -> Optional[Tuple[Sample, Sample]]:
+    """The first and last samples of the longest run of samples the agent gave one after the
+    other (two at least): wake-ups are counted between them."""
+    best: Optional[Tuple[int, int]] = None
+    start: Optional[int] = None
+    for index, taken in enumerate(samples):
+        if _source(taken.rows) != "agent":
+            start = None
+            continue
+        start = index if start is None else start
+        if index > start and (best is None or index - start > best[1] - best[0]):
+            best = (start, index)
+    return None if best is None else (samples[best[0]], samples[best[1]])
+
+
+def _wakeups(native: Any, first: Sample, final: Sample) -> Tuple[Optional[int], Optional[float]]:
+    """A thread's wake-ups between two samples: in all, and a second."""
+    before, after = first.counters.get(native, (None, None))[1], final.counters.get(native, (None, None))[1]
+    if before is None or after is None:
+        return None, None
+    return after - before, (after - before) / max(1e-6, final.taken - first.taken)
+
+
+def verdict(
+    pid: int,
+    samples: List[Sample],
+    code_line: Callable[[Dict[str, Any]], str],
+    carriers: Sequence[str] = (),
+) -> HangReport:
     """Whether the process progressed over `samples` (at least two), and what each thread did,
-    by the definition in the module docstring."""
+    by the definition in the module docstring; `carriers`: the names (or globs) of the threads
+    that carry the process (--thread), when the user said."""
     first, final = samples[0], samples[-1]
     elapsed = max(1e-6, final.taken - first.taken)
     signatures: Dict[Tuple[Any, Any, str], Set[Tuple[Any, ...]]] = {}
@@ -174,7 +213,7 @@ def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]
         for key, frames in _by_thread(taken.rows).items():
             signatures.setdefault((key[0], key[1], source), set()).add(_signature(frames))
             last[key] = frames
-    wakeups_count = all(_source(taken.rows) == "agent" for taken in samples)
+    span = _agent_run(samples)
     holders = {taken.gil_holder for taken in samples}
     holder = final.gil_holder if len(holders) == 1 else None
     clock = os.sysconf("SC_CLK_TCK")
@@ -182,13 +221,20 @@ def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]
     for key, frames in last.items():
         top = frames[0]
         native = top["native_id"]
-        before, woke_before = first.counters.get(native, (None, None))
-        after, woke_after = final.counters.get(native, (None, None))
+        before, after = (
+            first.counters.get(native, (None, None))[0],
+            final.counters.get(native, (None, None))[0],
+        )
         cpu = None if before is None or after is None else 100.0 * (after - before) / clock / elapsed
-        wakeups = None if woke_before is None or woke_after is None else (woke_after - woke_before) / elapsed
+        # Shown over the whole window where py-spy read every sample; the activity rests on them
+        # only where the agent gave a run of samples.
+        woke, wakeups = _wakeups(native, *(span or (first, final)))
         moved = any(len(seen) > 1 for (p, t, _), seen in signatures.items() if (p, t) == key)
         state = thread_state(frames, code_line)
-        activity = _activity(moved, cpu, wakeups if wakeups_count else None, is_waiting(state))
+        counted = span is not None
+        activity = _activity(
+            moved, cpu, wakeups if counted else None, woke if counted else None, is_waiting(state)
+        )
         holds_gil = holder is not None and native == holder
         if holds_gil:
             state = thread_state(frames, code_line, {"owns_gil": True})
@@ -199,30 +245,44 @@ def verdict(pid: int, samples: List[Sample], code_line: Callable[[Dict[str, Any]
             )
         )  # fmt: skip
     threads.sort(key=lambda t: (not t.is_main, str(t.name)))
-    hung, reason = _judge(threads, last)
+    hung, reason, deciders = _judge(threads, last, carriers)
+    decided = {(thread.pid, thread.thread_id) for thread in deciders}
+    threads = [thread._replace(carries=(thread.pid, thread.thread_id) in decided) for thread in threads]
     return HangReport(pid, hung, elapsed, len(samples), threads, None, reason)
 
 
-def _judge(threads: List[ThreadReport], frames: Dict[Tuple[Any, Any], Rows]) -> Tuple[bool, str]:
+def _judge(
+    threads: List[ThreadReport], frames: Dict[Tuple[Any, Any], Rows], patterns: Sequence[str]
+) -> Tuple[bool, str, List[ThreadReport]]:
+    """(hung, the verdict in one sentence, the threads that decided it)."""
     progressing = ("moved", "busy")
     holder = next((thread for thread in threads if thread.holds_gil), None)
     if holder is not None and holder.activity not in progressing:
-        return True, f"thread {holder.name!r} held the GIL without moving or using the CPU"
-    main = next((thread for thread in threads if thread.is_main), None)
-    carriers = [main] if main is not None else []
-    if main is None or _waits_for_threads(main, frames[(main.pid, main.thread_id)]):
-        carriers = [thread for thread in threads if not thread.is_main] or carriers
+        return True, f"thread {holder.name!r} held the GIL without moving or using the CPU", [holder]
+    carriers, basis = carriers_of(threads, frames, patterns)
     if not carriers:
-        return True, "no thread was seen"
+        return True, "no thread was seen", []
+    basis = f"; {basis}" if basis else ""
     for activity in progressing:
         mover = next((thread for thread in carriers if thread.activity == activity), None)
         if mover is not None:
             how = "moved" if activity == "moved" else "was busy (in one place, using the CPU)"
-            return False, f"thread {mover.name!r} {how}"
-    names = ", ".join(repr(thread.name) for thread in carriers)
-    looping = any(thread.activity == "looping" for thread in carriers)
-    woke = "; they only woke up to wait again" if looping else ""
-    return True, f"no thread that carries the process moved ({names}){woke}"
+            return False, f"thread {mover.name!r} {how}{basis}", carriers
+    loopers = [thread for thread in carriers if thread.activity == "looping"]
+    woke = f"; {thread_list(loopers)} only woke up to wait again" if loopers else ""
+    # Threads that progressed without carrying the process: a heartbeat, or the real work of a
+    # job whose main thread waits in a way the rule cannot tell from being stuck.
+    bystanders = [thread for thread in threads if thread.activity in progressing and thread not in carriers]
+    hint = ""
+    if bystanders:
+        carry = "it carries" if len(bystanders) == 1 else "they carry"
+        say = thread_options([str(thread.name) for thread in bystanders])
+        hint = f"; {thread_list(bystanders)} progressed: if {carry} the job, say so with {say}"
+    return (
+        True,
+        f"no thread that carries the process moved ({thread_list(carriers)}){basis}{woke}{hint}",
+        carriers,
+    )
 
 
 def watch(
@@ -231,6 +291,7 @@ def watch(
     duration: float,
     samples: int,
     code_line: Callable[[Dict[str, Any]], str],
+    carriers: Sequence[str] = (),
 ) -> HangReport:
     """Take `samples` samples spread over `duration` seconds and judge them (`verdict`). Samples
     far slower than their share (thousands of threads) are fewer, not late: one that ends past
@@ -246,22 +307,26 @@ def watch(
         if index == samples - 1 or (index >= 1 and time.monotonic() - started >= duration + interval):
             break
         time.sleep(max(0.0, started + interval * (index + 1) - time.monotonic()))
-    return verdict(pid, taken, code_line)
+    return verdict(pid, taken, code_line, carriers)
 
 
 class ProgressTracker:
     """The same definition of progress over a rolling window, for `probing run --hang-timeout`:
     each new sample is judged against the last one that showed progress."""
 
-    def __init__(self, pid: int, code_line: Callable[[Dict[str, Any]], str]) -> None:
+    def __init__(
+        self, pid: int, code_line: Callable[[Dict[str, Any]], str], carriers: Sequence[str] = ()
+    ) -> None:
         self.pid = pid
         self.code_line = code_line
+        self.carriers = carriers  # --thread: the names of the threads that carry the process
         self.window: List[Sample] = []  # the samples since the last progress
 
     def add(self, sample: Sample) -> HangReport:
         """The verdict from the last progress up to `sample`; progress restarts the window."""
         self.window.append(sample)
-        report = verdict(self.pid, self.window if len(self.window) > 1 else self.window * 2, self.code_line)
+        window = self.window if len(self.window) > 1 else self.window * 2
+        report = verdict(self.pid, window, self.code_line, self.carriers)
         if not report.hung:
             self.window = [sample]
         return report

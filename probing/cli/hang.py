@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
 from ..engine.hang import sample_hang
-from ..engine.sources import SourceLines
+from ..engine.sources import SourceLines, reader_for_owner
 from ..errors import ExitCode
 from .invocation import Invocation
-from .options import apply, pass_invocation
+from .options import apply, carrier_threads, pass_invocation
 from .render.reports import write_hang
 from .spec import RANKS, TEXT_OR_JSON, timeout
 
@@ -28,14 +28,23 @@ from .spec import RANKS, TEXT_OR_JSON, timeout
     timeout(3.0, "Seconds to wait for each sample from the agent before reading from outside."),
     RANKS,
 )
+@carrier_threads
 @pass_invocation
 def hang(
-    invocation: Invocation, duration: float, samples: int, format: str, timeout: float, ranks: Optional[str]
+    invocation: Invocation,
+    duration: float,
+    samples: int,
+    format: str,
+    timeout: float,
+    ranks: Optional[str],
+    carriers: Tuple[str, ...],
 ) -> int:
     """Watch every thread for a while: what moved, what did not, what each is doing.
 
-    Exits 11 when the main thread neither moved nor used the CPU (a DataLoader wait leads to
-    the worker that holds the batch), 0 when it progressed.
+    Exits 11 when no thread that carries the process moved or used the CPU, 0 when one did. The
+    verdict says which threads decided: the main thread; the threads it joins, or supervises
+    while it only loops on a wait (`while True: time.sleep(1)`); or those named with --thread.
+    A DataLoader wait leads to the worker that holds the batch.
 
     With --ranks, every rank over the same window and one verdict for the job: which ranks have
     not reached the collective the others wait in, and where they are; collectives that do not
@@ -48,7 +57,9 @@ def hang(
 
         if ranks is not None:
             raise invocation.live_only("hang --ranks")
-        sources = SourceLines(None)
+        if carriers:
+            raise invocation.live_only("hang --thread")
+        sources = SourceLines(None, reader_for_owner(*record.owner))
         report = record_hang(record, lambda frame: sources.line(str(frame.get("file")), frame.get("lineno")))
         write_record_hang(report, format)
         return ExitCode.HUNG if report["hung"] else ExitCode.OK
@@ -59,7 +70,7 @@ def hang(
 
         _, chosen = invocation.job(ranks)
         watched = watch_job(
-            chosen, invocation.rank_target, duration, samples, timeout, invocation.attach_timeout
+            chosen, invocation.rank_target, duration, samples, timeout, invocation.attach_timeout, carriers
         )
         notes(watched.notes)
         write_job_hang(watched.verdict, format)
@@ -71,8 +82,10 @@ def hang(
     target = invocation.target()
     pid: Optional[int] = None if target.remote else target.require_pid("hang")
     sources = SourceLines(pid)
-    answer = sample_hang(
-        target, duration, samples, timeout, lambda frame: sources.line(frame["file"], frame["lineno"])
-    )
+
+    def code_line(frame: Dict[str, Any]) -> str:
+        return sources.line(frame["file"], frame["lineno"])
+
+    answer = sample_hang(target, duration, samples, timeout, code_line, carriers)
     write_hang(answer, format)
     return ExitCode.HUNG if answer.report.hung else ExitCode.OK

@@ -30,6 +30,17 @@ def click_option(option: Option) -> Callable[[Command], Command]:
     )  # fmt: skip
 
 
+def carrier_threads(function: Command) -> Command:
+    """--thread NAME, repeatable, on `hang` and `run --hang-timeout`: the threads that carry the
+    job (analysis.progress), passed as `carriers`."""
+    return click.option(
+        "--thread", "carriers", multiple=True, metavar="NAME",
+        help="A thread that carries the job (its name, or a glob: 'worker-*'; repeatable): the named "
+        "threads alone decide whether it progresses. Default: the main thread, with the threads it "
+        "joins or supervises while it only waits or loops on a wait.",
+    )(function)  # fmt: skip
+
+
 def apply(*options: Option) -> Callable[[Command], Command]:
     """Declarations of cli/spec.py as click options, in the order given."""
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import click
 
@@ -13,7 +13,7 @@ from ..launch.launcher import Launcher
 from ..launch.watchdog import HungJob, Watchdog
 from ..protocol.endpoints import LISTEN_FORMS, AddressError, parse_listen_address
 from .invocation import Invocation
-from .options import pass_invocation
+from .options import carrier_threads, pass_invocation
 from .render import log_to_closable_stderr, stderr_is_closed
 from .render.files import check_output
 from .render.reports import write_hung_job, write_started
@@ -27,8 +27,8 @@ LISTEN_HINT = (
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
     "--hang-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
-    help="CI watchdog: if the job's main thread neither moves nor uses the CPU for S seconds, print "
-    "every stack of the process tree, end the tree and exit 11.",
+    help="CI watchdog: if no thread that carries the job (as `hang` says it) moves or uses the CPU for "
+    "S seconds, print every stack of the process tree, end the tree and exit 11.",
 )  # fmt: skip
 @click.option(
     "--report", type=click.Path(dir_okay=False), metavar="FILE", help="With --hang-timeout: a JSON report."
@@ -38,6 +38,7 @@ LISTEN_HINT = (
     help="Every agent of the job listens on TCP ([HOST:]PORT, default auto) for the CLIs of other "
     "nodes; needs the token (PROBING_TOKEN, or ~/.probing/token) here and in the job.",
 )  # fmt: skip
+@carrier_threads
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_invocation
 def run(
@@ -45,6 +46,7 @@ def run(
     hang_timeout: Optional[float],
     report: Optional[str],
     listen: Optional[str],
+    carriers: Tuple[str, ...],
     command: List[str],
 ) -> int:
     """Run COMMAND with the agent in every Python process it starts.
@@ -53,6 +55,8 @@ def run(
     """
     if report is not None and hang_timeout is None:
         raise click.UsageError("--report goes with --hang-timeout")
+    if carriers and hang_timeout is None:
+        raise click.UsageError("--thread goes with --hang-timeout")
     if not command:
         raise UsageError("nothing to run: probing run -- python train.py")
     if listen is not None:
@@ -80,5 +84,5 @@ def run(
             stderr_is_closed()
 
     log = log_to_closable_stderr if invocation.verbose else None
-    watchdog = Watchdog(child.pid, hang_timeout, on_hung, log)
+    watchdog = Watchdog(child.pid, hang_timeout, on_hung, log, carriers)
     return launcher.wait(watchdog.tick, watchdog.interval)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..analysis.carriers import unmatched
 from ..analysis.progress import HangReport, Sample, stuck_dataloader_worker, take_sample, watch
-from ..errors import ProbingError
+from ..errors import ProbingError, UsageError
 from .backtrace import Stacks, read_stacks
 from .processes import descendants
 from .target import Target
@@ -34,6 +35,19 @@ def remote_counters(target: Target, timeout: float) -> Dict[Any, Tuple[Optional[
     return counters
 
 
+def _check_names(carriers: Sequence[str], rows: List[Dict[str, Any]], pid: int) -> None:
+    """A --thread that names no thread is a typo or another job: said at the first sample, not
+    after the whole window, with the names there are."""
+    names = list(dict.fromkeys(str(row["thread_name"]) for row in rows))
+    wrong = unmatched(carriers, names)
+    if wrong:
+        raise UsageError(
+            f"--thread {', '.join(map(repr, wrong))}: no such thread in PID {pid}; "
+            f"its threads: {', '.join(map(repr, names)) or 'none'}",
+            hint="give a thread's name as `hang` lists it, or a glob ('worker-*')",
+        )
+
+
 class HangAnswer(NamedTuple):
     report: HangReport
     worker: Optional[Stacks]  # the stuck DataLoader worker, with locals, when there is one
@@ -46,24 +60,32 @@ def sample_hang(
     samples: int,
     timeout: float,
     code_line: Callable[[Dict[str, Any]], str],
+    carriers: Sequence[str] = (),
 ) -> HangAnswer:
+    """`carriers`: the names (or globs) of the threads that carry the process (--thread); each
+    must name a thread of the first sample, or the watch ends there (UsageError)."""
     from ..client.discovery import python_version_of
     from ..outside.pyspy import dump, rows_from_dump
 
     # A remote agent's samples are all there is: its PID (on its node) only names it.
     pid = target.agent_pid(timeout) if target.remote else target.require_pid("hang")
     notes: List[str] = []
+    names_checked = not carriers
 
     def sample() -> Sample:
+        nonlocal names_checked
         stacks = read_stacks(target, False, None, timeout)
         notes.extend(note for note in stacks.notes if note not in notes)
+        if not names_checked:
+            _check_names(carriers, stacks.rows, pid)
+            names_checked = True
         if target.remote:
             # Its threads' counters are in its own node's /proc: here the same PID is another
             # process, or none. Its agent reads their CPU time there (python.threads).
             return Sample(time.monotonic(), stacks.rows, remote_counters(target, timeout), None)
         return take_sample(pid, stacks.rows, stacks.info)
 
-    report = watch(pid, sample, duration, samples, code_line)
+    report = watch(pid, sample, duration, samples, code_line, carriers)
     main = next((thread for thread in report.threads if thread.is_main), None)
     if main is None or main.state != "waiting for a DataLoader worker" or target.remote:
         return HangAnswer(report, None, notes)

@@ -5,7 +5,7 @@ through its agent or from outside), then each rank's collectives from its Flight
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from ..analysis.collectives import JobVerdict, RankView, job_verdict
 from ..analysis.mismatches import flight_recorder_analyzer
@@ -56,12 +56,16 @@ def collectives_of(target: Target, timeout: float) -> Dict[str, Optional[List[Di
     return found
 
 
-def _watch_rank(target: Target, duration: float, samples: int, timeout: float) -> RankHang:
+def _watch_rank(
+    target: Target, duration: float, samples: int, timeout: float, carriers: Sequence[str]
+) -> RankHang:
     # A remote rank's files are read here, where a shared file system usually has them too.
     sources = SourceLines(None if target.remote else target.require_pid("hang"))
-    answer = sample_hang(
-        target, duration, samples, timeout, lambda frame: sources.line(frame["file"], frame["lineno"])
-    )
+
+    def code_line(frame: Dict[str, Any]) -> str:
+        return sources.line(frame["file"], frame["lineno"])
+
+    answer = sample_hang(target, duration, samples, timeout, code_line, carriers)
     tables = collectives_of(target, timeout)
     return RankHang(
         answer.report, tables["python.collectives"], tables["python.process_groups"], answer.notes
@@ -75,12 +79,16 @@ def watch_job(
     samples: int,
     timeout: float,
     attach_timeout: float,
+    carriers: Sequence[str] = (),
 ) -> JobHang:
-    """Watch every rank over `duration` seconds, then judge the job."""
+    """Watch every rank over `duration` seconds, then judge the job; `carriers`: the names of the
+    threads that carry each rank (--thread), as for one process."""
     window_start = time.time()
     deadline = attach_timeout + duration + samples * SAMPLE_SLACK_S + 2 * timeout
     analyzer = _AnalyzerLoader()
-    gathered = gather(ranks, lambda rank: _watch_rank(target_of(rank), duration, samples, timeout), deadline)
+    gathered = gather(
+        ranks, lambda rank: _watch_rank(target_of(rank), duration, samples, timeout, carriers), deadline
+    )
     views = []
     notes: List[str] = []
     for rank, watched in gathered.answers:

@@ -1,11 +1,12 @@
 """`probing run --hang-timeout S`: end a CI job that stopped progressing, with every stack.
 
-Progress is analysis.progress's definition, the one `probing PID hang` uses: the job's main
-thread (of the job, or of its first Python descendant when the job is a shell script) moved or
-used the CPU. When the command starts a distributed job (`probing run -- torchrun ...`), every
-rank is watched, and the job is judged as `hang --ranks all` judges it (analysis.collectives):
-once a rank has made no progress for S seconds, the ranks' collectives decide whether the job
-is stuck, and the verdict (which rank is behind, who waits in what) goes into the report.
+Progress is analysis.progress's definition, the one `probing PID hang` uses: a thread that
+carries the job (of the job, or of its first Python descendant when the job is a shell script)
+moved or used the CPU; those named with `--thread` carry it once one of them is there. When the
+command starts a distributed job (`probing run -- torchrun ...`), every rank is watched, and the
+job is judged as `hang --ranks all` judges it (analysis.collectives): once a rank has made no
+progress for S seconds, the ranks' collectives decide whether the job is stuck, and the verdict
+(which rank is behind, who waits in what) goes into the report.
 
 The watchdog samples the stacks through the engine (the agent, or py-spy when it
 cannot answer); after S seconds without progress it reads every stack of the process tree,
@@ -23,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..analysis.collectives import JobVerdict, RankView
 from ..analysis.progress import HangReport, ProgressTracker, take_sample
@@ -64,6 +65,9 @@ class HungJob(NamedTuple):
     job: Optional[JobVerdict] = None  # a distributed job's verdict (which rank is behind)
     # The record each agent of the tree wrote (or why not); processes without an agent left out.
     records: Tuple[RecordOutcome, ...] = ()
+    # The verdict on the process (analysis.progress: which threads decided it and why); the
+    # job's verdict says it for a distributed job.
+    reason: str = ""
 
 
 class Watchdog:
@@ -73,8 +77,10 @@ class Watchdog:
         timeout: float,
         on_hung: Callable[[HungJob], None],
         log: Optional[Callable[[str], None]] = None,
+        carriers: Sequence[str] = (),
     ) -> None:
         self.pid = pid
+        self.carriers = carriers  # --thread: the names of the threads that carry the job
         self.timeout = timeout
         self.on_hung = on_hung
         self.log = log
@@ -111,7 +117,7 @@ class Watchdog:
     def _tracker(self, pid: int) -> ProgressTracker:
         # Source lines tell a wait line (time.sleep in a polling loop) from work, as in `hang`.
         sources = SourceLines(pid)
-        return ProgressTracker(pid, lambda frame: sources.line(frame["file"], frame["lineno"]))
+        return ProgressTracker(pid, lambda frame: sources.line(frame["file"], frame["lineno"]), self.carriers)
 
     def tick(self) -> Optional[int]:
         """Take one sample; ExitCode.HUNG once the job has been stalled for the timeout (the
@@ -130,7 +136,7 @@ class Watchdog:
         stalled = self.tracker.stalled_s(time.monotonic())
         if not report.hung or stalled < self.timeout:
             return None
-        return self._give_up(stalled, None)
+        return self._give_up(stalled, None, report.reason)
 
     def _tick_job(self, job: Job) -> Optional[int]:
         """One sample of every rank; once a rank has been stalled for the timeout, the job's
@@ -185,13 +191,13 @@ class Watchdog:
             return None
         return self._give_up(stalled, verdict)
 
-    def _give_up(self, stalled: float, verdict: Optional[JobVerdict]) -> int:
+    def _give_up(self, stalled: float, verdict: Optional[JobVerdict], reason: str = "") -> int:
         """Read every stack of the tree, ask its agents for records, hand it all to `on_hung`,
         then end the tree: ended even when `on_hung` fails (its reader went away mid-verdict)."""
         tree = [self.pid] + [child for child, _ in descendants(self.pid)]
         try:
             looks = [self._last_look(each) for each in tree]
-            self.on_hung(HungJob(stalled, looks, verdict, self._records(tree, stalled)))
+            self.on_hung(HungJob(stalled, looks, verdict, self._records(tree, stalled), reason))
         finally:
             self._end(tree)
         return ExitCode.HUNG

@@ -8,13 +8,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
 from probing.errors import ExitCode
 
-from support import PROBING, TARGETS, VENV_PYTHON, Target, probing, wait_until
+from support import PROBING, TARGETS, VENV_PYTHON, Target, TorchrunJob, probing, wait_until
 
 
 def test_two_threads_deadlocked_are_reported_hung() -> None:
@@ -211,3 +211,116 @@ def test_an_idle_dataloader_worker_waits_for_work() -> None:
 
         # The idle worker finishes the indices it was given first: bounded, it ends up waiting.
         assert wait_until(one_worker_idle, timeout=30, interval=0.5)
+
+
+# Jobs whose main thread only supervises while a worker thread works (tests/targets/supervisor.py).
+HANG = ("hang", "--duration", "4", "--samples", "5")
+
+
+def _supervisor(main: str, worker: str, *more: str) -> Target:
+    return Target("supervisor.py", via="plain", args=["--main", main, "--worker", worker, *more])
+
+
+def _worker_blocked(job: Target, calls: Tuple[str, ...]) -> bool:
+    """Whether the worker thread (its native id on the ready line) is inside one of the system
+    calls `calls` ("202 " futex, "230 " clock_nanosleep...), as the kernel shows it."""
+    native_id = job.ready_line().split()[1]
+    return Path(f"/proc/{job.pid}/task/{native_id}/syscall").read_text().startswith(calls)
+
+
+@pytest.mark.parametrize("main", ["sleep", "poll"])
+def test_a_main_thread_that_supervises_a_computing_worker_is_not_hung(main: str) -> None:
+    """`while worker.is_alive(): time.sleep(1)`, or a 0.1 s `Event.wait` poll, in the main thread,
+    the work in a worker thread: the main thread only loops on a wait, so the worker carries the
+    job with it (it was 'hung: no thread that carries the process moved ('MainThread')', exit 11)."""
+    with _supervisor(main, "compute") as job:
+        result = probing(str(job.pid), *HANG)
+        assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+        verdict = result.stdout.splitlines()[0]
+        assert verdict.startswith(f"PID {job.pid} is progressing: thread 'worker' "), verdict
+        assert "; the main thread only loops on a wait (" in verdict
+        assert "): the threads it supervises carry the process" in verdict
+
+
+@pytest.mark.parametrize(
+    "main, worker, calls",
+    [("sleep", "stuck", ("202 ",)), ("poll", "stuck-in-c", ("230 ", "35 "))],
+    ids=["sleep-lock", "poll-in-c"],
+)
+def test_a_supervisor_whose_worker_is_stuck_is_hung_and_the_worker_named(
+    main: str, worker: str, calls: Tuple[str, ...]
+) -> None:
+    with _supervisor(main, worker) as job:
+        assert wait_until(lambda: _worker_blocked(job, calls), timeout=10)
+        result = probing(str(job.pid), *HANG, "--format", "json")
+        assert result.returncode == ExitCode.HUNG, result.stdout + result.stderr
+        report = json.loads(result.stdout)
+        reason = report["reason"]
+        assert reason.startswith("no thread that carries the process moved ('MainThread', 'worker'); "), (
+            reason
+        )
+        assert "the main thread only loops on a wait" in reason
+        by_name = {thread["name"]: thread for thread in report["threads"]}
+        assert by_name["MainThread"]["activity"] == "looping" and by_name["worker"]["activity"] == "still"
+        assert by_name["MainThread"]["carries"] and by_name["worker"]["carries"]
+
+
+def test_thread_names_a_worker_that_carries_a_job_whose_main_thread_waits_for_good() -> None:
+    """A main thread that waits once, without a timeout (`done.wait()`), cannot be told from a
+    stuck one: the verdict is hung, and says which thread progressed and how to name it."""
+    with _supervisor("wait", "compute") as job:
+        default = probing(str(job.pid), *HANG)
+        assert default.returncode == ExitCode.HUNG, default.stdout + default.stderr
+        assert (
+            "moved ('MainThread'); 'worker' progressed: if it carries the job, say so with --thread worker"
+            in (default.stdout)
+        )
+        named = probing(str(job.pid), *HANG, "--thread", "worker")
+        assert named.returncode == ExitCode.OK, named.stdout + named.stderr
+        verdict = named.stdout.splitlines()[0]
+        assert verdict.startswith(f"PID {job.pid} is progressing: thread 'worker' ")
+        assert "; the threads named by --thread worker carry the process" in verdict
+
+
+def test_thread_makes_a_stuck_worker_decide_while_another_computes() -> None:
+    with _supervisor("sleep", "stuck", "--loader") as job:
+        assert wait_until(lambda: _worker_blocked(job, ("202 ",)), timeout=10)
+        default = probing(str(job.pid), *HANG)
+        assert default.returncode == ExitCode.OK, default.stdout + default.stderr
+        assert "is progressing: thread 'loader' " in default.stdout
+        named = probing(str(job.pid), *HANG, "--thread", "work*", "--format", "json")
+        assert named.returncode == ExitCode.HUNG, named.stdout + named.stderr
+        report = json.loads(named.stdout)
+        assert report["reason"].startswith(
+            "no thread that carries the process moved ('worker'); the threads named by --thread 'work*' carry"
+        )
+        assert "'loader' progressed" in report["reason"]
+        assert [thread["name"] for thread in report["threads"] if thread["carries"]] == ["worker"]
+
+
+def test_a_thread_name_that_matches_no_thread_is_an_error_naming_those_there_are() -> None:
+    with _supervisor("sleep", "compute") as job:
+        started = time.monotonic()
+        result = probing(str(job.pid), "hang", "--duration", "30", "--thread", "worker", "--thread", "wrker")
+        assert result.returncode == ExitCode.USAGE, result.stdout + result.stderr
+        assert f"--thread 'wrker': no such thread in PID {job.pid}; its threads: 'MainThread', 'worker'" in (
+            result.stderr
+        )
+        assert time.monotonic() - started < 20  # said at the first sample, not after the window
+
+
+def test_thread_on_every_rank_of_a_job() -> None:
+    """`hang --ranks all --thread NAME`: each rank judged by its named threads; a name that no
+    rank has is each rank's error, and the exit is that error's (2) when no rank could be watched."""
+    with TorchrunJob("healthy", ranks=2) as job:
+        hang = ("hang", "--ranks", "all", "--duration", "2", "--samples", "4", "--format", "json")
+        result = probing(str(job.agent_pid), *hang, "--thread", "MainThread", timeout=120)
+        assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+        ranks = json.loads(result.stdout)["ranks"]
+        assert len(ranks) == 2 and all("named by --thread MainThread" in rank["reason"] for rank in ranks)
+        wrong = probing(str(job.agent_pid), *hang, "--thread", "nope", timeout=120)
+        assert wrong.returncode == ExitCode.USAGE, wrong.stdout + wrong.stderr
+        missing = json.loads(wrong.stdout)["missing"]
+        assert len(missing) == 2 and all(
+            "--thread 'nope': no such thread" in rank["reason"] for rank in missing
+        )

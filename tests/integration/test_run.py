@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import List
 
 import pytest
 
 from probing.errors import ExitCode
 
-from support import PROBING, Target, find_interpreter, interpreter_params, probing, wait_until
+from support import PROBING, TARGETS, Target, find_interpreter, interpreter_params, probing, wait_until
 
 
 @pytest.mark.parametrize("status", [0, 3, 42])
@@ -88,3 +91,51 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_job_starts(tmp_pa
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert "cannot write /nonexistent/dir/hang.json" in result.stderr
     assert not marker.exists()
+
+
+def _watched(*options: str, job: List[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """`probing run --hang-timeout ... -- python tests/targets/supervisor.py ...`, to its end."""
+    command = [PROBING, "run", *options, "--", sys.executable, str(TARGETS / "supervisor.py"), *job]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("main", ["sleep", "poll"])
+def test_the_watchdog_lets_a_job_whose_main_thread_supervises_a_worker_finish(main: str) -> None:
+    """The main thread loops on `time.sleep(1)` (or a 0.1 s poll) while a worker thread computes
+    for 10 s: the job progresses all along, and ends by itself, with its own status (it was
+    ended after 5 s, exit 11)."""
+    started = time.monotonic()
+    result = _watched("--hang-timeout", "5", job=["--main", main, "--worker", "compute", "--seconds", "10"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.monotonic() - started >= 10 and "made no progress" not in result.stderr
+
+
+def test_the_watchdog_ends_a_supervised_job_whose_worker_is_stuck_and_names_the_threads(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "hang.json"
+    result = _watched(
+        "--hang-timeout", "3", "--report", str(report), job=["--main", "sleep", "--worker", "stuck"]
+    )
+    assert result.returncode == ExitCode.HUNG, result.stderr[-3000:]
+    verdict = next(line for line in result.stderr.splitlines() if "made no progress" in line)
+    assert (
+        "(no thread that carries the process moved ('MainThread', 'worker'); the main thread only loops"
+        in (verdict)
+    )
+    assert json.loads(report.read_text())["reason"].startswith(
+        "no thread that carries the process moved ('MainThread', 'worker')"
+    )
+
+
+def test_the_watchdog_judges_the_threads_named_with_thread() -> None:
+    """The main thread waits for good (`done.wait()`): alone it would decide, and the job would be
+    ended; `--thread worker` says the worker carries it, and the job runs to its end."""
+    job = ["--main", "wait", "--worker", "compute", "--seconds", "8"]
+    result = _watched("--hang-timeout", "3", "--thread", "worker", job=job)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_thread_goes_with_hang_timeout() -> None:
+    result = probing("run", "--thread", "worker", "--", sys.executable, "-c", "pass")
+    assert result.returncode == ExitCode.USAGE and "--thread goes with --hang-timeout" in result.stderr

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pytest
 
 from probing.analysis import progress
+from probing.analysis.carriers import named, unmatched
 from probing.analysis.progress import (
     ProgressTracker,
     Sample,
@@ -217,6 +218,132 @@ def test_the_stuck_dataloader_worker_is_the_one_in_getitem() -> None:
     assert stuck_dataloader_worker({200: idle}) is None
     found = stuck_dataloader_worker({200: idle, 201: stuck})
     assert found == {"pid": 201, "where": "__getitem__ (data.py:15)", "index": "5"}
+
+
+WORKER = 102
+
+
+def test_a_main_thread_that_only_sleeps_in_a_loop_hands_the_process_to_the_threads_it_supervises() -> None:
+    """`while True: time.sleep(1)` in the main thread, training in a worker: the main thread wakes
+    about once a second (fewer than WAKEUPS_PER_S) and is looping, not still; the worker decides."""
+    report = judge(
+        sample(0, {PID: SLEEPS, WORKER: COMPUTES}, {WORKER: (0, 0)}),
+        sample(10, {PID: SLEEPS, WORKER: COMPUTES}, {PID: (0, 12), WORKER: (CLOCK * 9, 0)}),
+    )
+    main, worker = report.threads
+    assert not report.hung, report.reason
+    assert main.activity == "looping" and worker.activity == "busy"
+    assert report.reason.startswith(f"thread 'T{WORKER}' was busy")
+    assert "the main thread only loops on a wait (sleeping): the threads it supervises carry" in report.reason
+    assert main.carries and worker.carries and report.to_json()["threads"][1]["carries"] is True
+
+
+def test_a_main_thread_polling_every_tenth_of_a_second_while_a_worker_moves_progresses() -> None:
+    report = judge(
+        sample(0, {PID: SLEEPS, WORKER: STEP}), sample(10, {PID: SLEEPS, WORKER: OPTIMIZE}, {PID: (0, 100)})
+    )
+    assert not report.hung and report.reason.startswith(f"thread 'T{WORKER}' moved;"), report.reason
+
+
+def test_a_supervisor_whose_workers_are_stuck_is_hung_and_names_them() -> None:
+    stuck_in_c = 103  # libc.sleep without the GIL: a wait line, never woken
+    samples = [
+        sample(t, {PID: SLEEPS, WORKER: LOCKED, stuck_in_c: HOLDS_GIL[:1]}, {PID: (0, 12 * t)})
+        for t in range(3)
+    ]
+    report = judge(*samples)
+    assert report.hung
+    assert report.reason.startswith(
+        f"no thread that carries the process moved ('MainThread', 'T{WORKER}', 'T103')"
+    )
+    assert "'MainThread' only woke up to wait again" in report.reason
+    assert [thread.activity for thread in report.threads] == ["looping", "still", "still"]
+    assert all(thread.carries for thread in report.threads)
+
+
+def test_a_main_thread_blocked_in_one_wait_decides_alone_and_the_verdict_names_what_moved() -> None:
+    """One wake-up in 10 s (a stray signal) is not a loop: the main thread is stuck on its lock,
+    whatever the other thread does, and the verdict says how to name that thread if it is the job."""
+    heartbeat = 7
+    report = judge(
+        sample(0, {PID: LOCKED, heartbeat: STEP}),
+        sample(10, {PID: LOCKED, heartbeat: OPTIMIZE}, {PID: (0, 1)}),
+    )
+    assert report.hung and report.threads[0].activity == "still"
+    assert report.reason == (
+        "no thread that carries the process moved ('MainThread'); 'T7' progressed: if it carries the job, "
+        "say so with --thread T7"
+    )
+    assert [thread.carries for thread in report.threads] == [True, False]
+
+
+def test_a_main_thread_polling_another_process_is_not_answered_by_its_own_threads() -> None:
+    """A DataLoader main thread loops on its queue for a worker process: a heartbeat thread of its
+    own that moves does not make the stuck DataLoader look alive."""
+    heartbeat = 7
+    report = judge(
+        sample(0, {PID: DATALOADER_MAIN, heartbeat: STEP}),
+        sample(10, {PID: DATALOADER_MAIN, heartbeat: OPTIMIZE}, {PID: (0, 45)}),
+    )
+    assert report.hung and report.threads[0].activity == "looping"
+    assert "moved ('MainThread'); 'MainThread' only woke up to wait again; 'T7' progressed" in report.reason
+
+
+def test_wake_ups_count_over_the_agents_run_of_samples_after_one_read_from_outside() -> None:
+    """The first `hang` on a job attaches, and its first sample is often py-spy's while the agent
+    comes up (a worker holds the GIL): the samples the agent gave after it still show the
+    supervising main thread looping; a py-spy sample between them ends a run."""
+    threads = {PID: SLEEPS, WORKER: COMPUTES}
+    samples = [sample(0, threads, {PID: (0, 0)}, source="py-spy")]
+    samples += [sample(t, threads, {PID: (0, 5 + 2 * t), WORKER: (CLOCK * t, 0)}) for t in range(1, 5)]
+    report = judge(*samples)
+    assert not report.hung and report.threads[0].activity == "looping", report.reason
+    assert report.threads[0].wakeups_per_s == 2.0
+    broken = [samples[1], samples[2]._replace(rows=rows(threads, "py-spy")), samples[3], samples[4]]
+    assert judge(*broken).threads[0].wakeups_per_s == 2.0  # the run of the last two
+
+
+def test_the_threads_named_by_the_user_alone_decide() -> None:
+    """--thread: a worker that moves carries a main thread blocked for good, and a stuck worker
+    is the verdict even while another worker computes; names may be globs."""
+    loader = 103
+    blocked = [sample(t, {PID: LOCKED, WORKER: STEP if t % 2 else OPTIMIZE}) for t in range(3)]
+    assert judge(*blocked).hung
+    report = verdict(PID, blocked, code_line, ["T102"])
+    assert not report.hung
+    assert report.reason == f"thread 'T{WORKER}' moved; the threads named by --thread T102 carry the process"
+    assert [thread.carries for thread in report.threads] == [False, True]
+    working = [
+        sample(t, {PID: SLEEPS, WORKER: LOCKED, loader: STEP if t % 2 else OPTIMIZE}, {PID: (0, 12 * t)})
+        for t in range(3)
+    ]
+    assert not judge(*working).hung
+    report = verdict(PID, working, code_line, ["T10[2]", "nothing-*"])
+    assert report.hung and report.reason.startswith("no thread that carries the process moved ('T102');")
+    assert "'T103' progressed" in report.reason
+
+
+def test_named_threads_not_there_leave_the_rule_to_decide_and_say_so() -> None:
+    """The watchdog sees a job before it starts its threads, and after they end."""
+    report = verdict(PID, [sample(0, {PID: STEP}), sample(1, {PID: OPTIMIZE})], code_line, ["trainer"])
+    assert not report.hung
+    assert report.reason == (
+        "thread 'MainThread' moved; no thread named by --thread trainer was seen (threads: 'MainThread'), "
+        "so the main thread carries the process"
+    )
+
+
+def test_names_and_globs_match_thread_names() -> None:
+    assert named("worker-3", ["worker-*"]) and named("[x]", ["[x]"])
+    assert not named("Worker-3", ["worker-*"])
+    assert unmatched(["worker", "io-*", "main"], ["MainThread", "worker", "io-0"]) == ["main"]
+
+
+def test_the_watchdog_tracker_takes_the_named_threads_too() -> None:
+    tracker = ProgressTracker(PID, code_line, ["T102"])
+    for t in range(4):
+        report = tracker.add(sample(t, {PID: LOCKED, WORKER: STEP if t % 2 else OPTIMIZE}))
+    assert not report.hung and tracker.stalled_s(3) == 0.0
 
 
 def test_the_watchdog_rolling_window_agrees_with_hang_on_the_same_samples() -> None:
