@@ -152,16 +152,19 @@ static int pipe_of(const buf_t *bytes)
     return ends[0];
 }
 
-/* py-spy's stdout and stderr to their ends, within `timeout_ms`: 0, or -1 when it took longer. */
-static int read_both(int out, int err, buf_t *out_bytes, buf_t *err_bytes, long long timeout_ms)
+/* py-spy's stdout and stderr to their ends, until `deadline` (now_us): 0, TIMED_OUT when it
+ * took longer, -1 when they could not be read. */
+#define TIMED_OUT 1
+static int read_both(int out, int err, buf_t *out_bytes, buf_t *err_bytes, long long deadline)
 {
     struct pollfd ends[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
     buf_t *into[2] = {out_bytes, err_bytes};
-    long long deadline = now_us() / 1000 + timeout_ms;
     char chunk[65536];
     while (ends[0].fd >= 0 || ends[1].fd >= 0) {
-        long long left = deadline - now_us() / 1000;
-        if (left <= 0 || poll(ends, 2, (int)left) < 0)
+        long long left = (deadline - now_us() + 999) / 1000;
+        if (left <= 0)
+            return TIMED_OUT;
+        if (poll(ends, 2, left > INT_MAX ? INT_MAX : (int)left) < 0)
             return -1;
         for (int i = 0; i < 2; i++) {
             if (ends[i].fd < 0 || !ends[i].revents)
@@ -179,12 +182,14 @@ static int read_both(int out, int err, buf_t *out_bytes, buf_t *err_bytes, long 
 }
 
 /* The target is stuck on its GIL: what the Python CLI does then (engine/backtrace.py), done
- * here. py-spy is started with the same arguments and time limit as outside/pyspy.py `dump`
- * from Target.gil_holder; when its answer is one this program renders, it is the answer.
- * Otherwise (no thread holds the GIL, a failure, an unusual dump) its output goes to the
- * Python CLI, which reads it as py-spy's own (PROBING_PYSPY, outside/spawn.py): its work is
- * not done twice. */
-static void from_outside(const place_t *place, int pid)
+ * here. py-spy is started with the same arguments as outside/pyspy.py `dump` from
+ * Target.gil_holder, and given the same time: what is left of --timeout's default since the
+ * agent was asked (`asked_at`), at least the floor of a read from outside. When its answer is
+ * one this program renders, it is the answer. Otherwise (no thread holds the GIL, a failure,
+ * an unusual dump, or no answer yet) py-spy goes to the Python CLI, which reads it as a py-spy
+ * of its own (PROBING_PYSPY, outside/spawn.py) within its own deadline: its work is not done
+ * twice, and a py-spy slowed by a loaded machine is not started again. */
+static void from_outside(const place_t *place, int pid, long long asked_at)
 {
     char py_spy[PATH_MAX + 16], pid_text[16], handed[96];
     int out[2], err[2];
@@ -206,9 +211,18 @@ static void from_outside(const place_t *place, int pid)
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]), close(err[1]);
     buf_t out_bytes = {0}, err_bytes = {0}, note = {0}, text = {0};
-    int failed = !spawned || read_both(out[0], err[0], &out_bytes, &err_bytes, GIL_LOOK_TIMEOUT_MS) < 0;
+    long long left = asked_at + BACKTRACE_TIMEOUT_US - now_us(), least = OUTSIDE_FLOOR_MS * 1000LL;
+    long long deadline = now_us() + (left > least ? left : least);
+    int got = spawned ? read_both(out[0], err[0], &out_bytes, &err_bytes, deadline) : -1;
+    if (got == TIMED_OUT && out_bytes.len == 0 && err_bytes.len == 0 && fcntl(out[0], F_SETFD, 0) == 0 &&
+        fcntl(err[0], F_SETFD, 0) == 0) {
+        /* Still reading, nothing read from its pipes yet: they go over as they are. */
+        snprintf(handed, sizeof(handed), "%d:%d:%d:%d", pid, (int)child, out[0], err[0]);
+        setenv("PROBING_PYSPY", handed, 1);
+        return;
+    }
     close(out[0]), close(err[0]);
-    if (failed) { /* as the Python CLI's own look would, it is given up: the Python CLI looks again */
+    if (got != 0) { /* the Python CLI looks again */
         /* Only a child this program started: a PID it never got may be any process's. */
         if (spawned && kill(child, SIGKILL) == 0)
             waitpid(child, NULL, 0);
@@ -253,9 +267,10 @@ int main(int argc, char **argv)
     if (pid == 0 || (enabled && strcmp(enabled, "0") == 0) || !python_writes_utf8())
         run_python(&place, argv);
     answer_t answer = {0};
+    long long asked_at = now_us();
     int asked = ask_agent(pid, &answer);
     if (asked == ASK_STILL)
-        from_outside(&place, pid);
+        from_outside(&place, pid, asked_at);
     if (asked != ASK_OK)
         run_python(&place, argv);
     buf_t out = {0};

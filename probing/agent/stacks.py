@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
-import json
+import _thread
+import gc
+import operator
 import os
 import sys
 import threading
 from types import FrameType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from ..originals import get_ident, get_native_id, json_dumps
 from .requests import ErrorKind, RequestError
 
 # How many locals of one frame are shown; the rest are counted.
 MAX_LOCALS_PER_FRAME = 40
+
+# sys._current_frames() can deadlock the whole process on CPython up to 3.11 (gh-106883, fixed in
+# 3.12): it holds the interpreter's lock on its list of threads while it makes frame objects; an
+# allocation there may start a collection, whose finalizers run Python code, which may let the GIL
+# go; a thread that ends then takes the GIL and waits for that lock, and neither ever moves. Four
+# clients running `backtrace` in a loop froze a training job for good within a minute here.
+_GC_INSIDE_CURRENT_FRAMES = sys.implementation.name == "cpython" and sys.version_info < (3, 12)
+_call = operator.methodcaller("__call__")
+
+
+def current_frames() -> Dict[int, FrameType]:
+    """sys._current_frames(), with gc paused around it where it could deadlock: disable, read,
+    enable, called one after the other from C (map, unpacked in one instruction), so that no
+    bytecode runs in between and no thread of the job can see gc off, or turn it on or off,
+    meanwhile. A job that has gc off already keeps it off."""
+    if not _GC_INSIDE_CURRENT_FRAMES or not gc.isenabled():
+        return sys._current_frames()
+    try:
+        _, frames, _ = map(_call, (gc.disable, sys._current_frames, gc.enable))
+    except BaseException:
+        gc.enable()  # _current_frames failed (MemoryError): gc goes back on as it was
+        raise
+    return frames  # type: ignore[no-any-return]
 
 
 def _fields_descriptor() -> Tuple[type, Any]:
@@ -44,13 +70,43 @@ def thread_fields(thread: Any) -> Dict[str, Any]:
     return fields if type(fields) is dict else {}
 
 
+def _main_ident_at_start() -> Optional[int]:
+    main = getattr(threading, "_main_thread", None)
+    ident = thread_fields(main).get("_ident") if main is not None else None
+    return ident if type(ident) is int else None
+
+
+# The main thread's ident, read when the agent loaded. gevent's patch_all() re-keys the main
+# thread under its greenlet's id in `_active` (and in its `_ident`), which no frame of
+# sys._current_frames() carries: a job patched after the attach must still have a main thread.
+_MAIN_IDENT = _main_ident_at_start()
+
+
+def main_thread_ident() -> Optional[int]:
+    """The interpreter's main thread, by the ident sys._current_frames() uses."""
+    runtime = getattr(_thread, "_get_main_thread_ident", None)  # 3.13+: the runtime's own
+    if runtime is not None:
+        try:
+            return int(runtime())
+        except Exception:  # noqa: BLE001 - a subinterpreter or a replaced _thread: as read at start
+            pass
+    return _MAIN_IDENT
+
+
 def known_threads() -> Dict[int, Dict[str, Any]]:
     """ident -> fields of every thread the threading module knows, in the order they started
-    (its `_active` dict, copied whole under the GIL: no lock of threading's is taken)."""
+    (its `_active` dict, copied whole under the GIL: no lock of threading's is taken). The main
+    thread is under the ident its frames have, even where gevent moved it (main_thread_ident)."""
     active = getattr(threading, "_active", None)
     if type(active) is not dict:
         return {}
-    return {ident: thread_fields(thread) for ident, thread in list(active.items()) if type(ident) is int}
+    main = getattr(threading, "_main_thread", None)
+    main_ident = main_thread_ident()
+    known = {}
+    for ident, thread in list(active.items()):
+        if type(ident) is int:
+            known[main_ident if thread is main and main_ident is not None else ident] = thread_fields(thread)
+    return known
 
 
 def thread_names() -> Dict[int, str]:
@@ -118,7 +174,7 @@ leaving: Dict[int, int] = {}
 
 def leave() -> None:
     """The calling thread is about to end: hide it until it has."""
-    leaving[threading.get_ident()] = threading.get_native_id()
+    leaving[get_ident()] = get_native_id()
 
 
 def _still_leaving(stack: ThreadStack) -> bool:
@@ -131,9 +187,9 @@ def thread_stacks(exclude: Set[int]) -> List[ThreadStack]:
     for ident, native_id in list(leaving.items()):
         if not os.path.exists(f"/proc/self/task/{native_id}"):
             leaving.pop(ident, None)
-    frames = sys._current_frames()
+    frames = current_frames()
     threads = known_threads()
-    main_ident = thread_fields(threading.main_thread()).get("_ident")
+    main_ident = main_thread_ident()
     order = {ident: position for position, ident in enumerate(threads)}
     stacks = [
         ThreadStack(ident, threads.get(ident, {}), frame, ident == main_ident)
@@ -175,7 +231,7 @@ def frame_locals_json(frame: FrameType, render: Callable[[Any], str]) -> str:
         shown[str(name)] = render(value)
     if len(items) > MAX_LOCALS_PER_FRAME:
         shown["..."] = f"{len(items) - MAX_LOCALS_PER_FRAME} more locals"
-    return json.dumps(shown)
+    return json_dumps(shown)
 
 
 def backtrace_rows(

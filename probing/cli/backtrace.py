@@ -6,7 +6,7 @@ command from the options cli/spec.py declares.
 
 from __future__ import annotations
 
-from ..engine.backtrace import OUTSIDE_LOOK_S, read_stacks_of_ranks, read_tree
+from ..engine.backtrace import read_stacks_of_ranks, read_tree, stacks_deadline
 from ..errors import ExitCode, UsageError
 from .render.backtrace import write_tree
 
@@ -47,7 +47,7 @@ def backtrace(
         job, chosen = invocation.job(ranks)
         gathered = read_stacks_of_ranks(
             chosen, invocation.rank_target, locals, thread, timeout,
-            timeout + invocation.attach_timeout + OUTSIDE_LOOK_S, native,
+            stacks_deadline(timeout, invocation.attach_timeout), native,
         )  # fmt: skip
         write_job_stacks(job, gathered, format)
         return gathered.exit_code()

@@ -103,7 +103,11 @@ BACKTRACE_OPTIONS = (
         flag=True,
         default=False,
     ),
-    timeout(3.0, "seconds to wait for the agent's answer; then the stacks are read from outside (py-spy)"),
+    timeout(
+        3.0,
+        "seconds to wait for the agent's answer; then the stacks are read from outside (py-spy), "
+        "which gets as long again (at least 3 s)",
+    ),
     RANKS,
 )
 

@@ -7,6 +7,11 @@ agent cannot answer until that thread lets go, so waiting on would only waste th
 look itself becomes the answer. Otherwise the agent gets the rest of the timeout. py-spy runs
 only when the agent is late or the job is stuck, so a healthy job is never read from outside.
 
+How a command's --timeout T is split (docs/decisions.md, "What --timeout covers"): attaching
+gets at most min(--attach-timeout, T); the agent gets T from its request, and the look from
+outside made within it gets what is left of T; a read from outside gets T of its own. Every
+read from outside gets at least pyspy.OUTSIDE_FLOOR_S, and says which deadline passed.
+
 Standard library only at import time (the fast path of `probing PID backtrace`).
 """
 
@@ -61,11 +66,11 @@ def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, tar
     try:
         client.send(method, params)
         if not _answered_or_stuck(client, target, min(early_look, timeout)):
-            holder = target.gil_holder()
+            holder = target.gil_holder(deadline - time.monotonic())
             if holder is not None:
                 raise Fallback(holder)
             if not client.answered(deadline - time.monotonic()):
-                raise Fallback(f"the agent did not answer within {timeout:g} s")
+                raise Fallback(f"the agent did not answer within {timeout:.3g} s")
         return client.receive(method, max(1.0, deadline - time.monotonic()))
     except (AgentTimeout, AgentUnreachable) as error:
         raise Fallback(error.message, isinstance(error, AgentUnreachable)) from None
@@ -123,8 +128,11 @@ def _only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]
     return chosen
 
 
-def from_outside(target: Target, native: bool, thread: Optional[str], why: Optional[str]) -> Stacks:
-    """The stacks read with py-spy; `why` the agent did not give them (None: not asked)."""
+def from_outside(
+    target: Target, native: bool, thread: Optional[str], why: Optional[str], timeout: float
+) -> Stacks:
+    """The stacks read with py-spy within `timeout` (the command's --timeout: the read gets
+    pyspy.outside_budget of it); `why` the agent did not give them (None: not asked)."""
     from ..client.discovery import python_version_of
     from ..outside.pyspy import OutsideView, gil_holder, look, rows_from_dump
 
@@ -134,11 +142,11 @@ def from_outside(target: Target, native: bool, thread: Optional[str], why: Optio
         if threads is not None:
             view = OutsideView(rows_from_dump(pid, threads), gil_holder(threads), threads)
         else:
-            view = look(pid, native=native)
+            view = look(pid, native, timeout)
     except ProbingError as error:
         if why is None:
             raise
-        raise AgentTimeout(f"{why}; {error.message}") from None
+        raise AgentTimeout(f"{why}; {error.message}", hint=error.hint or "") from None
     rows = _only_thread(view.rows, thread) if thread else view.rows
     outside = {each.get("os_thread_id"): each for each in view.threads}
     info = {
@@ -161,7 +169,7 @@ def read_stacks(
             raise UsageError(f"--native reads the process from outside: {REMOTE_HINT}")
         if target.pid is None:
             raise UsageError("--native reads the process from outside: give its PID, not a socket")
-        return from_outside(target, True, thread, None)
+        return from_outside(target, True, thread, None, timeout)
     try:
         return _from_agent(target, {"locals": locals, "thread": thread}, timeout)
     except NoAgent:
@@ -175,11 +183,16 @@ def read_stacks(
         if target.pid is None:
             raise ProbingError(fallback.why) from None
         why = fallback.why
-    return from_outside(target, False, thread, why)
+    return from_outside(target, False, thread, why, timeout)
 
 
-# What reading a process's stacks from outside (py-spy) may take, when its agent cannot answer.
-OUTSIDE_LOOK_S = 3.0
+def stacks_deadline(timeout: float, attach_timeout: float) -> float:
+    """The longest `read_stacks` with this --timeout takes: attaching, the agent's share (with
+    the look from outside that decides whether to wait on, given at least the floor), then a
+    read from outside (the module's docstring)."""
+    from ..outside.pyspy import OUTSIDE_FLOOR_S, outside_budget
+
+    return attach_timeout + max(timeout, EARLY_LOOK_S + OUTSIDE_FLOOR_S) + outside_budget(timeout)
 
 
 def read_stacks_of_ranks(

@@ -159,7 +159,8 @@ def sample_stacks(
     if outside:
         if target.remote:
             raise ProbingError(f"--outside reads this machine's processes; {REMOTE_HINT}") from None
-        return sample_with_pyspy(target.require_pid("--outside"), duration, rate, "asked for with --outside")
+        pid = target.require_pid("--outside")
+        return sample_with_pyspy(pid, duration, rate, "asked for with --outside", timeout)
     try:
         return _sample_from_agent(target, duration, rate, timeout)
     except NoAgent:
@@ -177,7 +178,7 @@ def sample_stacks(
     pid = target.require_pid("sampling from outside")
     if not process_alive(pid):
         raise ProcessNotFound(f"PID {pid} exited while its stacks were sampled ({why})", hint="")
-    return sample_with_pyspy(pid, duration, rate, why)
+    return sample_with_pyspy(pid, duration, rate, why, timeout)
 
 
 # "thread (TID): NAME" as py-spy's raw format (with --threads) begins each stack.
@@ -216,10 +217,12 @@ def parse_pyspy_raw(text: str) -> List[Tuple[Tuple[str, ...], float]]:
     return list(stacks.items())
 
 
-def sample_with_pyspy(pid: int, duration: float, rate: float, why: str) -> Flame:
-    """`py-spy record` of every thread (idle ones too, as the agent counts them), parsed."""
+def sample_with_pyspy(pid: int, duration: float, rate: float, why: str, timeout: float) -> Flame:
+    """`py-spy record` of every thread (idle ones too, as the agent counts them), parsed. py-spy
+    gets the sampling's seconds and then a read from outside's share of --timeout (`timeout`) to
+    start, stop and write (engine/backtrace.py: how --timeout is split)."""
     from ..outside import spawn
-    from ..outside.pyspy import py_spy
+    from ..outside.pyspy import OutsideTimeout, outside_budget, py_spy
     from ..procfs import command_line
 
     binary = py_spy()
@@ -234,10 +237,12 @@ def sample_with_pyspy(pid: int, duration: float, rate: float, why: str) -> Flame
                    str(max(1, round(rate))), "--format", "raw", "--nonblocking", "--threads", "--idle",
                    "-o", path]  # fmt: skip
         started = time.monotonic()
+        budget = outside_budget(timeout)
         try:
-            status, _, stderr = spawn.run(command, seconds + REPLY_SLACK_S)
+            status, _, stderr = spawn.run(command, seconds + budget)
         except spawn.TimedOut:
-            raise ProbingError(f"{why}; py-spy did not finish sampling PID {pid} in time") from None
+            what = f"{why}; py-spy did not finish sampling PID {pid}"
+            raise OutsideTimeout(what, budget, f" after its {seconds} s of sampling") from None
         except spawn.TooMuchOutput as too_much:
             raise ProbingError(
                 f"py-spy printed more than {too_much.cap >> 20} MB on its {too_much.stream}"

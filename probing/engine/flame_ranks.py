@@ -8,20 +8,19 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
+from ..outside.pyspy import outside_budget
 from .fanout import Gathered, gather
 from .flame import PING_TIMEOUT_S, REPLY_SLACK_S, Flame
 from .job import Rank
 from .target import Target
 
-# Beyond the ranks' own timeouts: py-spy's start when a rank is read from outside.
-OUTSIDE_SLACK_S = 5.0
-
 
 def sampling_deadline(duration: float, timeout: float, attach_timeout: float) -> float:
     """How long the slowest rank may take: attach, the early look, the window and the agent's
-    reply, then (an agent that stopped answering while it sampled) the window again from outside."""
+    reply, then (an agent that stopped answering while it sampled) the window again from outside,
+    with what py-spy gets beyond it (flame.sample_with_pyspy)."""
     agent = attach_timeout + PING_TIMEOUT_S + duration + timeout + REPLY_SLACK_S
-    return agent + duration + OUTSIDE_SLACK_S
+    return agent + duration + outside_budget(timeout)
 
 
 def job_flame(

@@ -13,15 +13,15 @@ from typing import Callable, List, NamedTuple, Optional
 
 from ..analysis.glance import glance
 from ..errors import ProbingError
-from .backtrace import read_stacks
+from .backtrace import read_stacks, stacks_deadline
 from .fanout import gather
 from .job import Job, Rank
 from .listing import agent_present
 from .sources import SourceLines
 from .target import Target
 
-# read_stacks answers within its timeout plus this (py-spy's own time after the agent's).
-LOOK_GRACE_S = 4.0
+# Beyond what read_stacks itself may take (backtrace.stacks_deadline; nothing is attached here).
+LOOK_GRACE_S = 1.0
 # What of an agent's reason for not listening is shown (it comes from the job).
 MAX_LISTEN_ERROR_CHARS = 1000
 
@@ -80,7 +80,7 @@ def glance_at_job(
         # Never attach: a look at every rank must not put an agent into a job that has none.
         return _look(target.related(rank.pid, no_attach=True), timeout)
 
-    gathered = gather(chosen, look, timeout + LOOK_GRACE_S)
+    gathered = gather(chosen, look, stacks_deadline(timeout, 0.0) + LOOK_GRACE_S)
     looked = {rank.rank: answer for rank, answer in gathered.answers}
     failed = {missing.rank.rank: missing.error for missing in gathered.missing}
     rows = []

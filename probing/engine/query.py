@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
+from ..outside.pyspy import outside_budget
 from ..protocol import DecodedTable
 from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
 from ..sql.session import SqlSession, referenced_tables
-from .backtrace import OUTSIDE_LOOK_S, ask, from_outside
+from .backtrace import ask, from_outside
 from .fanout import Missing, gather
 from .job import Rank
 from .process_tables import LOCAL_TABLES, local_rows, local_tables_described
@@ -83,7 +84,7 @@ def fetch_tables(
             fell_back = None
         if fell_back is not None:
             described, tables = None, []
-            rows.append(_from_outside(target, wanted, fell_back[0], fell_back[1], notes))
+            rows.append(_from_outside(target, wanted, fell_back[0], fell_back[1], notes, timeout))
     for name in local:
         target.log(f"reading {name} with psutil")
         rows.append((LOCAL_TABLES[name], local_rows(name, pid or 0)))
@@ -111,7 +112,7 @@ def load_tables(
 
 
 def _from_outside(
-    target: Target, wanted: List[str], why: str, unreachable: bool, notes: List[str]
+    target: Target, wanted: List[str], why: str, unreachable: bool, notes: List[str], timeout: float
 ) -> Tuple[Table, List[Any]]:
     """python.backtrace read from outside; other tables cannot be, and the error says why the
     agent did not give them: it went away (exit 1) or stayed silent (7)."""
@@ -127,7 +128,7 @@ def _from_outside(
         raise failure(
             why, hint="only queries over python.backtrace (and process.stats) can be answered from outside"
         )
-    stacks = from_outside(target, False, None, why)
+    stacks = from_outside(target, False, None, why, timeout)
     names = BACKTRACE.column_names()
     rows: List[Any] = [tuple(row[name] for name in names) for row in stacks.rows]
     notes.append(f"{why}; python.backtrace read from outside the process (py-spy)")
@@ -161,7 +162,7 @@ def load_job_tables(
     """The tables `sql` names, fetched from every rank at once and loaded into one session."""
     per_table = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
     tables = max(1, len(referenced_tables(_known_names(), sql)))
-    deadline = attach_timeout + timeout + per_table * tables + OUTSIDE_LOOK_S
+    deadline = attach_timeout + timeout + per_table * tables + outside_budget(timeout)
     gathered = gather(
         ranks, lambda rank: fetch_tables(target_of(rank), sql, timeout, scan_budget, step_wait), deadline
     )

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from ..analysis.collectives import JobVerdict, main_thread
 from ..errors import ProbingError
 from ..sql.session import SqlSession
-from .backtrace import OUTSIDE_LOOK_S, read_stacks_of_ranks
+from .backtrace import read_stacks_of_ranks, stacks_deadline
 from .fanout import Missing
 from .job import Job, Rank
 from .job_hang import watch_job
@@ -168,7 +168,7 @@ def gather_job(
     notes: List[str] = []
     absent: Dict[str, str] = {}
     stacks = read_stacks_of_ranks(chosen, target_of, False, None, timeout,
-                                  timeout + attach_timeout + OUTSIDE_LOOK_S)  # fmt: skip
+                                  stacks_deadline(timeout, attach_timeout))  # fmt: skip
     timings["stacks_s"] = time.monotonic() - started
     if not stacks.answers:
         raise stacks.missing[0].error

@@ -44,8 +44,6 @@ LOOK_FRESH_S = 0.5
 # are looked at, and how many looks in a row finding none running say it is stuck (Stillness).
 STILL_CHECK_S = 0.001
 STILL_CHECKS = 2
-# How long the look from outside (py-spy) that decides whether to wait on may take.
-GIL_LOOK_S = 1.0
 
 
 def quiet(message: str) -> None:
@@ -256,18 +254,20 @@ class Target:
 
     # --- the look from outside, which decides whether to wait on a silent agent ---------------
 
-    def gil_holder(self) -> Optional[str]:
-        """Which thread holds the GIL, read from outside (py-spy); None when none does, when it
-        cannot be read, or when /proc does not show the thread py-spy flags keeping it
-        (pyspy.checked_gil: py-spy flags starting and exited threads too, and passing holders).
-        The look is kept for the answer that follows."""
+    def gil_holder(self, timeout: float = 0.0) -> Optional[str]:
+        """Which thread holds the GIL, read from outside (py-spy) within `timeout` (at least
+        pyspy.OUTSIDE_FLOOR_S); None when none does, when it cannot be read, or when /proc does
+        not show the thread py-spy flags keeping it (pyspy.checked_gil: py-spy flags starting
+        and exited threads too, and passing holders). The look is kept for the answer that
+        follows."""
         from ..outside.pyspy import dump, gil_holder
 
         if self.pid is None:
             return None
         try:
-            threads = dump(self.pid, timeout=GIL_LOOK_S)
-        except ProbingError:
+            threads = dump(self.pid, timeout=timeout)
+        except ProbingError as error:
+            self.log(f"no look from outside: {error.message}")
             return None
         self._look = (time.monotonic(), threads)
         return gil_holder(threads)
