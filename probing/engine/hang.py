@@ -94,7 +94,7 @@ def sample_hang(
     for child, command in descendants(pid):
         commands[child] = command
         try:
-            worker_rows[child] = rows_from_dump(child, dump(child, locals=True))
+            worker_rows[child] = rows_from_dump(child, dump(child, timeout=timeout, locals=True))
         except ProbingError:
             continue
     report = report._replace(worker=stuck_dataloader_worker(worker_rows))

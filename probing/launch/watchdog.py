@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..analysis.collectives import JobVerdict, RankView
 from ..analysis.progress import HangReport, ProgressTracker, take_sample
-from ..engine.backtrace import Stacks, read_stacks
+from ..engine.backtrace import Stacks, read_stacks, stacks_deadline
 from ..engine.fanout import gather
 from ..engine.job import Job, NotAJob, Rank, find_job
 from ..engine.job_hang import collectives_of, judge
@@ -142,7 +142,10 @@ class Watchdog:
         """One sample of every rank; once a rank has been stalled for the timeout, the job's
         verdict over that window decides (collectives completing on every rank forgive it)."""
         now = time.monotonic()
-        gathered = gather(job.ranks, lambda rank: self._stacks(rank.pid), SAMPLE_TIMEOUT_S + 3.0)
+        # The agent's share, then a read from outside if a rank's agent stays silent (no attach).
+        gathered = gather(
+            job.ranks, lambda rank: self._stacks(rank.pid), stacks_deadline(SAMPLE_TIMEOUT_S, 0.0)
+        )
         reports: Dict[int, Tuple[Rank, HangReport]] = {}
         for rank, stacks in gathered.answers:
             tracker = self.rank_trackers.get(rank.pid)
