@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__, protocol
+from ..originals import get_ident
 from ..schema.tables import AGENT_TABLES as TABLES
 from .identity import python_version, working_directory
 from .listener.rank import rank_identity
 from .requests import ErrorKind, RequestError, bool_param, float_param, int_param, str_param, type_name
 from .tables import BUILDERS
+from .threads import errors as thread_errors
 
 if TYPE_CHECKING:
     Reply = Tuple[Dict[str, Any], List[protocol.ByteChunk]]
@@ -69,6 +70,8 @@ def _hello(server: Any, params: Dict[str, Any]) -> Any:
         "listener": _listener_state(server),
         "listen_error": _listen_error(server),
         "rank": rank_identity(),
+        # What the agent's own threads ended with, kept from the job's hooks (threads.py).
+        "thread_errors": list(thread_errors),
     }
 
 
@@ -356,7 +359,7 @@ class Dispatcher:
         waiting on must not run on, a `while True: pass` burning the job's CPU."""
         repl = sys.modules.get(__package__ + ".repl.session")
         if repl is not None:
-            repl.connection_closed(threading.get_ident())
+            repl.connection_closed(get_ident())
 
 
 def reply_buffers(reply: Dict[str, Any], payload: Any) -> List[Any]:

@@ -11,7 +11,7 @@ skipped when it, and what it adds to the answer, would take the whole past COST_
 the window, the first one too (its cost is estimated from the number of threads), and a
 sample that runs past its share is given up half-way (a walk of 1000 deep stacks can take
 100 ms). The answer is built and encoded in
-chunks, letting other threads run between them (time.sleep(0)), so no one step of it holds
+chunks, letting other threads run between them (sleep(0)), so no one step of it holds
 the GIL for long. What can still pass 0.5 %: the switch to this thread each time it wakes (not
 measurable from inside), and an answer that takes more than the share kept for it (many
 distinct deep stacks); the reported share then says so. Only code objects, offsets and
@@ -27,17 +27,15 @@ the client goes away or the agent stops.
 from __future__ import annotations
 
 import bisect
-import json
 import os
-import sys
-import threading
 import time
 from types import CodeType, FrameType
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ..originals import Event, allocate_lock, json_dumps, monotonic, perf_counter, sleep
 from .lifecycle import on_stop
 from .requests import ErrorKind, RequestError
-from .stacks import leaving, thread_names
+from .stacks import current_frames, leaving, thread_names
 
 # The share of wall time the sampler may hold the GIL: half of the 1 % the job may lose.
 COST_SHARE = 0.005
@@ -67,8 +65,8 @@ NAMES_EVERY_S = 1.0
 # How often, at most, the client's socket is polled for a hang-up while sampling.
 CLIENT_CHECK_S = 0.25
 
-_busy = threading.Lock()
-_cancel = threading.Event()
+_busy = allocate_lock()
+_cancel = Event()
 
 # A stack as counted: the thread's name, then (id of code, line) pairs innermost first; a
 # code id of 0 stands for frames cut by MAX_DEPTH.
@@ -83,7 +81,7 @@ def cancel() -> None:
 def _after_fork_in_child() -> None:
     # A child forked mid-sampling has no sampler thread: its lock must not stay taken.
     global _busy, _cancel
-    _busy, _cancel = threading.Lock(), threading.Event()
+    _busy, _cancel = allocate_lock(), Event()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -114,7 +112,7 @@ class Sampling:
     def sample(self, limit_s: float = float("inf")) -> float:
         """Take one sample; the seconds it held the GIL. A sample that has taken `limit_s` is
         abandoned where it is (nothing of it counted): the budget bounds even a 1000-thread walk."""
-        started = time.perf_counter()
+        started = perf_counter()
         if started - self.names_at >= NAMES_EVERY_S:
             self._refresh_names(started)
         # In a function of its own: no reference to a frame (nor to its locals) outlives it.
@@ -122,7 +120,7 @@ class Sampling:
             self.samples += 1
         else:
             self.abandoned += 1
-        spent = time.perf_counter() - started
+        spent = perf_counter() - started
         self.cost_s += spent
         return spent
 
@@ -133,7 +131,7 @@ class Sampling:
         clock = time.perf_counter
         walked: List[Tuple[StackKey, FrameType]] = []
         deep = 0
-        for ident, frame in sys._current_frames().items():
+        for ident, frame in current_frames().items():
             if ident in exclude or ident in leaving:
                 continue
             if len(walked) % 16 == 15 and clock() > deadline:
@@ -180,8 +178,8 @@ class Sampling:
     def result(self, started: float, rate: float, ended: str) -> bytes:
         """The answer, encoded: `frames` [function, file, line] each, `stacks` [count, thread,
         [frame index, ...] root to leaf] each, and the figures, `cost_share` counting the time
-        spent here. `started` is the time.monotonic() the sampling began."""
-        building = time.perf_counter()
+        spent here. `started` is the monotonic() the sampling began."""
+        building = perf_counter()
         frames: List[List[Any]] = []
         index: Dict[Tuple[int, int], int] = {}
         described: Dict[Tuple[Any, ...], int] = {}  # [function, file, line] -> its frame index
@@ -243,8 +241,8 @@ class Sampling:
         for at in range(0, len(stacks), ANSWER_CHUNK * 4):
             building = self._let_others_run(building)
             parts.append((b"," if at else b"") + _dumps(stacks[at : at + ANSWER_CHUNK * 4])[1:-1])
-        self.cost_s += time.perf_counter() - building
-        wall_s = time.monotonic() - started
+        self.cost_s += perf_counter() - building
+        wall_s = monotonic() - started
         figures = {
             "samples": self.samples,
             "duration_s": round(wall_s, 3),
@@ -260,9 +258,9 @@ class Sampling:
 
     def _let_others_run(self, since: float) -> float:
         """Count the time held since `since`, let the job's threads take the GIL; now."""
-        self.cost_s += time.perf_counter() - since
-        time.sleep(0)
-        return time.perf_counter()
+        self.cost_s += perf_counter() - since
+        sleep(0)
+        return perf_counter()
 
 
 def _line_at(code: CodeType, offset: int, lines: Dict[int, Tuple[List[int], List[Tuple[int, int]]]]) -> int:
@@ -307,7 +305,7 @@ def _samples(count: int) -> str:
 def _dumps(value: Any) -> bytes:
     # ASCII: a name with a lone surrogate (a file name of bytes that are not UTF-8) stays
     # valid JSON (\udcxx), and the C encoder's ASCII path is the faster one.
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return json_dumps(value, compact=True).encode("ascii")
 
 
 def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: Callable[[], bool]) -> bytes:
@@ -321,13 +319,13 @@ def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: 
         _cancel.clear()
         on_stop(cancel)  # registering again changes nothing; stop hooks run once, then are forgotten
         sampling = Sampling(exclude)
-        started = time.monotonic()
+        started = monotonic()
         end = started + duration
         checked = started
-        counting = time.perf_counter()
-        sampling.threads = len(sys._current_frames())
+        counting = perf_counter()
+        sampling.threads = len(current_frames())
         smoothed = sampling.threads * FIRST_SAMPLE_S_PER_THREAD
-        sampling.cost_s += time.perf_counter() - counting
+        sampling.cost_s += perf_counter() - counting
         budget = COST_SHARE * duration
         wake = started
         ended = "done"
@@ -342,7 +340,7 @@ def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: 
                 smoothed = spent if taken == 0 else 0.8 * smoothed + 0.2 * spent
             else:
                 sampling.skipped += 1
-            now = time.monotonic()
+            now = monotonic()
             # Kept on a schedule: the wait for the GIL after each wake-up (up to a switch
             # interval, 5 ms, behind a busy thread) is not added to every interval, but a late
             # sample is never followed by a burst of catching up.
@@ -353,10 +351,10 @@ def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: 
                 if client_gone():
                     ended = "client gone"
                     break
-            if _cancel.wait(max(0.0, wake - time.monotonic())):
+            if _cancel.wait(max(0.0, wake - monotonic())):
                 ended = "agent stopping"
                 break
-            if time.monotonic() >= end:
+            if monotonic() >= end:
                 break
         return sampling.result(started, rate, ended)
     finally:

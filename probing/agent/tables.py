@@ -29,6 +29,7 @@ from ..schema.tables import (
 )
 from .columns import TableBuilder
 from .identity import python_version, working_directory
+from .pacing import Pacer, stall_bound
 from .stacks import backtrace_rows, thread_stacks
 
 
@@ -89,8 +90,8 @@ def _build_nan_events(server: Any, params: Dict[str, Any]) -> Any:
 def _build_modules(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .pytorch.state import fill, module_rows
 
-    rows, note = module_rows(server.own_threads, step_wait(params))
-    return _with_notes(fill(new_builder(MODULES), rows), [note] if note else [])
+    rows, notes = module_rows(server.own_threads, step_wait(params))
+    return _with_notes(fill(new_builder(MODULES), rows), notes)
 
 
 def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
@@ -104,15 +105,20 @@ def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
 def _build_optimizers(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .pytorch.state import fill, optimizer_rows
 
-    rows, note = optimizer_rows(server.own_threads, step_wait(params))
-    return _with_notes(fill(new_builder(OPTIMIZERS), rows), [note] if note else [])
+    rows, notes = optimizer_rows(server.own_threads, step_wait(params))
+    return _with_notes(fill(new_builder(OPTIMIZERS), rows), notes)
 
 
 def _build_collectives(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .memory.objects import release
+    from .pacing import Pacer
     from .pytorch.collectives import collective_rows
+    from .pytorch.flight_recorder import FREE_ENTRY_S
 
     rows, notes = collective_rows(server.own_threads)
-    return _with_notes(_filled(new_builder(COLLECTIVES), rows), notes)
+    builder = _with_notes(_filled(new_builder(COLLECTIVES), rows), notes)
+    release(rows, Pacer(), FREE_ENTRY_S)  # up to 10 000 rows: freed in slices
+    return builder
 
 
 def _build_process_groups(server: Any, params: Dict[str, Any]) -> TableBuilder:
@@ -123,7 +129,9 @@ def _build_process_groups(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 
 def _filled(builder: TableBuilder, rows: List[Any]) -> TableBuilder:
+    pacer = Pacer()
     for row in rows:
+        pacer.pause_if_due()
         builder.append(row)
     return builder
 
@@ -152,19 +160,15 @@ def _build_gc(server: Any, params: Dict[str, Any]) -> TableBuilder:
     builder = new_builder(PYTHON_GC)
     for row in census.rows():
         builder.append(row)
-    note = census.note()
-    if note:
-        builder.notes.append(f"python.gc: {note}")
+    builder.notes.extend(f"python.gc: {note}" for note in census.notes())
     return builder
 
 
 def _build_gc_generations(server: Any, params: Dict[str, Any]) -> TableBuilder:
     from .memory.census import generation_rows
 
-    builder = new_builder(GC_GENERATIONS)
-    for row in generation_rows():
-        builder.append(row)
-    return builder
+    rows, notes = generation_rows(stall_bound(scan_budget(params)))
+    return _with_notes(_filled(new_builder(GC_GENERATIONS), rows), notes)
 
 
 def _build_cuda_memory(server: Any, params: Dict[str, Any]) -> TableBuilder:

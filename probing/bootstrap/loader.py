@@ -79,9 +79,17 @@ def _main_thread_ident() -> "int | None":
     the main thread running the job's script. (3.8-3.12 expose nothing more direct; the
     runtime's own `main_thread` field is reachable from Python only from 3.13 on.)
     """
-    frames = sys._current_frames()
+    # gc paused around the read, from C (no bytecode in between), as agent/stacks.py's
+    # current_frames does: up to 3.11 a collection inside it can freeze the process (gh-106883).
+    import gc
+    import operator
+
+    if gc.isenabled():
+        _, frames, _ = map(operator.methodcaller("__call__"), (gc.disable, sys._current_frames, gc.enable))
+    else:
+        frames = sys._current_frames()
     try:
-        return list(frames)[-1]
+        return int(list(frames)[-1])
     except IndexError:
         return None
     finally:

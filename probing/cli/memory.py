@@ -29,7 +29,13 @@ from .spec import RANKS, TEXT_OR_JSON, scan_budget, timeout
     help="Sample process.memory every S seconds from now on (0: stop sampling).",
 )  # fmt: skip
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Rows per list.")
-@apply(scan_budget("Seconds each walk over the live objects may take."), TEXT_OR_JSON, timeout(10.0), RANKS)
+@apply(
+    scan_budget(
+        "Seconds each walk over the live objects may take; a generation of gc's objects is listed only "
+        "if that holds the job's GIL at most S/100 at once (10 ms at least), else said and left out."
+    ),
+    TEXT_OR_JSON, timeout(10.0), RANKS,
+)  # fmt: skip
 @pass_invocation
 def memory_command(
     invocation: Invocation, growth: Optional[float], cuda_snapshot: Optional[str], interval: Optional[float],

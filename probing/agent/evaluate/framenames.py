@@ -27,7 +27,7 @@ from types import CodeType, FrameType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ...originals import get_ident
-from ..stacks import ThreadStack, thread_stacks
+from ..stacks import ThreadStack, current_frames, thread_stacks
 from . import framelocals
 
 _LOADS = {"LOAD_NAME", "LOAD_GLOBAL", "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_CLASSDEREF"}
@@ -215,7 +215,7 @@ class Binding:
     def read(self, name: str) -> Tuple[bool, Any]:
         """(found, value) in the innermost frame of the code in the thread; (False, None) when
         the thread no longer runs it."""
-        frame: Optional[FrameType] = sys._current_frames().get(self.ident)
+        frame: Optional[FrameType] = current_frames().get(self.ident)
         while frame is not None and frame.f_code is not self.code:
             frame = frame.f_back
         if frame is None:

@@ -1,8 +1,9 @@
 """The census of live objects: what gc tracks, by type, with tensors' storage counted once;
 and `probing PID memory`, the census beside what the sampler saw change since it started.
 
-Counting holds the GIL in stretches (gc.get_objects lists a generation in one C call), so every
-walk has a time budget and says when it was cut short.
+Every walk has a time budget and says when it was cut short. It runs in slices that let the
+job's threads run between them (pacing.py); a generation whose listing alone would hold the
+GIL longer than the request may (objects.py) is not counted, and the census says so.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
 from types import FunctionType
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ...originals import perf_counter, wall_time
 from ...procfs import memory_bytes, open_descriptor_count, peak_resident_bytes, thread_count
+from ..pacing import Pacer, stall_bound
 from .cuda import MB, cuda_device_stats, cuda_module, cuda_totals
+from .objects import GENERATIONS, Skipped, estimated_size, list_generation, release
 from .sampler import current
 
 
@@ -41,10 +44,12 @@ class Census:
         self.counts: Dict[type, int] = {}
         self.sizes: Dict[type, int] = {}
         self.cuda: Dict[type, int] = {}  # tensor types only
-        self.generations: List[int] = []
+        self.generations: List[Optional[int]] = []  # None: not listed (skipped)
+        self.skipped: List[Skipped] = []
         self.seen = 0
-        self.total = 0
-        self.cut_short = False
+        self.total = 0  # with the estimated size of a generation not listed
+        self.cut_short = False  # out of time, or a generation skipped
+        self.out_of_time = False
         self.elapsed_s = 0.0
         self.budget_s = 0.0
         self.tensors = 0
@@ -64,18 +69,28 @@ class Census:
         rows.sort(key=lambda row: (-row[2], -row[1], row[0]))
         return rows
 
-    def note(self) -> Optional[str]:
-        if not self.cut_short:
-            return None
-        if self.seen == self.total:
-            return (
+    def notes(self) -> List[str]:
+        """What was not counted, and why: running out of the budget, then each generation left out."""
+        notes = []
+        if self.out_of_time and self.seen == self.total:
+            notes.append(
                 f"the object scan ran out of its {self.budget_s:g} s while summing tensor storage: "
                 "storage sizes are partial; raise --scan-budget to count them all"
             )
-        return (
-            f"the object scan was cut short after {self.budget_s:g} s: {self.seen:,} of {self.total:,} "
-            "objects counted; raise --scan-budget to count them all"
-        )
+        elif self.out_of_time:
+            notes.append(
+                f"the object scan was cut short after {self.budget_s:g} s: {self.seen:,} of {self.total:,} "
+                "objects counted; raise --scan-budget to count them all"
+            )
+        for skipped in self.skipped:
+            notes.append(
+                f"{skipped.describe()}; {self.seen:,} objects of the other generations counted, "
+                f"of about {self.total:,}"
+            )
+        return notes
+
+    def note(self) -> Optional[str]:
+        return "; ".join(self.notes()) or None
 
     def summary(self, top: int) -> Dict[str, Any]:
         return {
@@ -112,6 +127,7 @@ def _torch_types() -> Tuple[Optional[type], Tuple[type, ...]]:
 # tensors' memory again, and any type whose __sizeof__ is Python code (which could take seconds,
 # or allocate, inside the job: pandas' deep memory_usage); not at all: the agent's own objects.
 PLAIN, TENSOR, SHALLOW, OWN = 0, 1, 2, 3
+YOUNG_IDS_MAX = 50_000
 _AGENT_PACKAGE = __package__.rsplit(".", 1)[0] + "."  # probing.agent.: all of the agent, not memory/
 
 
@@ -131,35 +147,59 @@ def _sizing(kind: type, tensor_type: Optional[type], storage_types: Tuple[type, 
     return PLAIN
 
 
-def take_census(budget_s: float) -> Census:
+def take_census(budget_s: float, bound_s: Optional[float] = None) -> Census:
     """Count every object gc tracks by type, until `budget_s` runs out.
 
-    A Python loop, so the job's threads get the GIL every switch interval; listing a generation
-    (gc.get_objects) is one C call that holds it throughout (~30 ms a million objects).
+    A Python loop in slices (pacing.py); a generation is listed (one C call holding the GIL)
+    only where that is estimated to take at most `bound_s` (by default a hundredth of the
+    budget, at least pacing.MAX_STALL_S), else left out and said (objects.py).
     """
     census = Census()
     census.budget_s = budget_s
-    started = time.perf_counter()
+    bound = stall_bound(budget_s) if bound_s is None else bound_s
+    started = perf_counter()
     deadline = started + budget_s
+    pacer = Pacer()
     tensor_type, storage_types = _torch_types()
     # type -> [count, bytes, how it is sized]: one lookup per object; turned into dicts of plain
     # ints at the end, and these lists freed.
     entries: Dict[type, List[int]] = {}
     storage = _StorageReach()
     getsizeof, shallow_size = sys.getsizeof, object.__sizeof__
-    clock = time.perf_counter
-    own = 0
-    for generation in range(3):
-        objects = gc.get_objects(generation)
+    clock = perf_counter
+    own = 0  # the agent's objects, and those counted twice: taken off the totals
+    # The job runs between the listings of two generations, and a collection then may move an
+    # object counted in a younger one into the next: those are known by their ids (the young
+    # generations are small; past YOUNG_IDS_MAX the rare double count is let be).
+    young: Optional[Set[int]] = set() if estimated_size(0) + estimated_size(1) <= YOUNG_IDS_MAX else None
+    for generation in range(GENERATIONS):
+        objects, skipped = list_generation(generation, bound)
+        if objects is None:
+            census.generations.append(None)
+            if skipped is not None:
+                census.skipped.append(skipped)
+                census.total += skipped.objects
+            census.cut_short = True
+            continue
         census.generations.append(len(objects))
         census.total += len(objects)
-        if census.cut_short:
+        pacer.pause()
+        if census.out_of_time:
+            release(objects, pacer)
             continue
         for index, obj in enumerate(objects):
-            if not index & 4095 and clock() > deadline:
-                census.cut_short = True
-                census.seen += index
-                break
+            if not index & 255:
+                if clock() > deadline:
+                    census.cut_short = census.out_of_time = True
+                    census.seen += index
+                    break
+                pacer.pause_if_due()
+            if young is not None:
+                if generation < GENERATIONS - 1:
+                    young.add(id(obj))
+                elif id(obj) in young:  # promoted while the job ran between two listings
+                    own += 1
+                    continue
             kind = type(obj)
             entry = entries.get(kind)
             if entry is None:
@@ -177,7 +217,8 @@ def take_census(budget_s: float) -> Census:
                 storage.add(obj)
         else:
             census.seen += len(objects)
-        del objects
+        obj = None
+        release(objects, pacer)
     census.total -= own
     census.seen -= own
     for kind, entry in entries.items():
@@ -187,7 +228,7 @@ def take_census(budget_s: float) -> Census:
     census.seen = min(census.seen, census.total)
     census.tensors = storage.tensors
     storage.settle(census)
-    census.elapsed_s = time.perf_counter() - started
+    census.elapsed_s = perf_counter() - started
     return census
 
 
@@ -247,20 +288,31 @@ class _StorageReach:
             census.cuda.setdefault(kind, 0)
 
 
-def generation_rows() -> List[Tuple[int, int, int, int, int, int, int, bool]]:
-    """(generation, objects, threshold, pending, collections, collected, uncollectable, enabled)."""
+def generation_rows(bound_s: float) -> Tuple[List[Tuple[Any, ...]], List[str]]:
+    """(generation, objects, threshold, pending, collections, collected, uncollectable, enabled)
+    per generation, objects NULL where counting them would hold the GIL past `bound_s`; notes."""
     counts, thresholds, stats = gc.get_count(), gc.get_threshold(), gc.get_stats()
     enabled = gc.isenabled()
+    pacer = Pacer()
     rows = []
-    for generation in range(min(3, len(stats))):
+    notes = []
+    for generation in range(min(GENERATIONS, len(stats))):
         stat = stats[generation]
+        objects, skipped = list_generation(generation, bound_s)
+        size = None
+        if objects is not None:
+            size = len(objects)
+            release(objects, pacer)
+        elif skipped is not None:
+            notes.append(f"python.gc_generations: objects left NULL: {skipped.describe()}")
+        pacer.pause()
         rows.append((
-            generation, len(gc.get_objects(generation)),
+            generation, size,
             thresholds[generation] if generation < len(thresholds) else 0,
             counts[generation] if generation < len(counts) else 0,
             stat.get("collections", 0), stat.get("collected", 0), stat.get("uncollectable", 0), enabled,
         ))  # fmt: skip
-    return rows
+    return rows, notes
 
 
 def _mb(value: Optional[float]) -> Optional[float]:
@@ -298,7 +350,7 @@ def summary(budget_s: float, top: int) -> Dict[str, Any]:
     census = take_census(budget_s)
     rss, vms = memory_bytes()
     allocated, reserved = cuda_totals()
-    now = time.time()
+    now = wall_time()
     sampler = current()
     first = sampler.first if sampler is not None else None
     growth = None
@@ -309,7 +361,7 @@ def summary(budget_s: float, top: int) -> Dict[str, Any]:
             "rss_mb": _difference(_mb(rss), first[1]),
             "vms_mb": _difference(_mb(vms), first[2]),
             "num_threads": _difference(thread_count(), first[4]),
-            "gc_objects": _difference(census.total, first[6]),
+            "gc_objects": None if census.skipped else _difference(census.total, first[6]),
             "cuda_allocated_mb": _difference(allocated, first[7]),
             "cuda_reserved_mb": _difference(reserved, first[8]),
         }
@@ -327,5 +379,10 @@ def summary(budget_s: float, top: int) -> Dict[str, Any]:
         "sampler": sampler.status() if sampler is not None else None,
         "gc": gc_summary,
         "torch": _torch_summary(census),
-        "notes": [note for note in [census.note()] if note],
+        "notes": census.notes()
+        + (
+            [f"process.memory: gc_objects left NULL in the latest rows: {sampler.gc_left_out}"]
+            if sampler is not None and sampler.gc_left_out
+            else []
+        ),
     }

@@ -9,11 +9,10 @@ measured and reported with the answer.
 from __future__ import annotations
 
 import os
-import threading
-import time
 import tracemalloc
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...originals import Event, allocate_lock, monotonic, perf_counter, thread_time
 from ...procfs import memory_bytes
 from ..lifecycle import WORK, on_stop
 from ..requests import ErrorKind, RequestError
@@ -26,8 +25,8 @@ CUDA_COUNTERS = (
     "num_alloc_retries", "num_ooms",
 )  # fmt: skip
 
-_busy = threading.Lock()
-_cancel = threading.Event()
+_busy = allocate_lock()
+_cancel = Event()
 _tracing_for_window = False  # tracemalloc is on because a window started it
 # probing/agent: what the agent allocates is not the job's growth (this file is in agent/memory/).
 _AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +43,7 @@ def _after_fork_in_child() -> None:
     global _busy, _cancel, _tracing_for_window
     if _tracing_for_window:
         tracemalloc.stop()
-    _busy, _cancel, _tracing_for_window = threading.Lock(), threading.Event(), False
+    _busy, _cancel, _tracing_for_window = allocate_lock(), Event(), False
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -54,10 +53,10 @@ def _allocation_cost() -> float:
     """Seconds per small allocation here and now (best of three runs)."""
     best = float("inf")
     for _ in range(3):
-        started = time.perf_counter()
+        started = perf_counter()
         for _ in range(5000):
             [None]  # noqa: B018 - the allocation is the point
-        best = min(best, time.perf_counter() - started)
+        best = min(best, perf_counter() - started)
     return best / 5000
 
 
@@ -129,9 +128,9 @@ def _cuda_counters() -> Dict[int, Dict[str, int]]:
 
 def _wait(seconds: float, client_gone: Any) -> bool:
     """Wait out the window; False when it ended early (client gone, agent stopping)."""
-    deadline = time.monotonic() + seconds
+    deadline = monotonic() + seconds
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - monotonic()
         if remaining <= 0:
             return True
         if _cancel.wait(min(0.25, remaining)) or client_gone():
@@ -151,7 +150,7 @@ def watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[s
 
 
 def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
-    cpu_started = time.thread_time()
+    cpu_started = thread_time()
     rss_before, _ = memory_bytes()
     cuda_before = _cuda_counters()
     # Whatever the agent allocates while it watches is not the job's growth.
@@ -172,9 +171,9 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
             tracemalloc.start(FRAMES)
             traced = _allocation_cost()
         before = tracemalloc.take_snapshot()
-        window_started = time.monotonic()
+        window_started = monotonic()
         completed = _wait(seconds, client_gone)
-        watched = time.monotonic() - window_started
+        watched = monotonic() - window_started
         after = tracemalloc.take_snapshot()
         traced_mb = tracemalloc.get_tracemalloc_memory() / MB
         frames = tracemalloc.get_traceback_limit()
@@ -220,6 +219,6 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
             "allocation_us": None if bare is None else bare * 1e6,
             "traced_allocation_us": None if traced is None else traced * 1e6,
             "tracemalloc_mb": traced_mb,
-            "agent_cpu_s": time.thread_time() - cpu_started,
+            "agent_cpu_s": thread_time() - cpu_started,
         },
     }

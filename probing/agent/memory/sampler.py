@@ -4,29 +4,37 @@ The value of process.memory is the history from *before* someone noticed the job
 has to be recording already. One sample reads /proc/self/statm and /proc/self/stat (tens of
 microseconds); counting the objects gc tracks is the expensive part (30 ms for a million
 objects, holding the GIL), so it is done only as often as keeps it under GC_COUNT_SHARE of the
-time, and the rows in between have NULL there.
+time, and the rows in between have NULL there. A count lists one generation at a time, and only
+a generation whose listing is estimated to hold the GIL at most pacing.MAX_STALL_S
+(objects.py): a job that has outgrown that gets NULL, and `memory` says why (its sampler's
+`gc_count_left_out`), rather than a stall every so often.
 """
 
 from __future__ import annotations
 
-import gc
 import math
 import os
-import threading
-import time
 from typing import Any, Dict, Optional, Set, Tuple
 
+from ...originals import (
+    Event,
+    allocate_lock,
+    get_ident,
+    monotonic,
+    process_time,
+    thread_time,
+    wall_time,
+)
 from ...procfs import memory_and_threads, open_descriptor_count, process_start_time
 from ..lifecycle import WORK, on_fork_in_child, on_stop
+from ..pacing import MAX_STALL_S, Pacer
 from ..threads import AgentThread
 from .cuda import MB, cuda_totals
+from .objects import count_objects
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_HISTORY_S = 24 * 3600.0
 GC_COUNT_SHARE = 0.0003  # counting gc objects may take 0.03% of the time
-# One count holds the GIL throughout; past this the sampler stops counting (gc_objects NULL) rather
-# than stall every thread of a job with tens of millions of objects that long.
-GC_COUNT_MAX_S = 0.2
 MIN_INTERVAL_S = 0.1
 MAX_RING_ROWS = 1_000_000
 SAMPLER_THREAD_NAME = "probing-memory"
@@ -47,11 +55,6 @@ def _seconds_from_environment(name: str, default: float) -> float:
     return value if value == 0 else max(value, MIN_INTERVAL_S)
 
 
-def count_gc_objects() -> int:
-    # One list per generation is half the cost of gc.get_objects() over all of them at once.
-    return sum(len(gc.get_objects(generation)) for generation in range(3))
-
-
 class Sampler:
     """process.memory: one row every `interval` seconds into a ring of `history` seconds."""
 
@@ -65,20 +68,20 @@ class Sampler:
         self.cpu_s = 0.0  # CPU time the sampler itself used
         self.gc_every = 1
         self.gc_cost_s = 0.0
-        self.gc_counting = True
+        self.gc_left_out: Optional[str] = None  # why the last count was not taken
         self.error: Optional[str] = None
-        self.started_at = time.time()
+        self.started_at = wall_time()
         self._until_gc_count = 0
-        self._wake = threading.Event()
+        self._wake = Event()
         self._stopping = False
         start = process_start_time()
-        elapsed = time.time() - start if start is not None else 0.0
+        elapsed = wall_time() - start if start is not None else 0.0
         # The first sample's cpu_percent is the average since the process started.
-        self._previous = (time.monotonic() - elapsed, 0.0)
-        self.thread = AgentThread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
+        self._previous = (monotonic() - elapsed, 0.0)
+        self.thread = AgentThread(target=self._run, name=SAMPLER_THREAD_NAME)
 
     def _run(self) -> None:
-        ident = threading.get_ident()
+        ident = get_ident()
         self.own_threads.add(ident)
         try:
             self._loop()
@@ -94,32 +97,31 @@ class Sampler:
 
             rows = min(MAX_RING_ROWS, max(1, int(math.ceil(self.history / self.interval))))
             self.ring = Ring(PROCESS_MEMORY.name, PROCESS_MEMORY.column_types(), rows)
-        next_at = time.monotonic()
+        next_at = monotonic()
         while not self._stopping:
-            started = time.thread_time()
+            started = thread_time()
             try:
                 self.sample()
             except Exception as error:  # noqa: BLE001 - never let sampling die silently
                 self.error = f"{type(error).__name__}: {error}"
-            self.cpu_s += time.thread_time() - started
-            next_at = max(next_at + self.interval, time.monotonic())
-            self._wake.wait(max(0.0, next_at - time.monotonic()))
+            self.cpu_s += thread_time() - started
+            next_at = max(next_at + self.interval, monotonic())
+            self._wake.wait(max(0.0, next_at - monotonic()))
             self._wake.clear()
 
-    def reading(self, count_objects: bool) -> Tuple[Any, ...]:
+    def reading(self, count_gc: bool) -> Tuple[Any, ...]:
         """One row of process.memory, read now."""
-        now, monotonic, cpu = time.time(), time.monotonic(), time.process_time()
+        now, clock, cpu = wall_time(), monotonic(), process_time()
         rss, vms, threads = memory_and_threads()
         previous_wall, previous_cpu = self._previous
         cpu_percent = (
-            100.0 * (cpu - previous_cpu) / (monotonic - previous_wall) if monotonic > previous_wall else None
+            100.0 * (cpu - previous_cpu) / (clock - previous_wall) if clock > previous_wall else None
         )
-        self._previous = (monotonic, cpu)
+        self._previous = (clock, cpu)
         objects = None
-        if count_objects:
-            started = time.perf_counter()
-            objects = count_gc_objects()
-            self.gc_cost_s = time.perf_counter() - started
+        if count_gc:
+            objects, skipped, self.gc_cost_s = count_objects(MAX_STALL_S, Pacer())
+            self.gc_left_out = "; ".join(why.describe() for why in skipped) or None
         allocated, reserved = cuda_totals()
         return (
             now, None if rss is None else rss / MB, None if vms is None else vms / MB, cpu_percent,
@@ -127,10 +129,8 @@ class Sampler:
         )  # fmt: skip
 
     def sample(self) -> None:
-        count = self.gc_counting and self._until_gc_count <= 0
+        count = self._until_gc_count <= 0
         row = self.reading(count)
-        if count and self.gc_cost_s > GC_COUNT_MAX_S:
-            self.gc_counting = False
         if count:
             self.gc_every = max(1, int(math.ceil(self.gc_cost_s / (GC_COUNT_SHARE * self.interval))))
             self._until_gc_count = self.gc_every
@@ -153,7 +153,7 @@ class Sampler:
         return not self._stopping and self.thread.is_alive()
 
     def status(self) -> Dict[str, Any]:
-        alive = time.time() - self.started_at
+        alive = wall_time() - self.started_at
         return {
             "running": self.running(),
             "interval_s": self.interval,
@@ -161,8 +161,9 @@ class Sampler:
             "samples": self.samples,
             "rows": len(self.ring) if self.ring is not None else 0,
             "since": self.first[0] if self.first is not None else None,
-            "gc_count_every": self.gc_every if self.gc_counting else None,
+            "gc_count_every": self.gc_every,
             "gc_count_s": self.gc_cost_s,
+            "gc_count_left_out": self.gc_left_out,
             "cpu_s": self.cpu_s,
             "cpu_share": self.cpu_s / alive if alive > 0 else 0.0,
             "error": self.error,
@@ -170,7 +171,7 @@ class Sampler:
 
 
 _sampler: Optional[Sampler] = None
-_lock = threading.Lock()
+_lock = allocate_lock()
 
 
 def current() -> Optional[Sampler]:
@@ -217,7 +218,7 @@ def stop_sampling() -> None:
 def forget_after_fork() -> None:
     # The child of a fork has no sampler thread: a DataLoader worker must not inherit one.
     global _sampler, _lock
-    _sampler, _lock = None, threading.Lock()
+    _sampler, _lock = None, allocate_lock()
 
 
 on_fork_in_child(forget_after_fork)

@@ -19,9 +19,9 @@ inside the job's backward pass.
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ...originals import perf_counter
 from .clock import StepClock, Traced
 from .nonfinite import NanChecks, NonFiniteError, describe_tensor, nonfinite
 

@@ -24,14 +24,12 @@ import collections
 import functools
 import inspect
 import itertools
-import sys
-import threading
-import time
 from types import FrameType
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from ...originals import allocate_lock, get_ident, local, wall_time
 from ..lifecycle import JOB_HOOKS, on_fork_in_child, on_stop
-from ..stacks import thread_names
+from ..stacks import current_frames, thread_names
 
 # Calls kept; the oldest go first.
 RING_ROWS = 2000
@@ -167,7 +165,7 @@ class CollectiveRecorder:
         self.last: Dict[str, List[Optional[int]]] = {}
         self.on = False
         self.record_ids = itertools.count()  # next() is atomic: job threads record at once
-        self.nesting = threading.local()
+        self.nesting = local()
         self.originals: Dict[str, Callable[..., Any]] = {}
         self.wrappers: Dict[str, Callable[..., Any]] = {}
         self.codes: Dict[Any, str] = {}  # code object of an original -> op
@@ -193,7 +191,7 @@ class CollectiveRecorder:
             for namespace in self.namespaces:
                 if getattr(namespace, op, None) is original:
                     setattr(namespace, op, wrapper)
-        self.started_at = time.time()
+        self.started_at = wall_time()
         self.on = True
 
     def remove(self) -> int:
@@ -241,7 +239,7 @@ class CollectiveRecorder:
     def begin(self, op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any], inputs: List[Argument],
               outputs: List[Argument], group: Argument) -> Optional[Call]:  # fmt: skip
         try:
-            call = Call(op, next(self.record_ids), time.time())
+            call = Call(op, next(self.record_ids), wall_time())
             process_group = group_of(self.c10d, group.value(args, kwargs))
             call.pg_id, call.pg_desc, call.seq = describe_group(self.c10d, process_group)
             call.backend = backend_of(process_group)
@@ -249,7 +247,7 @@ class CollectiveRecorder:
                 note_tensors(argument.value(args, kwargs), call.inputs)
             for argument in outputs:
                 note_tensors(argument.value(args, kwargs), call.outputs)
-            call.thread_ident = threading.get_ident()  # named when read: cheaper than here
+            call.thread_ident = get_ident()  # named when read: cheaper than here
             self.calls.append(call)
             self.open_by_thread[call.thread_ident] = call
             # The group's progress counts collectives; point-to-point calls have their own order.
@@ -282,7 +280,7 @@ class CollectiveRecorder:
         try:
             self.open_by_thread.pop(call.thread_ident, None)
             call.state = state
-            call.completed = time.time()
+            call.completed = wall_time()
             if state == "completed" and call.pg_id is not None and call.seq is not None and not call.is_p2p:
                 last = self.last.setdefault(call.pg_id, [None, None])
                 if last[1] is None or call.seq > last[1]:
@@ -304,7 +302,7 @@ class CollectiveRecorder:
         """Calls into a collective function that threads are in now and no wrapper saw begin
         (they began before the recording): found by their frames, read like the wrappers read."""
         found = []
-        for ident, innermost in sys._current_frames().items():
+        for ident, innermost in current_frames().items():
             if ident in own_threads or ident in self.open_by_thread:
                 continue
             frame: Optional[FrameType] = innermost
@@ -339,7 +337,7 @@ class CollectiveRecorder:
             return None
 
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 _recorder: Optional[CollectiveRecorder] = None
 
 
@@ -370,4 +368,4 @@ def stop() -> None:
 
 def _forget_lock_after_fork() -> None:
     global _lock
-    _lock = threading.Lock()
+    _lock = allocate_lock()

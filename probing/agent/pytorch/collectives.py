@@ -2,10 +2,10 @@
 PyTorch Flight Recorder, or from the agent's light record where the job has none.
 
 The Flight Recorder (torch 2.13 records gloo as well as NCCL, in a ring of 2000 entries by
-default, TORCH_FR_BUFFER_SIZE) is read with `_dump_fr_trace`, which copies the entries' metadata
-under the recorder's own mutex: safe from the agent's thread, no tensor touched. Its pickle is
-made by torch in this process and loaded here, by an unpickler that admits no class; the CLI
-never sees it, only the rows. The JSON dump holds the same, at six times the cost. Both hold a
+default, TORCH_FR_BUFFER_SIZE) is read by flight_recorder.py: torch's dump copies the entries'
+metadata under the recorder's own mutex (safe from the agent's thread, no tensor touched), made
+outside the GIL where it can be, and read one entry at a time. It is made by torch in this
+process and read here; the CLI never sees it, only the rows. It holds a
 broken pg_config in 2.13 with gloo (every group under the key '', name and description empty),
 so the groups (ranks, description, backend) come from torch.distributed's own registry
 (`distributed_c10d._world`); FR's pg_status gives each group's progress.
@@ -18,25 +18,21 @@ are empty, with a note.
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import pickle
 import sys
-import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
+from ...originals import allocate_lock, json_dumps, monotonic, wall_time
 from ..lifecycle import on_fork_in_child, on_stop
-from . import collective_recorder
+from ..memory.objects import release
+from ..pacing import Pacer
+from . import collective_recorder, flight_recorder
 from .collective_recorder import Call
+from .flight_recorder import FREE_ENTRY_S, IS_P2P, PG_ID, SEQ, STATE, Entry, sequence, text
 
 # Rows of python.collectives at most: the newest are kept, and the query says so.
 MAX_ROWS = 10000
-# The Flight Recorder's dump functions, newest name first; the pickled ones first: they cost a
-# sixth of the JSON ones (2000 entries: 50 ms and 3.6 ms to load, against 120 ms and 230 ms,
-# all of it holding the GIL, on a loaded 2-core machine).
-DUMP_FUNCTIONS = ("_dump_fr_trace", "_dump_nccl_trace", "_dump_fr_trace_json", "_dump_nccl_trace_json")
 NOT_DISTRIBUTED = "{table} is empty: this process has not initialised torch.distributed"
 
 Rows = List[Tuple[Any, ...]]
@@ -79,15 +75,19 @@ def flight_recorder_dump(with_entries: bool = True) -> Optional[Dict[str, Any]]:
     Without entries it holds only the groups' progress, and costs nothing to speak of.
 
     A dump made less than DUMP_FRESH_S ago is reused, and callers arriving during one wait for
-    it: a dump of a full ring holds the job's GIL for 15-90 ms (2000 entries, on a loaded 2-core
-    machine), and a fan-out may ask for both tables at once."""
+    it: a dump of a full ring takes 30-65 ms (2000 entries, on a loaded 2-core machine; outside
+    the GIL where flight_recorder.py can, else holding it), and a fan-out may ask for both tables
+    at once."""
     global _last_dump
     with _dump_lock:
-        if _last_dump is not None and time.monotonic() - _last_dump[0] < DUMP_FRESH_S:
+        if _last_dump is not None and monotonic() - _last_dump[0] < DUMP_FRESH_S:
             if _last_dump[1] or not with_entries:
                 return _last_dump[2]
+        previous, _last_dump = _last_dump, None
+        if previous is not None and previous[2] is not None:  # a ring of entries: freed in slices
+            release(previous[2].get("entries") or [], Pacer(), FREE_ENTRY_S)
         found = None if _switched_off() else _read_flight_recorder(with_entries)
-        _last_dump = (time.monotonic(), with_entries, found)
+        _last_dump = (monotonic(), with_entries, found)
         on_stop(_forget)  # registering again changes nothing
         on_fork_in_child(_new_lock_after_fork)
         return found
@@ -101,7 +101,7 @@ def _forget() -> None:
 
 def _new_lock_after_fork() -> None:
     global _dump_lock
-    _dump_lock = threading.Lock()
+    _dump_lock = allocate_lock()
 
 
 DUMP_FRESH_S = 0.5
@@ -113,38 +113,18 @@ COMPILED = (
     "{table}: the job's torch has no Flight Recorder on, and probing does not record torch.distributed's "
     "calls itself in a job that uses torch.compile (its wrappers would change what Dynamo compiles)"
 )
-_dump_lock = threading.Lock()
+_dump_lock = allocate_lock()
 _last_dump: Optional[Tuple[float, bool, Optional[Dict[str, Any]]]] = None
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """The dump is dicts, lists, strings and numbers: no class may be named in it."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"a Flight Recorder dump names {module}.{name}")
 
 
 def _read_flight_recorder(with_entries: bool) -> Optional[Dict[str, Any]]:
     torch = sys.modules.get("torch")
     bindings = getattr(getattr(torch, "_C", None), "_distributed_c10d", None)
-    for name in DUMP_FUNCTIONS:
-        dump = getattr(bindings, name, None)
-        if dump is None:
-            continue
-        try:
-            if name.endswith("_json"):
-                found = json.loads(dump(includeCollectives=with_entries, onlyActive=False))
-            else:  # made by torch in this process; read here, never by the CLI
-                raw = dump(includeCollectives=with_entries, includeStackTraces=False, onlyActive=False)
-                found = _PlainUnpickler(io.BytesIO(raw)).load()
-        except Exception:  # noqa: BLE001 - an older signature, or no recorder built in
-            continue
-        # Switched off, the recorder dumps no entries and knows no group (not even pg_config,
-        # which a live recorder fills as groups are made, before their first collective).
-        if isinstance(found, dict) and (
-            found.get("entries") or found.get("pg_status") or found.get("pg_config")
-        ):
-            return found
+    found = flight_recorder.read(bindings, with_entries)
+    # Switched off, the recorder dumps no entries and knows no group (not even pg_config,
+    # which a live recorder fills as groups are made, before their first collective).
+    if found is not None and (found.get("entries") or found.get("pg_status") or found.get("pg_config")):
+        return found
     return None
 
 
@@ -169,11 +149,11 @@ def known_groups(c10d: Any) -> Dict[str, Group]:
         mapping = group_ranks.get(group)
         ranks = None
         if isinstance(mapping, dict):
-            ranks = json.dumps([rank for rank, _ in sorted(mapping.items(), key=lambda pair: pair[1])])
+            ranks = json_dumps([rank for rank, _ in sorted(mapping.items(), key=lambda pair: pair[1])])
         backend = backends.get(group)
         groups[str(name)] = Group(
-            str(name), _text(getattr(group, "group_desc", None)), ranks, _number(group.size),
-            _text(backend[0]) if isinstance(backend, tuple) and backend else None,
+            str(name), text(getattr(group, "group_desc", None)), ranks, _number(group.size),
+            text(backend[0]) if isinstance(backend, tuple) and backend else None,
             _number(getattr(group, "_get_sequence_number_for_group", None)),
         )  # fmt: skip
     return groups
@@ -186,35 +166,6 @@ def _number(read: Any) -> Optional[int]:
         return None
 
 
-def _text(value: Any) -> Optional[str]:
-    return None if value is None else str(value)
-
-
-def _seconds(nanoseconds: Any) -> Optional[float]:
-    return nanoseconds / 1e9 if isinstance(nanoseconds, (int, float)) and nanoseconds > 0 else None
-
-
-def _sequence(value: Any) -> Optional[int]:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number >= 0 else None
-
-
-def _state(entry: Dict[str, Any]) -> str:
-    """gloo leaves `state` at 'scheduled' for good and marks the end with `retired`."""
-    if (
-        entry.get("retired")
-        or entry.get("state") == "completed"
-        or _seconds(entry.get("time_discovered_completed_ns"))
-    ):
-        return "completed"
-    if entry.get("state") == "started" or _seconds(entry.get("time_discovered_started_ns")):
-        return "started"
-    return str(entry.get("state") or "scheduled")
-
-
 def _waited(created: Optional[float], completed: Optional[float], state: str, now: float) -> Optional[float]:
     if created is None:
         return None
@@ -223,7 +174,7 @@ def _waited(created: Optional[float], completed: Optional[float], state: str, no
     return None if state in ("completed", "failed") else now - created
 
 
-def _cut(rows: Rows, notes: List[str]) -> Rows:
+def _cut(rows: List[Any], notes: List[str]) -> List[Any]:
     if len(rows) > MAX_ROWS:
         notes.append(f"python.collectives: the newest {MAX_ROWS} of {len(rows)} collectives are listed")
         return rows[-MAX_ROWS:]
@@ -238,7 +189,8 @@ def collective_rows(own_threads: Any) -> Tuple[Rows, List[str]]:
     groups = known_groups(job.c10d)
     notes: List[str] = []
     if dump is not None:
-        return _cut(_flight_recorder_rows(job.rank, dump, groups), notes), notes
+        entries = [entry for entry in dump.get("entries") or () if entry is not None]
+        return _flight_recorder_rows(job.rank, _cut(entries, notes), groups), notes
     if COMPILER in sys.modules:
         return [], [COMPILED.format(table="python.collectives")]
     recorder = collective_recorder.recorder(job.c10d, job.module)
@@ -247,37 +199,28 @@ def collective_rows(own_threads: Any) -> Tuple[Rows, List[str]]:
     return _cut(_recorded_rows(job.rank, calls, groups), notes), notes
 
 
-def _flight_recorder_rows(rank: Optional[int], dump: Dict[str, Any], groups: Dict[str, Group]) -> Rows:
-    now = time.time()
+def _flight_recorder_rows(rank: Optional[int], entries: List[Entry], groups: Dict[str, Group]) -> Rows:
+    now = wall_time()
     rows = []
-    for entry in dump.get("entries") or ():
-        process_group = entry.get("process_group") or (entry.get("pg_id"), None)
-        pg_id = _text(process_group[0])
+    pacer = Pacer()
+    for entry in entries:
+        pacer.pause_if_due()
+        (pg_id, pg_desc, seq, p2p_seq, is_p2p, op, backend, profiling_name, input_sizes, input_dtypes,
+         output_sizes, output_dtypes, state, created, started, completed, timeout_s, record_id,
+         thread_name) = entry  # fmt: skip
         group = groups.get(pg_id or "")
-        profiling_name = _text(entry.get("profiling_name")) or ""
-        backend, _, op = profiling_name.rpartition(":")
-        state = _state(entry)
-        created = _seconds(entry.get("time_created_ns"))
-        completed = _seconds(entry.get("time_discovered_completed_ns"))
-        timeout_ms = entry.get("timeout_ms")
         rows.append((
-            rank, pg_id, _text(process_group[1]) if len(process_group) > 1 else None,
-            group.ranks if group else None,
-            _sequence(entry.get("collective_seq_id")), _sequence(entry.get("p2p_seq_id")),
-            bool(entry.get("is_p2p")), op or None, backend or (group.backend if group else None),
-            profiling_name or None,
-            entry.get("input_sizes"), entry.get("input_dtypes"),
-            entry.get("output_sizes"), entry.get("output_dtypes"),
-            state, created, _seconds(entry.get("time_discovered_started_ns")), completed,
-            _waited(created, completed, state, now),
-            timeout_ms / 1000.0 if isinstance(timeout_ms, (int, float)) else None,
-            _sequence(entry.get("record_id")), _text(entry.get("thread_name")), "flight_recorder",
+            rank, pg_id, pg_desc, group.ranks if group else None, seq, p2p_seq, is_p2p, op,
+            backend or (group.backend if group else None), profiling_name,
+            input_sizes, input_dtypes, output_sizes, output_dtypes,
+            state, created, started, completed, _waited(created, completed, state, now), timeout_s,
+            record_id, thread_name, "flight_recorder",
         ))  # fmt: skip
     return rows
 
 
 def _recorded_rows(rank: Optional[int], calls: List[Call], groups: Dict[str, Group]) -> Rows:
-    now = time.time()
+    now = wall_time()
     rows = []
     for call in calls:
         group = groups.get(call.pg_id or "")
@@ -296,7 +239,7 @@ def _recorded_rows(rank: Optional[int], calls: List[Call], groups: Dict[str, Gro
 
 
 def _recording_note(table: str, recorder: collective_recorder.CollectiveRecorder) -> str:
-    since = time.strftime("%H:%M:%S UTC", time.gmtime(recorder.started_at or time.time()))
+    since = time.strftime("%H:%M:%S UTC", time.gmtime(recorder.started_at or wall_time()))
     return (
         f"{table}: the job's torch has no Flight Recorder on (TORCH_FR_BUFFER_SIZE=0?); "
         f"probing records torch.distributed's calls itself since {since}"
@@ -316,9 +259,9 @@ def process_group_rows() -> Tuple[Rows, List[str]]:
         for pg_id, status in (dump.get("pg_status") or {}).items():
             if isinstance(status, dict):
                 progress[str(pg_id)] = [
-                    _sequence(status.get("last_enqueued_collective")),
-                    _sequence(status.get("last_started_collective")),
-                    _sequence(status.get("last_completed_collective")),
+                    sequence(status.get("last_enqueued_collective")),
+                    sequence(status.get("last_started_collective")),
+                    sequence(status.get("last_completed_collective")),
                 ]
         lagging = {
             pg_id: last for pg_id, last in progress.items()
@@ -361,13 +304,9 @@ def _raise_to_completed_entries(progress: Dict[str, List[Optional[int]]], entrie
     may finish a later collective first), so it never says more than is known."""
     completed: Dict[str, Set[int]] = {}
     for entry in entries:
-        if not isinstance(entry, dict):
+        if entry is None or entry[SEQ] is None or entry[IS_P2P] or entry[STATE] != "completed":
             continue
-        seq = _sequence(entry.get("collective_seq_id"))
-        if seq is None or entry.get("is_p2p") or _state(entry) != "completed":
-            continue
-        pg_id = _text((entry.get("process_group") or (entry.get("pg_id"),))[0])
-        completed.setdefault(pg_id or "", set()).add(seq)
+        completed.setdefault(entry[PG_ID] or "", set()).add(entry[SEQ])
     for pg_id, last in progress.items():
         done = completed.get(pg_id, set())
         highest = last[2] or 0
@@ -380,4 +319,4 @@ def _raise_to_completed_entries(progress: Dict[str, List[Optional[int]]], entrie
 
 def _group_order(pg_id: str) -> Tuple[int, str]:
     """Numbered groups in their order ("2" before "10"), then named ones."""
-    return (int(pg_id), "") if pg_id.isdigit() else (sys.maxsize, pg_id)
+    return (int(pg_id), "") if pg_id.isdecimal() else (sys.maxsize, pg_id)

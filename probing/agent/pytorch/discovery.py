@@ -7,6 +7,10 @@ they may not).
 A job's models are its top-level modules: every live nn.Module, found by gc, that is no other
 found module's child. Each is named after the variable that holds it, looked up in `__main__`
 and in the frames of the job's threads, outermost first.
+
+gc's objects are listed one generation at a time, each only where its listing would hold the
+GIL no longer than a request may (memory/objects.py); where one is left out, instances are also
+looked for in what the job's variables reach (`reachable_instances`), and the caller says so.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ from __future__ import annotations
 import gc
 import itertools
 import sys
-import threading
-import time
 import weakref
-from types import FrameType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from types import CodeType, FrameType, FunctionType, ModuleType
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+from ...originals import allocate_lock, monotonic
+from ..memory.objects import GENERATIONS, Skipped, list_generation, release
+from ..pacing import MAX_STALL_S, Pacer
+from ..stacks import current_frames
 
 
 class NoTorch(Exception):
@@ -38,7 +45,7 @@ def _namespaces(own_threads: Any) -> Iterator[Dict[str, Any]]:
     main = sys.modules.get("__main__")
     if main is not None:
         yield vars(main)
-    for ident, innermost in sys._current_frames().items():
+    for ident, innermost in current_frames().items():
         if ident in own_threads:
             continue
         frames = []
@@ -89,54 +96,152 @@ def names_of(objects: Sequence[Any], own_threads: Any = ()) -> Dict[int, str]:
     return names
 
 
-def instances_of(cls: type) -> List[Any]:
+class Found(NamedTuple):
+    """What a search for instances found, and the generations of gc it could not list."""
+
+    items: List[Any]
+    skipped: List[Skipped]
+    walk_cut: bool = False  # the walk from the job's variables stopped at WALK_MAX_OBJECTS
+
+    def note(self, table: str, what: str) -> Optional[str]:
+        if not self.skipped:
+            return None
+        walked = f"the first {WALK_MAX_OBJECTS:,} objects of " if self.walk_cut else ""
+        return (
+            f"{table}: {what} looked for in gc's younger generations and in {walked}what the job's "
+            f"variables reach ({WALK_DEPTH} references deep) only: "
+            + "; ".join(why.describe() for why in self.skipped)
+        )
+
+
+def instances_of(cls: type, own_threads: Any = (), bound_s: float = MAX_STALL_S) -> Found:
     """Live objects of a class, by gc. Compared by type, not isinstance: isinstance reads
     `__class__`, which some lazy module proxies answer with a warning on the job's stderr."""
-    return [item for item in gc.get_objects() if issubclass(type(item), cls)]
+    found: List[Any] = []
+    skipped: List[Skipped] = []
+    pacer = Pacer()
+    for generation in range(GENERATIONS):
+        objects, why = list_generation(generation, bound_s)
+        if objects is None:
+            if why is not None:
+                skipped.append(why)
+            continue
+        pacer.pause()
+        for index, item in enumerate(objects):
+            if not index & 255:
+                pacer.pause_if_due()
+            if issubclass(type(item), cls):
+                found.append(item)
+        item = None
+        release(objects, pacer)
+    walk_cut = False
+    if skipped:
+        known = {id(item) for item in found}
+        reached, walk_cut = reachable_instances(cls, own_threads, pacer)
+        found.extend(item for item in reached if id(item) not in known)
+    return Found(found, skipped, walk_cut)
 
 
-def find_roots(torch: Any, own_threads: Any = (), fresh_s: float = 0.0) -> List[Tuple[str, Any]]:
-    """The job's top-level modules, named: every live nn.Module that is no other's child.
+# How far the walk from the job's variables goes: `trainer.model` is three references from
+# `trainer` (its values, or its __dict__, then the model), a list of models two.
+WALK_DEPTH = 4
+# Objects the walk looks at, at most, and the longest container it looks into (asking a
+# container for its references is one C call as long as the container).
+WALK_MAX_OBJECTS = 200_000
+WALK_MAX_CONTAINER = 10_000
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+# Not looked into: what leads to everything (modules, classes, functions and their globals).
+_NOT_WALKED = (type, ModuleType, FunctionType, CodeType, FrameType)
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
+def reachable_instances(cls: type, own_threads: Any, pacer: Pacer) -> Tuple[List[Any], bool]:
+    """Instances of `cls` that the job's variables (`__main__` and its threads' frames) reach in
+    at most WALK_DEPTH references, found with gc.get_referents (no code of the job runs); an
+    instance is not looked into. And whether the walk stopped at WALK_MAX_OBJECTS."""
+    found: List[Any] = []
+    seen = set()
+    level: List[Any] = []
+    for namespace in _namespaces(own_threads):
+        try:
+            level.extend(list(namespace.values()))
+        except Exception:  # noqa: BLE001 - a frame's locals that cannot be read
+            continue
+    looked = 0
+    for _ in range(WALK_DEPTH + 1):
+        following: List[Any] = []
+        for item in level:
+            looked += 1
+            if not looked & 255:
+                pacer.pause_if_due()
+            if id(item) in seen or looked > WALK_MAX_OBJECTS:
+                continue
+            seen.add(id(item))
+            kind = type(item)
+            if issubclass(kind, cls):
+                found.append(item)
+            elif issubclass(kind, _NOT_WALKED) or not gc.is_tracked(item):
+                continue
+            elif issubclass(kind, _CONTAINERS):
+                # The builtin's own len: a subclass's __len__ is the job's code.
+                base = next(base for base in _CONTAINERS if issubclass(kind, base))
+                if base.__len__(item) <= WALK_MAX_CONTAINER:
+                    following.extend(gc.get_referents(item))
+            elif kind.__flags__ & _HEAP_TYPE and not kind.__itemsize__:
+                # An instance of a class statement's class: its references are its attributes.
+                following.extend(gc.get_referents(item))
+        level = following
+    return found, looked > WALK_MAX_OBJECTS
+
+
+def find_roots(torch: Any, own_threads: Any = (), fresh_s: float = 0.0) -> Found:
+    """The job's top-level modules, named, as (name, module): every live nn.Module that is no
+    other's child.
 
     With `fresh_s`, a walk made less than that long ago is reused, and callers arriving during
     a walk wait for it: the walk over every object gc tracks is most of a model-table query
-    (75 ms on a job of 290 000 objects, holding the GIL in stretches), and four clients
-    querying at once made four of them, the job's steps stalled meanwhile.
+    (75 ms on a job of 290 000 objects, in slices), and four clients querying at once made four
+    of them.
     """
     global _roots_seen
     if not fresh_s:
         return _walk_roots(torch, own_threads)
     with _roots_lock:
         seen = _roots_seen
-        if seen is not None and time.monotonic() - seen[0] < fresh_s:
+        if seen is not None and monotonic() - seen[0] < fresh_s:
             roots = [(name, ref()) for name, ref in seen[1]]
             if all(module is not None for _, module in roots):
-                return roots
-        roots = _walk_roots(torch, own_threads)
-        _roots_seen = (time.monotonic(), [(name, weakref.ref(module)) for name, module in roots])
-        return roots
+                return Found(roots, *seen[2])
+        found = _walk_roots(torch, own_threads)
+        refs: List[Tuple[str, Callable[[], Any]]] = [
+            (name, weakref.ref(module)) for name, module in found.items
+        ]
+        _roots_seen = (monotonic(), refs, (found.skipped, found.walk_cut))
+        return found
 
 
-_roots_lock = threading.Lock()
-_roots_seen: Optional[Tuple[float, List[Tuple[str, Callable[[], Any]]]]] = None
+_roots_lock = allocate_lock()
+_roots_seen: Optional[Tuple[float, List[Tuple[str, Callable[[], Any]]], Tuple[List[Skipped], bool]]] = None
 
 
-def _walk_roots(torch: Any, own_threads: Any) -> List[Tuple[str, Any]]:
+def _walk_roots(torch: Any, own_threads: Any) -> Found:
     module_type = torch.nn.Module
-    found = instances_of(module_type)
+    found = instances_of(module_type, own_threads)
+    pacer = Pacer()
     children = set()
-    for module in found:
+    for module in found.items:
+        pacer.pause_if_due()
         for child in module.children():
             children.add(id(child))
-    roots = [module for module in found if id(module) not in children]
+    roots = [module for module in found.items if id(module) not in children]
     names = names_of(roots, own_threads)
     named = sorted(((names[id(module)], module) for module in roots), key=lambda pair: pair[0])
-    return named
+    return Found(named, found.skipped, found.walk_cut)
 
 
-def find_optimizers(torch: Any) -> List[Any]:
+def find_optimizers(torch: Any, own_threads: Any = ()) -> Found:
     optimizer_type = torch.optim.Optimizer
-    return instances_of(optimizer_type)
+    return instances_of(optimizer_type, own_threads)
 
 
 def device_of(module: Any) -> Optional[str]:

@@ -15,11 +15,10 @@ no step is iterating them (`safepoint.in_forward`).
 from __future__ import annotations
 
 import fnmatch
-import threading
 import weakref
-from time import perf_counter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ...originals import get_ident, perf_counter
 from .backward import BackwardWalk
 from .clock import StepClock, Traced
 from .discovery import device_of, find_optimizers, find_roots, names_of, optimizer_on_cuda
@@ -50,6 +49,7 @@ class Hooks:
         self.global_handles: List[Any] = []
         self.discovery_handle: Any = None
         self.discovered: weakref.WeakSet[Any] = weakref.WeakSet()  # modules under a known root
+        self.discovery_note: Optional[str] = None
 
     # --- installing and removing (agent thread, under the lock) ---------------------------------
 
@@ -63,11 +63,15 @@ class Hooks:
     def install(self) -> None:
         """Hook every wanted module of every top-level module, and the optimizers' steps."""
         torch = self.torch
-        for optimizer in find_optimizers(torch):
+        optimizers = find_optimizers(torch, self.own_threads)
+        for optimizer in optimizers.items:
             self.name_optimizer(optimizer)
         self.clock.check_rank()
-        for name, root in find_roots(torch, self.own_threads):
+        roots = find_roots(torch, self.own_threads)
+        for name, root in roots.items:
             self.add_root(name, root)
+        # Said by `trace status`: models a bounded search may have missed.
+        self.discovery_note = roots.note("trace", "models and optimizers")
         # Steps are counted once the modules are hooked, so that the first steps are whole.
         if not self.global_handles:
             from torch.optim.optimizer import (
@@ -86,7 +90,7 @@ class Hooks:
 
     def edit_step_hooks(self, change: Callable[[], None]) -> None:
         """Add or remove global optimizer hooks where no step is iterating them (safepoint.py)."""
-        if threading.get_ident() in self.own_threads:
+        if get_ident() in self.own_threads:
             in_forward(self.torch, change, STEP_HOOKS_WAIT_S)
         else:  # the job's own thread (PROBING_TORCH_TRACE at import): it is not in a step
             change()

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from typing import Any, List, Optional, Sequence, Tuple
 
+from ...originals import wall_time
 from ..ring import Ring
 from .clock import StepClock, Traced, columns
 
@@ -105,7 +105,7 @@ class NanChecks:
             self.events += 1
             ring.append((step, seq, ring.code(traced.name), ring.code(traced.type_name),
                          self.stage_codes[stage], ring.code(tensor), nans, infs, inputs_finite,
-                         self.clock.rank, time.time()))  # fmt: skip
+                         self.clock.rank, wall_time()))  # fmt: skip
             stop = self.stop
             self.stop = False
             if stop:

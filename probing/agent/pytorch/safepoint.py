@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from types import FrameType
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
+from ...originals import Event, allocate_lock
 from ..lifecycle import JOB_HOOKS, on_stop
-from ..stacks import thread_names
+from ..stacks import current_frames, thread_names
 
 Result = TypeVar("Result")
 
@@ -61,7 +61,7 @@ class _Work:
         self.state = "pending"  # -> running -> done, or pending -> cancelled
         self.result: Any = None
         self.error: Optional[BaseException] = None
-        self.done = threading.Event()
+        self.done = Event()
 
 
 class _StepGate:
@@ -69,7 +69,7 @@ class _StepGate:
     returns at once unless work is pending (one truthiness test per step)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = allocate_lock()
         self.pending: List[_Work] = []
         self.handle: Any = None
         self.installing = False
@@ -107,9 +107,9 @@ def in_forward(torch: Any, change: Callable[[], None], wait_s: float) -> bool:
     if register is None:
         change()
         return False
-    lock = threading.Lock()
+    lock = allocate_lock()
     ran: List[bool] = []
-    done = threading.Event()
+    done = Event()
     handle: List[Any] = []
 
     def once() -> bool:
@@ -188,7 +188,7 @@ def busy_thread(own_threads: Any) -> Optional[str]:
     """'MainThread in torch/autograd/graph.py:_engine_run_backward' for the first thread of the
     job that is inside autograd, an optimizer or gradient clipping; None when none is."""
     names = thread_names()
-    for ident, innermost in sys._current_frames().items():
+    for ident, innermost in current_frames().items():
         if ident in own_threads:
             continue
         frame: Optional[FrameType] = innermost
@@ -248,7 +248,7 @@ def stop(wait_s: float = 0.5) -> None:
 def _forget_after_fork() -> None:
     # A DataLoader worker forked mid-request: its copy of the lock may be held, and the work
     # it would run belongs to the parent's waiting thread.
-    _gate.lock = threading.Lock()
+    _gate.lock = allocate_lock()
     _gate.pending = []
     _gate.installing = False
 

@@ -9,14 +9,23 @@ torch in the job the tables are empty.
 
 from __future__ import annotations
 
-import gc
 import math
 import weakref
-from time import perf_counter
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from ...originals import perf_counter
 from ..columns import TableBuilder
-from .discovery import NoTorch, find_optimizers, find_roots, names_of, require_torch
+from ..memory.objects import GENERATIONS, Skipped, list_generation, release
+from ..pacing import Pacer, stall_bound
+from .discovery import (
+    Found,
+    NoTorch,
+    find_optimizers,
+    find_roots,
+    names_of,
+    reachable_instances,
+    require_torch,
+)
 from .safepoint import read_safely
 from .tracer import current
 
@@ -44,15 +53,18 @@ def _note(table: str, columns: str, why: str) -> str:
     )
 
 
-def module_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, ...]], Optional[str]]:
+def module_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, ...]], List[str]]:
     torch = _torch_or_none()
     if torch is None:
-        return [], None
+        return [], []
     tracer = current()
     rows = []
     modules_parameters = []
-    for root_name, root in find_roots(torch, own_threads, ROOTS_FRESH_S):
+    roots = find_roots(torch, own_threads, ROOTS_FRESH_S)
+    pacer = Pacer()
+    for root_name, root in roots.items:
         for name, module in root.named_modules(prefix=root_name):
+            pacer.pause_if_due()
             own = list(module.parameters(recurse=False))
             modules_parameters.append(own)
             params = trainable = 0
@@ -72,18 +84,18 @@ def module_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, .
                 bool(module.training), None, None,
                 tracer is not None and tracer.is_hooked(module),
             ])  # fmt: skip
-    note = None
+    notes = [note for note in [roots.note("python.modules", "models")] if note]
     if rows:
         norms, why = read_safely(
             torch, own_threads, lambda: _grad_norms(torch, modules_parameters), step_wait_s
         )
         if norms is None:
-            note = _note("python.modules", "grad_norm and has_nonfinite_grad", str(why))
+            notes.append(_note("python.modules", "grad_norm and has_nonfinite_grad", str(why)))
         else:
             for row, norm in zip(rows, norms):
                 row[9] = norm
                 row[10] = (not math.isfinite(norm)) if norm is not None else None
-    return [tuple(row) for row in rows], note
+    return [tuple(row) for row in rows], notes
 
 
 def _grad_norms(torch: Any, parameters_per_module: List[List[Any]]) -> List[Optional[float]]:
@@ -142,32 +154,61 @@ def tensor_rows(
         ])  # fmt: skip
 
     parameters: List[Tuple[str, Any]] = []
-    for root_name, root in find_roots(torch, own_threads, ROOTS_FRESH_S):
+    pacer = Pacer()
+    roots = find_roots(torch, own_threads, ROOTS_FRESH_S)
+    for root_name, root in roots.items:
         for name, parameter in root.named_parameters(prefix=root_name):
+            pacer.pause_if_due()
             add(parameter, name, "parameter")
             parameters.append((name, parameter))
         for name, buffer in root.named_buffers(prefix=root_name):
             add(buffer, name, "buffer")
-    looked = total = 0
-    notes = []
+    notes = [note for note in [roots.note("python.tensors", "models")] if note]
     tensor_type = torch.Tensor
-    objects = gc.get_objects()
-    total = len(objects)
-    for looked, item in enumerate(objects, 1):
-        if issubclass(type(item), tensor_type) and id(item) not in seen:
+
+    def add_unnamed(item: Any) -> None:
+        if id(item) not in seen:
             add(item, None, "tensor")
             try:
                 found_rows[len(rows) - 1] = weakref.ref(item)
             except TypeError:  # a tensor subclass without weak references: no grad_fn for it
                 pass
-        if looked % 4096 == 0 and perf_counter() - started > budget_s:
+
+    looked = total = 0
+    skipped: List[Skipped] = []
+    out_of_time = False
+    for generation in range(GENERATIONS):
+        objects, left_out = list_generation(generation, stall_bound(budget_s))
+        if objects is None:
+            if left_out is not None:
+                skipped.append(left_out)
+            continue
+        total += len(objects)
+        pacer.pause()
+        for index, item in enumerate(objects):
+            if not index & 255:
+                pacer.pause_if_due()
+                if perf_counter() - started > budget_s:
+                    out_of_time = True
+                    break
+            looked += 1
+            if issubclass(type(item), tensor_type):
+                add_unnamed(item)
+        item = None
+        release(objects, pacer)  # no reference to the job's objects outlives the scan
+        if out_of_time:
             notes.append(
                 f"python.tensors: stopped after {budget_s:g} s with {looked} of {total} objects looked at; "
                 "the tensors listed are a part of them (raise it with `query --scan-budget S`)"
             )
             break
-    del objects  # no reference to the job's objects outlives the scan
-    item = None
+    if skipped and not out_of_time:
+        reached, walk_cut = reachable_instances(tensor_type, own_threads, pacer)
+        for item in reached:
+            add_unnamed(item)
+        item = None
+        del reached  # no reference to the job's objects outlives the scan
+        notes.append(Found([], skipped, walk_cut).note("python.tensors", "other tensors") or "")
 
     def autograd_state() -> Tuple[List[Tuple[str, Any]], List[Tuple[int, Optional[str]]]]:
         grads = [(name + ".grad", parameter.grad) for name, parameter in parameters]
@@ -190,13 +231,15 @@ def tensor_rows(
     return [tuple(row) for row in rows], notes
 
 
-def optimizer_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, ...]], Optional[str]]:
+def optimizer_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, ...]], List[str]]:
     torch = _torch_or_none()
     if torch is None:
-        return [], None
-    optimizers = find_optimizers(torch)
+        return [], []
+    found = find_optimizers(torch, own_threads)
+    optimizers = found.items
+    notes = [note for note in [found.note("python.optimizers", "optimizers")] if note]
     if not optimizers:
-        return [], None
+        return [], notes
     tracer = current()
     names = names_of(optimizers, own_threads)
     for optimizer in optimizers:
@@ -208,11 +251,9 @@ def optimizer_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any
         torch, own_threads, lambda: _optimizer_rows(optimizers, names, _number), step_wait_s
     )
     if rows is not None:
-        return rows, None
-    return (
-        _optimizer_rows(optimizers, names, _plain_number),
-        _note("python.optimizers", "values held in tensors (lr, betas, steps)", str(why)),
-    )
+        return rows, notes
+    notes.append(_note("python.optimizers", "values held in tensors (lr, betas, steps)", str(why)))
+    return _optimizer_rows(optimizers, names, _plain_number), notes
 
 
 def _optimizer_rows(
