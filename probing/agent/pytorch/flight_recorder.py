@@ -151,4 +151,3 @@ if _PythonUnpickler is not None:
             _PythonUnpickler.load_setitems(self)
 
         dispatch[pickle.SETITEMS[0]] = load_setitems
-
