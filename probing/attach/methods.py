@@ -267,12 +267,12 @@ class PyrasiteMethod:
         _refuse_broken_gdb("pyrasite", log)  # pyrasite drives gdb
         with tempfile.TemporaryDirectory() as scratch:
             # pyrasite execs a file in __main__'s namespace: hand it one that runs attach.py
-            # in a namespace of its own.
+            # in a namespace of its own, on the job's thread that gdb stopped (which goes on).
             payload = Path(scratch) / "probing_payload.py"
             script = str(ATTACH_SCRIPT)
             payload.write_text(
                 f"exec(compile(open({script!r}).read(), {script!r}, 'exec'), "
-                f"{{'__name__': '__probing_attach__', '__file__': {script!r}}})\n"
+                f"{{'__name__': '__probing_attach__', '__file__': {script!r}, '_PROBING_ON_A_JOB_THREAD': True}})\n"
             )
             os.chmod(scratch, 0o755)
             code = "import pyrasite, sys; pyrasite.inject(int(sys.argv[1]), sys.argv[2], verbose=True)"

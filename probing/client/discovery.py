@@ -8,14 +8,13 @@ backtrace`: stdlib only and cheap to import.
 from __future__ import annotations
 
 import os
-from typing import List
 
 from ..errors import NoAgent, NotPython, PermissionDenied, ProcessNotFound
 from ..procfs import effective_uid, environ_value, namespace_pid, process_alive, python_version
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Optional
+    from typing import Callable, List, Optional
 
     Log = Callable[[str], None]
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import collections
 import os
 import stat
-from typing import FrozenSet, NamedTuple, Tuple
 
 from ..procfs import file_credentials
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional
+    from typing import Dict, FrozenSet, List, Optional, Tuple
+
+    FileIdentity = Tuple[int, int]  # (st_dev, st_ino)
 
 
 # A bigger "source file" shows no lines (the native front end reads the same rule from here).
@@ -28,11 +29,24 @@ MAX_SOURCE_BYTES = 64 << 20
 _MAX_LINKS = 40
 
 
-class Reader(NamedTuple):
-    """Whose permissions the job's files are read with: its user and groups."""
+class Reader:
+    """Whose permissions the job's files are read with: its user and groups. (A plain class: a
+    NamedTuple would import typing on the way of every backtrace.)"""
 
-    uid: int
-    gids: FrozenSet[int]
+    __slots__ = ("uid", "gids")
+
+    def __init__(self, uid: int, gids: FrozenSet[int]) -> None:
+        self.uid = uid
+        self.gids = gids
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reader) and (self.uid, self.gids) == (other.uid, other.gids)
+
+    def __hash__(self) -> int:
+        return hash((self.uid, self.gids))
+
+    def __repr__(self) -> str:
+        return f"Reader(uid={self.uid}, gids={sorted(self.gids)})"
 
 
 # Nobody in particular: a file and its directories readable by anyone, or no line.
@@ -89,9 +103,6 @@ class SourceLines:
             if data is not None:
                 return data.decode("utf-8", "replace").splitlines()
         return []
-
-
-FileIdentity = Tuple[int, int]  # (st_dev, st_ino)
 
 
 def candidate_paths(

@@ -4,12 +4,14 @@ it fall back (two worker threads each store the number of the one they finished;
 wins), and never past one still running."""
 
 from probing.agent.pytorch.collectives import _raise_to_completed_entries
+from probing.agent.pytorch.flight_recorder import compact
 
 
 def entry(seq, pg="0", retired=True, p2p=False):
-    """An entry as torch 2.13's `_dump_fr_trace` gives it for gloo (its state stays 'scheduled')."""
-    return {"collective_seq_id": seq, "p2p_seq_id": 0, "is_p2p": p2p, "state": "scheduled",
-            "retired": retired, "process_group": (pg, "default_pg")}  # fmt: skip
+    """An entry as torch 2.13's `_dump_fr_trace` gives it for gloo (its state stays 'scheduled'),
+    made the flat tuple the agent keeps of it."""
+    return compact({"collective_seq_id": seq, "p2p_seq_id": 0, "is_p2p": p2p, "state": "scheduled",
+                    "retired": retired, "process_group": (pg, "default_pg")})  # fmt: skip
 
 
 def test_a_count_left_behind_is_raised_over_the_entries_completed_after_it():
@@ -51,5 +53,7 @@ def test_no_entry_completed_leaves_an_unknown_count_unknown():
 
 def test_entries_that_are_not_what_torch_gives_are_passed_over():
     progress = {"0": [3, None, 1]}
-    _raise_to_completed_entries(progress, [None, "x", {"collective_seq_id": "n"}, entry(2)])
+    _raise_to_completed_entries(
+        progress, [compact(None), compact("x"), compact({"collective_seq_id": "n"}), entry(2)]
+    )
     assert progress == {"0": [3, None, 2]}
