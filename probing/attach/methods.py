@@ -272,7 +272,8 @@ class PyrasiteMethod:
             script = str(ATTACH_SCRIPT)
             payload.write_text(
                 f"exec(compile(open({script!r}).read(), {script!r}, 'exec'), "
-                f"{{'__name__': '__probing_attach__', '__file__': {script!r}, '_PROBING_ON_A_JOB_THREAD': True}})\n"
+                f"{{'__name__': '__probing_attach__', '__file__': {script!r}, "
+                f"'_PROBING_ON_A_JOB_THREAD': True}})\n"
             )
             os.chmod(scratch, 0o755)
             code = "import pyrasite, sys; pyrasite.inject(int(sys.argv[1]), sys.argv[2], verbose=True)"
