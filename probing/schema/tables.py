@@ -113,8 +113,8 @@ PROCESS_MEMORY = Table(
             "gc_objects",
             "BIGINT",
             "objects tracked by gc; counted only as often as keeps counting under 0.03% of the time "
-            "(every sample for small jobs), NULL in the samples between; never when one count would hold "
-            "the GIL over 200 ms",
+            "(every sample for small jobs), NULL in the samples between; NULL throughout when one count "
+            "would hold the GIL over 10 ms (a job that imported torch usually has too many objects)",
         ),
         Column("cuda_allocated_mb", "DOUBLE", "MB allocated by torch on all CUDA devices; NULL without CUDA"),
         Column("cuda_reserved_mb", "DOUBLE", "MB held by torch's CUDA caching allocator; NULL without CUDA"),

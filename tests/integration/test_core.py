@@ -97,6 +97,9 @@ def test_a_kernel_core_shows_the_python_frame_that_crashed(python: str, tmp_path
     main = text.stdout.split('"MainThread"')[1].split("\nThread ")[0]
     assert main.index("in train") < main.index("in read_null") < main.index("in string_at")
     assert "read_null(step)" in main  # the source line, as a traceback shows it
+    # ... also of the interpreter's own library, read as the core's owner (root's core: anything),
+    # not as nobody (a root-only /root/.pyenv showed no line there).
+    assert "return _string_at(ptr, size)" in main
     assert "in wait_for_stop" in text.stdout.split('"MainThread"')[0] + text.stdout.split(main)[-1]
 
     rows = rows_of(probing("core", str(core), "--format", "json"))

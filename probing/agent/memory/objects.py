@@ -80,10 +80,13 @@ def estimated_size(generation: int) -> int:
     if listed is not None:
         objects, then = listed
         estimate = objects * blocks // then if blocks and then else objects
+    elif generation == 1 and len(counts) > 1:
+        # Only the survivors of generation 0's collections since generation 1's last one: a
+        # few thousand, never a share of the whole heap.
+        return (counts[1] + 1) * max(thresholds[0], 1)
     else:
         estimate = int((blocks or 0) * RATIO_GUESS)
     if generation == 1 and len(counts) > 1:
-        # The survivors of the collections of generation 0 since generation 1's last one.
         estimate = max(estimate, (counts[1] + 1) * max(thresholds[0], 1))
     return estimate
 

@@ -6,8 +6,8 @@ microseconds); counting the objects gc tracks is the expensive part (30 ms for a
 objects, holding the GIL), so it is done only as often as keeps it under GC_COUNT_SHARE of the
 time, and the rows in between have NULL there. A count lists one generation at a time, and only
 a generation whose listing is estimated to hold the GIL at most pacing.MAX_STALL_S
-(objects.py): a job that has outgrown that gets NULL, and `memory` says why (its sampler's
-`gc_count_left_out`), rather than a stall every so often.
+(objects.py): a job that has outgrown that (a job that imported torch usually has) gets NULL,
+and the sampler's status says why (`gc_count_left_out`), rather than a stall every so often.
 """
 
 from __future__ import annotations

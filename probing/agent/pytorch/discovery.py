@@ -104,7 +104,9 @@ class Found(NamedTuple):
     walk_cut: bool = False  # the walk from the job's variables stopped at WALK_MAX_OBJECTS
 
     def note(self, table: str, what: str) -> Optional[str]:
-        if not self.skipped:
+        """Why nothing may have been found; None once something was (a note on every query of
+        a job whose model was found would be noise)."""
+        if not self.skipped or self.items:
             return None
         walked = f"the first {WALK_MAX_OBJECTS:,} objects of " if self.walk_cut else ""
         return (

@@ -3,8 +3,10 @@ traceback (the renderer of `probing PID backtrace`), or its python.backtrace row
 
 from __future__ import annotations
 
+import os
 import sys
 
+from ...engine.sources import SourceLines, reader_for_owner
 from . import inert, note
 from .backtrace import write_backtrace_text
 
@@ -64,7 +66,20 @@ def write_core(reading: CoreReading, format: str, out: Optional[IO[str]] = None)
         "python_version": reading.python_version or "?",
         "argv": [reading.arguments],
     }
-    write_backtrace_text(_grouped_by_native_id(reading.rows), info, out, None, _gil_view(reading))
+    write_backtrace_text(
+        _grouped_by_native_id(reading.rows), info, out, None, _gil_view(reading), _sources(reading.path)
+    )
+
+
+def _sources(path: str) -> SourceLines:
+    """The job's source lines, read as the core's owner (the kernel writes a core as the user
+    whose process dumped it): root reading another user's core shows only what that user could
+    read, as for a record."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return SourceLines(None)
+    return SourceLines(None, reader_for_owner(status.st_uid, status.st_gid))
 
 
 def _grouped_by_native_id(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
