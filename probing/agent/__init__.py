@@ -157,11 +157,19 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
     torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
     if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
         try:
-            from .pytorch.tracer import start_from_environment
+            from .pytorch.environment import start_trace
 
-            start_from_environment(torch_trace)
+            start_trace(torch_trace)
         except Exception as error:  # noqa: BLE001 - tracing is optional, the agent is not
             last_error = f"PROBING_TORCH_TRACE: {type(error).__name__}: {error}"
+    nan_checks = os.environ.get("PROBING_NAN", "").strip()
+    if nan_checks and nan_checks.lower() not in ("0", "off", "false", "no"):
+        try:
+            from .pytorch.environment import start_nan
+
+            start_nan(nan_checks)
+        except Exception as error:  # noqa: BLE001 - NaN checks are optional, the agent is not
+            last_error = f"PROBING_NAN: {type(error).__name__}: {error}"
     return True
 
 

@@ -126,7 +126,10 @@ def nan(
 ) -> int:
     """Check module outputs and gradients for NaN/Inf into python.nan_events: on, off or status.
 
-    Each step, the first module whose output (or input gradient) holds NaN or Inf is recorded.
+    Each step, the first module whose output (or input gradient) holds NaN or Inf is recorded,
+    with whether its inputs and its own weights were finite. Every weight is checked once when
+    the checks begin, so weights already NaN/Inf then are named (the cause is earlier).
+    PROBING_NAN=1 in the job's environment (with PROBING=1) checks from its first step.
     """
     if stop and action != "on":
         raise click.UsageError("--stop only goes with 'nan on'")

@@ -44,7 +44,7 @@ TORCH_TRACE = Table(
 NAN_EVENTS = Table(
     "python.nan_events",
     "The first module of each step whose output (forward) or input gradient (backward) held NaN "
-    "or Inf, recorded while `probing PID nan on` is in effect.",
+    "or Inf, recorded while `probing PID nan on` (or PROBING_NAN=1) is in effect.",
     [
         Column("step", "BIGINT", "optimizer step, as in python.torch_trace"),
         Column("seq", "BIGINT", "order of the offending call within its step"),
@@ -61,8 +61,24 @@ NAN_EVENTS = Table(
         Column(
             "input_finite",
             "BOOLEAN",
-            "whether what came in (inputs, or the output gradient) was finite: "
-            "true means this module made the NaN/Inf",
+            "whether what came in (inputs, or the output gradient) was finite: true means the NaN/Inf "
+            "arose in this module, from its computation or from its weights (weights_finite says which)",
+        ),
+        Column(
+            "weights_finite",
+            "BOOLEAN",
+            "whether this module's own parameters and buffers (and those of its children that are not "
+            "hooked) were finite when it was seen: false means its weights held NaN/Inf (an update or a "
+            "load wrote them before); NULL when not checked (its input was not finite, or the check, "
+            "cut short at 10 ms, found none by then)",
+        ),
+        Column(
+            "weights_already_nonfinite",
+            "BOOLEAN",
+            "whether those non-finite weights were already so when these NaN checks began (the cause "
+            "is earlier than the checks): true when one of them was not written since (torch's version "
+            "counter) or the check of every weight at the start read it so; false when that check read "
+            "them finite, or they are finite; NULL when not known",
         ),
         Column("rank", "BIGINT", "torch.distributed rank"),
         Column("ts", "TIMESTAMP", "when it was seen (UTC)"),

@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...originals import perf_counter
 from .clock import StepClock, Traced
-from .nonfinite import NanChecks, NonFiniteError, describe_tensor, nonfinite
+from .finite import describe_tensor, nonfinite
+from .nonfinite import NanChecks, NonFiniteError
 
 # A module whose autograd subgraph is larger than this is timed forward only (the walk would
 # cost more than the module); its backward shows up in its parent's row.

@@ -22,7 +22,8 @@ from ...originals import get_ident, perf_counter
 from .backward import BackwardWalk
 from .clock import StepClock, Traced
 from .discovery import device_of, find_optimizers, find_roots, names_of, optimizer_on_cuda
-from .nonfinite import NanChecks, NonFiniteError, flat_tensors
+from .finite import flat_tensors
+from .nonfinite import NanChecks, NonFiniteError
 from .safepoint import in_forward
 
 # How long adding or removing the step hooks waits for a module call to do it in the
@@ -96,6 +97,7 @@ class Hooks:
             change()
 
     def add_root(self, name: str, root: Any) -> None:
+        self.nan.cover(name, root)  # NaN checks on: its weights are checked (weights.py)
         self.discovered.update(root.modules())
         if not any(ref() is root for _, ref in self.roots):
             self.roots = [(n, ref) for n, ref in self.roots if ref() is not None]
@@ -177,7 +179,8 @@ class Hooks:
 
         with self.lock:
             self.install()
-            self.discovery_handle = register_module_forward_pre_hook(discover)
+            if self.discovery_handle is None:  # PROBING_TORCH_TRACE and PROBING_NAN both asked
+                self.discovery_handle = register_module_forward_pre_hook(discover)
 
     # --- steps (training thread) -------------------------------------------------------------------
 
@@ -247,6 +250,8 @@ class Hooks:
             try:
                 if clock.step_pending:
                     hooks.new_step()
+                if nan.weights_due:  # the weights are read here: a module boundary (weights.py)
+                    nan.work_on_weights()
                 if not clock.watching:
                     return
                 event = None

@@ -1,9 +1,13 @@
-"""NaN/Inf checks (`probing PID nan on [--stop]`): which module first made a non-finite value.
+"""NaN/Inf checks (`probing PID nan on [--stop]`, PROBING_NAN=1): which module first made a
+non-finite value, and whether its weights already were.
 
 The forward output of every hooked module is checked when it returns, and the gradients a
 module's backward pass sends to its inputs when they leave it (backward.py); the first finding
 of a step is recorded in python.nan_events, with whether the module's own inputs were finite
-(so that the row names the module that made the NaN, not one that passed it on).
+and whether its own weights were (weights.py): a module with finite inputs whose parameters
+are NaN did not make the NaN there, an earlier update did. Every parameter and buffer is also
+checked when a session of checks begins, so that weights that were NaN before the checks are
+told apart from weights that went NaN since.
 
 The checks read each checked value (`.item()`), in the training thread (they run inside its
 hooks, never in the agent's threads), which on CUDA waits for the device: they are a
@@ -13,15 +17,21 @@ diagnostic mode, off by default. The one exception a hook raises on purpose is
 
 from __future__ import annotations
 
-import math
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from ...originals import wall_time
 from ..ring import Ring
 from .clock import StepClock, Traced, columns
+from .finite import describe_tensor, flat_tensors, nonfinite
+from .safepoint import DEFAULT_STEP_WAIT_S
+from .weights import EventWeights, WeightsAtStart, module_weights
 
 NAN_CAPACITY = 10_000
+# How long `nan on` waits for the start check of the weights, to say what it found.
+WEIGHTS_WAIT_S = DEFAULT_STEP_WAIT_S
+# Records this process wrote, named by `nan status` as where earlier state may be.
+RECORDS_NAMED = 3
 
 
 class NonFiniteError(FloatingPointError):
@@ -33,46 +43,18 @@ class NonFiniteError(FloatingPointError):
 NonFiniteError.__module__ = __package__ + ".tracer"
 
 
-def flat_tensors(value: Any, torch: Any, limit: int = 64) -> List[Any]:
-    """Tensors in a module's output or inputs: a tensor, or nested tuples, lists and dicts."""
-    found: List[Any] = []
-    stack = [value]
-    while stack and len(found) < limit:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, (tuple, list)):
-            stack.extend(reversed(item))
-        elif isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-    return found
-
-
-def nonfinite(tensors: Sequence[Any], torch: Any) -> Optional[Tuple[int, int, int]]:
-    """(index, nan count, inf count) of the first tensor holding NaN or Inf, or None.
-
-    One reduction per tensor (aminmax: min and max are both finite exactly when every value
-    is, since NaN propagates); the counts are computed only for the offending tensor.
-    """
-    for index, tensor in enumerate(tensors):
-        if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
-            continue
-        data = tensor.detach()
-        low, high = torch.aminmax(data)
-        if math.isfinite(low.item()) and math.isfinite(high.item()):
-            continue
-        return index, int(torch.isnan(data).sum().item()), int(torch.isinf(data).sum().item())
-    return None
-
-
-def describe_tensor(tensor: Any) -> str:
-    dtype = str(tensor.dtype).replace("torch.", "")
-    return f"{dtype}{list(tensor.shape)} on {tensor.device}"
+def weights_words(module: str, weights: EventWeights, already: Optional[bool]) -> str:
+    """The clause --stop's message adds when the module's weights were not finite."""
+    if weights.finite is not False:
+        return ""
+    if already:
+        return f"; the weights of {module} were already NaN/Inf when checks began (the cause is earlier)"
+    return f"; the weights of {module} were NaN/Inf ({', '.join(weights.names)})"
 
 
 class NanChecks:
-    """What `nan on` found: python.nan_events, at most one row a step. Switched on and off
-    through `clock.nan_on`, which the hooks read."""
+    """What `nan on` found: python.nan_events, at most one row a step, and the weights of the
+    job's models. Switched on and off through `clock.nan_on`, which the hooks read."""
 
     def __init__(self, clock: StepClock) -> None:
         self.clock = clock
@@ -83,6 +65,52 @@ class NanChecks:
         self.step = -1  # the last step with a finding: later values that step are its echoes
         self.events = 0
         self.stopped_at: Optional[int] = None
+        # Whether a module is hooked (its output is checked as its own): set by the tracer.
+        self.hooked: Callable[[Any], bool] = lambda module: False
+        # The session of checks under way: its start check of the weights, its first event, and
+        # how many events earlier sessions left in python.nan_events (the first of them kept).
+        self.weights = WeightsAtStart(self.torch, 0)
+        self.weights_due = False  # the start check has work: read by every forward pre-hook
+        self.sessions = 0
+        self.events_before = 0
+        self.first_event: Optional[Dict[str, Any]] = None
+        self.earliest: Optional[Dict[str, Any]] = None
+
+    # --- sessions (agent's thread, or the job's at PROBING_NAN, under the tracer's lock) ---------
+
+    def begin(self) -> None:
+        """Checks go on while they were off: a new session, whose weights are checked afresh."""
+        self.step = -1
+        self.weights = WeightsAtStart(self.torch, self.clock.step)
+        self.weights_due = False
+        self.sessions += 1
+        self.events_before = self.events
+        self.first_event = None
+
+    def end(self) -> None:
+        """Checks go off: the start check stops (what it found stays for status)."""
+        self.weights_due = False
+        self.weights.pending, self.weights.modules = [], []
+
+    def cover(self, name: str, root: Any) -> None:
+        """A model found while checks are on (hooks.add_root): its weights join the start check."""
+        if not self.clock.nan_on:
+            return
+        self.weights.cover(name, root)
+        self.weights_due = True
+
+    # --- training thread -------------------------------------------------------------------------
+
+    def work_on_weights(self) -> None:
+        """A piece of the start check (a forward pre-hook: a module boundary)."""
+        if not self.clock.nan_on:  # a hook failed and turned the checks off (clock.failed)
+            self.weights_due = False
+            return
+        self.weights.work(self.clock.step)
+        if not self.weights.due:
+            self.weights_due = False
+            if self.weights.due:  # a model queued meanwhile (cover: queue it, then set the flag)
+                self.weights_due = True
 
     def check_forward(self, traced: Traced, step: int, seq: int, args: Any, outputs: List[Any]) -> None:
         found = nonfinite(outputs, self.torch)
@@ -102,10 +130,28 @@ class NanChecks:
             if self.step == step:
                 return
             self.step = step
+            self.weights.event_seen = True
+        # Its weights matter only where it made the NaN from finite inputs: then they tell an
+        # update that wrote NaN into them (earlier) from a computation that made it (here).
+        module = traced.module()
+        weights = EventWeights(None, [], 0)
+        if module is not None and inputs_finite:
+            weights = module_weights(module, traced.name, self.torch, self.hooked, self.weights.unwritten)
+        already = self.weights.already(weights)
+        with self.clock.lock:
             self.events += 1
             ring.append((step, seq, ring.code(traced.name), ring.code(traced.type_name),
                          self.stage_codes[stage], ring.code(tensor), nans, infs, inputs_finite,
-                         self.clock.rank, wall_time()))  # fmt: skip
+                         weights.finite, already, self.clock.rank, wall_time()))  # fmt: skip
+            if self.first_event is None:
+                self.first_event = {
+                    "step": step, "module": traced.name, "module_type": traced.type_name, "stage": stage,
+                    "tensor": tensor, "nan_count": nans, "inf_count": infs, "input_finite": inputs_finite,
+                    "weights_finite": weights.finite, "weights_already_nonfinite": already,
+                    "nonfinite_weights": weights.names, "nonfinite_weight_count": weights.count,
+                }  # fmt: skip
+                if self.earliest is None:
+                    self.earliest = {"step": step, "module": traced.name, "stage": stage}
             stop = self.stop
             self.stop = False
             if stop:
@@ -113,7 +159,8 @@ class NanChecks:
         if stop:
             error = NonFiniteError(
                 f"probing: {nans} NaN and {infs} Inf in the {stage} {tensor.split(' ')[0]} of {traced.name} "
-                f"({traced.type_name}) at step {step}; stopped by `probing nan on --stop`"
+                f"({traced.type_name}) at step {step}{weights_words(traced.name, weights, already)}; "
+                "stopped by `probing nan on --stop`"
             )
             # A record of the moment, written here in the training thread (records/), even when
             # the job catches the error to checkpoint and exit.
@@ -121,3 +168,30 @@ class NanChecks:
             if records is not None:
                 records.before_nonfinite_raise(error)
             raise error
+
+    # --- status (agent's thread) -----------------------------------------------------------------
+
+    def status(self) -> Optional[Dict[str, Any]]:
+        """What this session found, and what history the process keeps of earlier ones (None
+        before the first session)."""
+        if not self.sessions:
+            return None
+        earlier = None
+        if self.events_before and self.earliest is not None:
+            earlier = dict(self.earliest, count=self.events_before)
+        return {
+            "since_step": self.weights.began_step,
+            "weights": self.weights.summary(),
+            "first_event": self.first_event,
+            "earlier_events": earlier,
+            "records_written": written_records()[-RECORDS_NAMED:],
+            "weights_wait_s": WEIGHTS_WAIT_S,
+        }
+
+
+def written_records() -> List[str]:
+    """Paths of the records this process wrote (records/), oldest first."""
+    records = sys.modules.get(__package__.rsplit(".", 1)[0] + ".records")
+    current = getattr(records, "current", None)
+    active = current() if current is not None else None
+    return [str(path) for path in getattr(active, "written", ())]

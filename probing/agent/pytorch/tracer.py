@@ -7,7 +7,7 @@ imports torch only when the job already has (`require_torch`). One tracer a proc
 - hooks.py: the forward hooks on the models' modules and the global optimizer step hooks;
 - clock.py: step numbers, which steps are traced, the rows (CUDA durations from events);
 - backward.py: the backward pass of each module, timed by autograd node hooks;
-- nonfinite.py: the NaN/Inf checks and `NonFiniteError`.
+- nonfinite.py: the NaN/Inf checks and `NonFiniteError`; weights.py: the checks of the weights.
 
 This module turns them on and off (from the agent's thread, under the tracer's lock) and says
 what they are doing (`trace status`).
@@ -15,10 +15,9 @@ what they are doing (`trace status`).
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from ...originals import RLock, allocate_lock, perf_counter
+from ...originals import RLock, allocate_lock, get_ident, perf_counter
 from ..lifecycle import JOB_HOOKS, on_stop
 from ..ring import Ring
 from . import safepoint
@@ -26,7 +25,7 @@ from .backward import BackwardWalk
 from .clock import StepClock, Traced, trace_ring
 from .discovery import NoTorch, require_torch
 from .hooks import Hooks
-from .nonfinite import NanChecks, NonFiniteError
+from .nonfinite import WEIGHTS_WAIT_S, NanChecks, NonFiniteError
 
 __all__ = ["NoTorch", "NonFiniteError", "Tracer", "current", "require_torch", "tracer"]
 
@@ -44,6 +43,8 @@ class Tracer:
         )
         self.walk = BackwardWalk(self.clock, self.nan, sequence_nr)
         self.hooks = Hooks(self.clock, self.nan, self.walk)
+        hooks = self.hooks
+        self.nan.hooked = lambda module: id(module) in hooks.traced
 
     # What agent/tables.py reads to ship python.torch_trace and python.nan_events.
 
@@ -104,17 +105,28 @@ class Tracer:
             self._install()
 
     def configure_nan(self, on: bool, stop: bool) -> None:
+        """NaN checks on or off. Turned on from the agent's thread (`nan on`), it waits up to
+        WEIGHTS_WAIT_S for the training thread to check the weights, so that the reply says
+        what they were when the checks began; `nan status` says it later otherwise."""
         clock = self.clock
         with self.lock:
+            starting = on and not clock.nan_on
             clock.nan_on = on
             self.nan.stop = stop and on
             if on:
                 clock.error = None
+                if starting:
+                    self.nan.begin()
                 self.nan.step = -1
-                self._install()
+                self._install()  # each model found is queued for the start check (nan.cover)
+            else:
+                self.nan.end()
             clock.refresh()
             if not clock.trace_on and not clock.nan_on:
                 self.uninstall()
+            weights = self.nan.weights
+        if starting and get_ident() in self.hooks.own_threads:
+            weights.finished.wait(WEIGHTS_WAIT_S)
 
     def trace_off(self) -> None:
         with self.lock:
@@ -138,6 +150,7 @@ class Tracer:
             removed = self.hooks.remove_all()
             clock.trace_on = clock.nan_on = clock.tracing_now = clock.watching = False
             self.nan.stop = False
+            self.nan.end()
             return removed
 
     def hook_count(self) -> int:
@@ -178,6 +191,7 @@ class Tracer:
                 "dropped_rows": clock.ring.dropped,
                 "pending_cuda": len(clock.pending_cuda),
                 "nan_events": nan.events,
+                "nan_session": nan.status(),
                 "rank": clock.rank,
                 "error": clock.error or start_error,
                 "notes": [hooks.discovery_note] if hooks.discovery_note else [],
@@ -221,99 +235,13 @@ def stop() -> None:
 _tracer: Optional[Tracer] = None
 _tracer_lock = allocate_lock()
 
-ENVIRONMENT = "PROBING_TORCH_TRACE"
-
-
-def parse_environment(value: str) -> Dict[str, Any]:
-    """PROBING_TORCH_TRACE: `1` for the defaults, or `every=10,backward,depth=2,modules=GLOB`."""
-    options: Dict[str, Any] = {
-        "every": None,
-        "backward": False,
-        "modules": None,
-        "depth": None,
-        "capacity": None,
-    }
-    for item in value.split(","):
-        key, _, argument = item.strip().partition("=")
-        if key in ("", "1", "on", "true", "yes"):
-            continue
-        if key == "backward":
-            options["backward"] = True
-        elif key in ("every", "depth", "capacity") and argument.isdigit():
-            options[key] = int(argument)
-        elif key == "modules" and argument:
-            options["modules"] = (options["modules"] or []) + [argument]
-        else:
-            raise ValueError(
-                f"{ENVIRONMENT}: cannot use {item!r}; e.g. every=10,backward,depth=2,modules=GLOB"
-            )
-    return options
-
-
-def start_from_environment(value: str) -> None:
-    """PROBING=1 PROBING_TORCH_TRACE=1: trace from the first step. Runs at interpreter start-up,
-    before the job imports torch: once `import torch` has run, every top-level module is hooked
-    at its first call. Never raises; a problem is kept for `trace status`."""
-    global start_error
-    try:
-        options = parse_environment(value)
-    except ValueError as error:
-        start_error = str(error)
-        return
-
-    def begin() -> None:
-        global start_error
-        try:
-            active = tracer()
-            active.configure_trace(
-                options["every"],
-                options["backward"],
-                options["modules"],
-                options["depth"],
-                options["capacity"],
-            )
-            active.discover_at_first_call()
-        except Exception as error:  # noqa: BLE001 - the job's import of torch must succeed
-            start_error = f"{ENVIRONMENT}: {type(error).__name__}: {error}"
-
-    if "torch.optim.optimizer" in sys.modules:
-        begin()
-    else:
-        sys.meta_path.insert(0, _AfterImport("torch", begin))
-
-
+# A problem PROBING_TORCH_TRACE or PROBING_NAN met at start-up (environment.py), for status.
 start_error: Optional[str] = None
 
 
-class _AfterImport:
-    """A meta path finder that lets `import NAME` run as usual, then calls `then` once."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name = name
-        self.then = then
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.name:
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            return None
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-        then = self.then
-
-        def exec_then(module: Any) -> None:
-            exec_module(module)
-            then()
-
-        loader.exec_module = exec_then
-        return spec
+def note_start_error(error: str) -> None:
+    global start_error
+    start_error = error
 
 
 def tracer(own_threads: Any = ()) -> Tracer:

@@ -11,6 +11,7 @@ from . import inert, inert_lines
 from .backtrace import write_backtrace_text
 from .files import counted, write_output
 from .json_writer import dumps, write_json
+from .nan import nan_session_lines
 from .rows import write_table
 
 
@@ -228,6 +229,9 @@ def write_switch(
         out.write(f"PID {pid}:\n")
     out.write(f"  tracing:    {tracing}\n")
     out.write(f"  nan checks: {nan}\n")
+    if feature == "nan" and status["nan"]:
+        for line in nan_session_lines(status.get("nan_session")):
+            out.write(line + "\n")
     out.write(
         f"  models:     {models} ({counted(status['hooked_modules'], 'module')} hooked, "
         f"{counted(status['hooks'], 'hook')} in all)\n"
