@@ -95,11 +95,16 @@ def _build_modules(server: Any, params: Dict[str, Any]) -> TableBuilder:
 
 
 def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .memory.tensor_names import with_holders
     from .pytorch.state import DEFAULT_TENSOR_BUDGET_S, fill, tensor_rows
 
     budget = scan_budget(params, DEFAULT_TENSOR_BUDGET_S)
     rows, notes = tensor_rows(server.own_threads, budget, step_wait(params))
-    return _with_notes(fill(new_builder(TENSORS), rows), notes)
+    # What holds the tensors that have no name: a walk of its own, with a budget as long.
+    torch = sys.modules.get("torch")
+    parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+    rows, held_notes = with_holders(rows, parameter if isinstance(parameter, type) else None, budget, Pacer())
+    return _with_notes(fill(new_builder(TENSORS), rows), notes + held_notes)
 
 
 def _build_optimizers(server: Any, params: Dict[str, Any]) -> TableBuilder:

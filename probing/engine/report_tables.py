@@ -95,8 +95,9 @@ SELECT step, seq, module, module_type, stage, tensor, nan_count, inf_count, inpu
 FROM python.nan_events ORDER BY step, seq LIMIT {NAN_EVENTS_SHOWN}
 """
 
+# A tensor with no name is shown by what holds it (held_by, `__main__.history[17]`).
 _TENSORS_SQL = f"""
-SELECT name, kind, shape, dtype, device, bytes, requires_grad, grad_fn
+SELECT coalesce(name, held_by) AS name, kind, shape, dtype, device, bytes, requires_grad, grad_fn
 FROM python.tensors ORDER BY bytes DESC NULLS LAST LIMIT {TENSORS_SHOWN}
 """
 
@@ -159,7 +160,10 @@ def nan_events(session: SqlSession) -> Tuple[List[Dict[str, Any]], List[int], in
 def largest_tensors(session: SqlSession) -> List[Dict[str, Any]]:
     if _count(session, "python.tensors") == 0:
         return []
-    return _rows(session, _TENSORS_SQL)
+    try:
+        return _rows(session, _TENSORS_SQL)
+    except BadSQL:  # an older agent's table, without held_by
+        return _rows(session, _TENSORS_SQL.replace("coalesce(name, held_by)", "name"))
 
 
 def thread_details(session: SqlSession) -> Dict[Any, Dict[str, Any]]:

@@ -112,7 +112,8 @@ TENSORS = Table(
     "python.tensors",
     "Live tensors: the models' parameters, gradients and buffers by name, then every other tensor "
     "gc finds, until a time budget (1 s) runs out; the query then says it was cut short. Gradients and "
-    "grad_fn are read in the training thread at its next optimizer step, or while the job is quiet.",
+    "grad_fn are read in the training thread at its next optimizer step, or while the job is quiet. "
+    "A tensor with no name is given what holds it (held_by), found by a walk with a budget as long.",
     [
         Column(
             "name", "VARCHAR", "qualified parameter or buffer name (.grad for a gradient); NULL for others"
@@ -125,6 +126,13 @@ TENSORS = Table(
         Column("requires_grad", "BOOLEAN", "tensor.requires_grad"),
         Column("is_param", "BOOLEAN", "whether it is an nn.Parameter"),
         Column("grad_fn", "VARCHAR", "autograd node that made it, e.g. AddmmBackward0; NULL for leaves"),
+        Column(
+            "held_by",
+            "VARCHAR",
+            "for a tensor with no name: a path from the job's variables to it, e.g. __main__.history[17] "
+            "(a time-bounded walk from __main__, the job's frames and modules; matched to the row by shape, "
+            "dtype, device and size); NULL where the walk did not reach it",
+        ),
     ],
 )
 

@@ -20,6 +20,7 @@ from ..pacing import Pacer, stall_bound
 from .cuda import MB, cuda_device_stats, cuda_module, cuda_totals
 from .objects import GENERATIONS, Skipped, estimated_size, list_generation, release
 from .sampler import current
+from .storages import StorageReach, device_of
 
 
 def type_name(kind: type) -> str:
@@ -54,6 +55,7 @@ class Census:
         self.budget_s = 0.0
         self.tensors = 0
         self.storage_bytes: Dict[str, int] = {}  # device -> bytes of distinct storages
+        self.storages: Dict[int, int] = {}  # storage key (storages.py) -> bytes its tensors reach
 
     def rows(self) -> List[Tuple[str, int, float, Optional[float]]]:
         """(type, count, size_mb, cuda_mb), largest first."""
@@ -164,7 +166,7 @@ def take_census(budget_s: float, bound_s: Optional[float] = None) -> Census:
     # type -> [count, bytes, how it is sized]: one lookup per object; turned into dicts of plain
     # ints at the end, and these lists freed.
     entries: Dict[type, List[int]] = {}
-    storage = _StorageReach()
+    storage = StorageReach()
     getsizeof, shallow_size = sys.getsizeof, object.__sizeof__
     clock = perf_counter
     own = 0  # the agent's objects, and those counted twice: taken off the totals
@@ -227,7 +229,7 @@ def take_census(budget_s: float, bound_s: Optional[float] = None) -> Census:
     del entries
     census.seen = min(census.seen, census.total)
     census.tensors = storage.tensors
-    storage.settle(census)
+    _settle(storage, census)
     census.elapsed_s = perf_counter() - started
     return census
 
@@ -239,53 +241,20 @@ def _is_subclass(kind: type, base: Any) -> bool:
         return False
 
 
-class _StorageReach:
-    """Each storage once: views and parameters sharing memory are not counted twice.
-
-    The storage is found from the tensor's address and offset rather than with
-    tensor.untyped_storage(), which would give every storage a Python object that lives as long
-    as the storage does: a census must not add objects to the job. A storage's size is the
-    furthest byte any of its live tensors reaches (views count what they see), so it is a lower
-    bound: a small slice that alone keeps a big buffer alive counts as the slice.
-    """
-
-    def __init__(self) -> None:
-        self.reach: Dict[Tuple[str, int], int] = {}
-        self.owner: Dict[Tuple[str, int], type] = {}
-        self.tensors = 0
-
-    def add(self, tensor: Any) -> None:
-        self.tensors += 1
-        try:
-            element = tensor.element_size()
-            offset = tensor.storage_offset()
-            base = tensor.data_ptr() - offset * element
-            if base == 0:
-                return  # meta tensors, empty storages
-            end = offset + 1
-            for length, stride in zip(tensor.shape, tensor.stride()):
-                if length == 0:
-                    end = offset
-                    break
-                end += (length - 1) * stride
-            key = (str(tensor.device), base)
-        except Exception:  # noqa: BLE001 - sparse, nested or fake tensors
-            return
-        if self.reach.get(key, -1) < end * element:
-            self.reach[key] = end * element
-            self.owner.setdefault(key, type(tensor))
-
-    def settle(self, census: Census) -> None:
-        for key, size in self.reach.items():
-            device = key[0]
-            census.storage_bytes[device] = census.storage_bytes.get(device, 0) + size
-            kind = self.owner[key]
-            if device == "cpu":
-                census.sizes[kind] += size
-            elif device.startswith("cuda"):
-                census.cuda[kind] = census.cuda.get(kind, 0) + size
-        for kind in self.owner.values():
-            census.cuda.setdefault(kind, 0)
+def _settle(storage: StorageReach, census: Census) -> None:
+    """The storages' sizes into the census: CPU storage counts in its tensor type's size, CUDA
+    storage apart; the storages kept by key (memory --growth compares two censuses' keys)."""
+    for key, size in storage.reach.items():
+        device = device_of(key)
+        census.storage_bytes[device] = census.storage_bytes.get(device, 0) + size
+        kind = storage.owner[key]
+        if device == "cpu":
+            census.sizes[kind] += size
+        elif device.startswith("cuda"):
+            census.cuda[kind] = census.cuda.get(kind, 0) + size
+    for kind in storage.owner.values():
+        census.cuda.setdefault(kind, 0)
+    census.storages = storage.reach
 
 
 def generation_rows(bound_s: float) -> Tuple[List[Tuple[Any, ...]], List[str]]:

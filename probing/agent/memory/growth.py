@@ -1,4 +1,5 @@
-"""memory --growth: what grew in a window of S seconds, by allocation site and by object type.
+"""memory --growth: what grew in a window of S seconds, by allocation site and by object type,
+and the tensor storage that grew, by the line that made it and what holds it (tensor_growth.py).
 
 tracemalloc is started for the window when the job does not run it already, and stopped after
 it: it slows every Python allocation of the job while it runs, so it never outlives the window
@@ -15,9 +16,20 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...originals import Event, allocate_lock, monotonic, perf_counter, thread_time
 from ...procfs import memory_bytes
 from ..lifecycle import WORK, on_stop
+from ..pacing import Pacer, stall_bound
 from ..requests import ErrorKind, RequestError
 from .census import Census, take_census, type_name
 from .cuda import MB, cuda_device_stats
+from .job_code import AGENT_DIR, is_library, library_roots
+from .tensor_growth import (
+    Made,
+    catch_up,
+    made_in_window,
+    origins,
+    tensor_growth,
+    tensor_kinds,
+    traceback_lookup,
+)
 
 FRAMES = 16  # deep enough to reach the job's own line below torch's and the stdlib's frames
 CUDA_COUNTERS = (
@@ -28,8 +40,6 @@ CUDA_COUNTERS = (
 _busy = allocate_lock()
 _cancel = Event()
 _tracing_for_window = False  # tracemalloc is on because a window started it
-# probing/agent: what the agent allocates is not the job's growth (this file is in agent/memory/).
-_AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cancel() -> None:
@@ -60,25 +70,11 @@ def _allocation_cost() -> float:
     return best / 5000
 
 
-def _library_roots() -> Tuple[str, ...]:
-    roots = {os.path.dirname(os.__file__), _AGENT_DIR, os.path.dirname(_AGENT_DIR)}
-    return tuple(sorted(roots))
-
-
-def _is_library(filename: str, roots: Tuple[str, ...]) -> bool:
-    return (
-        filename.startswith("<")
-        or "site-packages" in filename
-        or "dist-packages" in filename
-        or filename.startswith(roots)
-    )
-
-
 def _sites(
     after: tracemalloc.Snapshot, before: tracemalloc.Snapshot, top: int
 ) -> Tuple[List[Dict[str, Any]], int]:
     """Allocation sites that grew, by (where it was allocated, the job's own line that led there)."""
-    roots = _library_roots()
+    roots = library_roots()
     grouped: Dict[Tuple[str, int, Optional[str], Optional[int]], List[Any]] = {}
     for stat in after.compare_to(before, "traceback"):
         if stat.size_diff <= 0:
@@ -87,7 +83,7 @@ def _sites(
         if not frames:
             continue
         site = frames[-1]
-        job = next((frame for frame in reversed(frames) if not _is_library(frame.filename, roots)), None)
+        job = next((frame for frame in reversed(frames) if not is_library(frame.filename, roots)), None)
         key = (site.filename, site.lineno, job.filename if job else None, job.lineno if job else None)
         entry = grouped.setdefault(key, [0, 0, [f"{frame.filename}:{frame.lineno}" for frame in frames]])
         entry[0] += stat.size_diff
@@ -156,18 +152,28 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
     # Whatever the agent allocates while it watches is not the job's growth.
     exclude = [
         tracemalloc.Filter(False, tracemalloc.__file__),
-        tracemalloc.Filter(False, os.path.join(_AGENT_DIR, "*"), all_frames=True),
+        tracemalloc.Filter(False, os.path.join(AGENT_DIR, "*"), all_frames=True),
     ]
-    census_before = take_census(budget_s)
+    lookup = traceback_lookup()
     started_here = not tracemalloc.is_tracing()
+    # Timed before the census, so that tracing starts right after it: a tensor made between the
+    # two is new storage with no line.
+    bare = _allocation_cost() if started_here else None
+    census_before = take_census(budget_s)
+    kinds = tensor_kinds(census_before)
+    pacer = Pacer()
     on_stop(cancel, WORK)
-    bare = traced = None
+    traced = tracing_since = traced_s = None
     completed = False
+    made: List[Made] = []
+    made_notes: List[str] = []
+    lookup_s = 0.0
     global _tracing_for_window
     try:
+        catch_up(census_before, kinds, stall_bound(budget_s), pacer)
         if started_here:
-            bare = _allocation_cost()
             _tracing_for_window = True
+            tracing_since = monotonic()
             tracemalloc.start(FRAMES)
             traced = _allocation_cost()
         before = tracemalloc.take_snapshot()
@@ -177,17 +183,27 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
         after = tracemalloc.take_snapshot()
         traced_mb = tracemalloc.get_tracemalloc_memory() / MB
         frames = tracemalloc.get_traceback_limit()
+        if completed and not census_before.cut_short:  # else no storage can be called new
+            # While tracemalloc still knows which objects were made in the window.
+            looked = monotonic()
+            made, made_notes = made_in_window(kinds, lookup, stall_bound(budget_s), budget_s, pacer)
+            lookup_s = monotonic() - looked
     finally:
         if started_here:
             tracemalloc.stop()  # before the comparison: probing's own work needs no tracing
             _tracing_for_window = False
+            if tracing_since is not None:
+                traced_s = monotonic() - tracing_since
     if not completed and (_cancel.is_set() or client_gone()):
         raise RequestError(
             ErrorKind.CANCELLED, "the window was ended early: the client left or the agent stopped"
         )
+    made_by = origins(made, pacer)
     sites, site_count = _sites(after.filter_traces(exclude), before.filter_traces(exclude), top)
     del before, after
     census_after = take_census(budget_s)
+    tensors, tensor_notes = tensor_growth(census_before, census_after, made_by, budget_s, top, pacer)
+    del made_by
     rss_after, _ = memory_bytes()
     cuda_after = _cuda_counters()
     cuda = []
@@ -211,10 +227,17 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
         "objects_after": census_after.total,
         "tensor_storage_mb_before": {k: v / MB for k, v in census_before.storage_bytes.items()},
         "tensor_storage_mb_after": {k: v / MB for k, v in census_after.storage_bytes.items()},
+        "tensor_sites": tensors["sites"],
+        "tensor_site_count": tensors["site_count"],
+        "tensor_storage_new_mb": tensors["new_mb"],
+        "tensor_storage_unmeasured": tensors["unmeasured"],
         "cuda": cuda,
-        "notes": notes,
+        "notes": notes + made_notes + tensor_notes,
         "overhead": {
             "tracemalloc_started": started_here,
+            "tracemalloc_s": traced_s,
+            "tensor_lookup_s": lookup_s,
+            "holders_s": tensors["holders_s"],
             "frames": frames,
             "allocation_us": None if bare is None else bare * 1e6,
             "traced_allocation_us": None if traced is None else traced * 1e6,

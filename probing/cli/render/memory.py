@@ -138,6 +138,8 @@ def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> 
             f"reserved {size(device['reserved_bytes.all.current'] / mb, True)}, "
             f"{device['num_ooms']:+} OOMs, {device['num_alloc_retries']:+} allocation retries\n"
         )
+    if result.get("tensor_sites") is not None:  # an agent from before tensor sites has none
+        _write_tensor_sites(result, sources, out)
     overhead = result["overhead"]
     sites = result["sites"]
     out.write(f"\nAllocation sites that grew (tracemalloc, {overhead['frames']} frames):\n")
@@ -176,9 +178,11 @@ def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> 
             if bare and traced
             else ""
         )
+        on = overhead.get("tracemalloc_s")  # None from an agent that does not say
         out.write(
             f"\nOverhead: tracemalloc ran for this window only (started and stopped by probing): {cost}"
-            f"its traces held {size(overhead['tracemalloc_mb'])}; "
+            f"its traces held {size(overhead['tracemalloc_mb'])}"
+            f"{f' in the {on:.1f} s it was on' if on is not None else ''}; "
         )
     else:
         out.write(
@@ -186,6 +190,69 @@ def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> 
             f"its traces hold {size(overhead['tracemalloc_mb'])}; "
         )
     out.write(f"probing's object scans and snapshots used {overhead['agent_cpu_s']:.2f} s of CPU.\n")
+
+
+TENSOR_INDENT = " " * 17
+TENSOR_HEADING = (
+    "Tensor storage that grew (storages new in the window and still alive, at the line where "
+    "tracemalloc saw their tensors made):"
+)
+
+
+def _write_tensor_sites(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+    """The tensor storage new at the window's end by the line that made its tensors, and what
+    holds it: the leak's line and its holder, which Python's allocations alone cannot show."""
+    sites = result["tensor_sites"]
+    unmeasured = result.get("tensor_storage_unmeasured")
+    if unmeasured:
+        out.write(f"\nTensor storage that grew: not measured: {unmeasured}\n")
+        return
+    if not sites:
+        if result["tensor_storage_mb_after"]:  # the job has tensors
+            out.write("\nTensor storage that grew: none (no storage made in the window is still alive)\n")
+        return
+    out.write(f"\n{TENSOR_HEADING}\n")
+    for site in sites:
+        _write_tensor_site(site, sources, out)
+    if result["tensor_site_count"] > len(sites):
+        more = result["tensor_site_count"] - len(sites)
+        out.write(f"  ... and {more:,} more {'line' if more == 1 else 'lines'}\n")
+
+
+def _write_tensor_site(site: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+    storages = f"{site['storages']:,} {'storage' if site['storages'] == 1 else 'storages'}"
+    out.write(f"  {size(site['size_mb'], True):>10}  {storages} on {site['device']}  ")
+    job = (site["job_file"], site["job_line"])
+    made = (site["file"], site["line"])
+    if made[0] is None:
+        out.write(
+            "line unknown: tracemalloc saw none of their tensors made in the window (gradients and "
+            "others torch makes in C++ get a Python object later, or none)\n"
+        )
+    elif job[0] is None:
+        out.write(f"{_where(sources, *made)}\n")
+    else:
+        out.write(f"{_where(sources, *job)}\n")
+        if job != made:
+            out.write(f"{TENSOR_INDENT}made at {_where(sources, *made)}\n")
+    for holder in site["holders"]:
+        if holder["storages"] == 1:
+            out.write(f"{TENSOR_INDENT}held by {holder['example']}\n")
+        else:
+            out.write(
+                f"{TENSOR_INDENT}held by {holder['holder']}: {holder['storages']:,} storages, "
+                f"{size(holder['size_mb'])} (e.g. {holder['example']})\n"
+            )
+    shown = sum(holder["storages"] for holder in site["holders"])
+    if site["held"] > shown:
+        out.write(f"{TENSOR_INDENT}and {site['held'] - shown:,} held elsewhere\n")
+    unnamed = site["storages"] - site["held"]
+    if unnamed:
+        unnamed_mb = max(0.0, site["size_mb"] - site.get("held_mb", 0.0))
+        out.write(
+            f"{TENSOR_INDENT}{unnamed:,} ({size(unnamed_mb)}) not found from the job's variables "
+            "(held in C++, by the autograd graph or a closure, or past the walk's bounds)\n"
+        )
 
 
 def write_sampler(result: Dict[str, Any], out: IO[str]) -> None:
