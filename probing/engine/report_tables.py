@@ -91,7 +91,7 @@ FROM numbered GROUP BY {key}n * {points} // total ORDER BY {key}ts
 
 _NAN_SQL = f"""
 SELECT step, seq, module, module_type, stage, tensor, nan_count, inf_count, input_finite,
-       epoch(ts) AS ts
+       weights_finite, weights_already_nonfinite, epoch(ts) AS ts
 FROM python.nan_events ORDER BY step, seq LIMIT {NAN_EVENTS_SHOWN}
 """
 
@@ -154,7 +154,11 @@ def nan_events(session: SqlSession) -> Tuple[List[Dict[str, Any]], List[int], in
     if total == 0:
         return [], [], 0
     steps = session.run("SELECT DISTINCT step FROM python.nan_events WHERE step IS NOT NULL ORDER BY step")
-    return _rows(session, _NAN_SQL), [int(row[0]) for row in steps.rows], total
+    try:
+        events = _rows(session, _NAN_SQL)
+    except BadSQL:  # an older agent's table (or record), without the weights' columns
+        events = _rows(session, _NAN_SQL.replace("weights_finite, weights_already_nonfinite,", ""))
+    return events, [int(row[0]) for row in steps.rows], total
 
 
 def largest_tensors(session: SqlSession) -> List[Dict[str, Any]]:

@@ -168,6 +168,14 @@ def test_many_nan_events_are_counted_not_all_listed() -> None:
     assert "the first 1 of 250 events" in page
 
 
+def test_a_nan_event_says_when_the_modules_weights_were_already_nonfinite() -> None:
+    event = dict(full_report().nan_events[0], weights_finite=False, weights_already_nonfinite=True)
+    page = report_page(full_report()._replace(nan_events=[event]))
+    assert "NaN/Inf already when checks began (the cause is earlier)" in page
+    older = report_page(full_report())  # a record of an older agent: no weights columns
+    assert "its weights" in older and "already when checks began" not in older
+
+
 def test_threads_come_main_first_and_the_main_one_open() -> None:
     page = report_page(full_report())
     threads = re.findall(r'<details class="thread"( open)?><summary><span class="tname">([^<]*)<', page)

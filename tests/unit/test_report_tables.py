@@ -168,10 +168,11 @@ def test_tables_that_are_empty_give_nothing() -> None:
 
 
 def test_nan_events_give_the_first_few_every_step_and_the_count() -> None:
-    rows = [(step, 1, "model.2", "Middle", "forward", "output[0]", 1, 0, True, 0, START + step)
+    rows = [(step, 1, "model.2", "Middle", "forward", "output[0]", 1, 0, True, False, True, 0, START + step)
             for step in range(40, 100)]  # fmt: skip
     session = static_session()
     session.load_rows(NAN_EVENTS, rows)
     shown, steps, total = nan_events(session)
     assert len(shown) == 20 and shown[0]["step"] == 40
     assert steps == list(range(40, 100)) and total == 60
+    assert shown[0]["weights_finite"] is False and shown[0]["weights_already_nonfinite"] is True

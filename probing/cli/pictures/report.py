@@ -238,16 +238,29 @@ def _nan_events(report: Report) -> str:
     rows = [
         [number(e.get("step")), text(e.get("module") or ""), text(e.get("stage") or ""),
          text(e.get("tensor") or ""), number(e.get("nan_count")), number(e.get("inf_count")),
-         {True: "yes: this module made it", False: "no", None: "?"}[e.get("input_finite")]]
+         {True: "yes: it arose here", False: "no", None: "?"}[e.get("input_finite")],
+         text(_weights(e))]
         for e in report.nan_events
     ]  # fmt: skip
-    drawn = table(["step", "module", "stage", "tensor", "NaN", "Inf", "input finite"], rows,
-                   [True, False, False, False, True, True, False])  # fmt: skip
+    drawn = table(["step", "module", "stage", "tensor", "NaN", "Inf", "input finite", "its weights"], rows,
+                   [True, False, False, False, True, True, False, False])  # fmt: skip
     lead = "The first module of each step whose output or gradient held NaN or Inf"
     shown = len(report.nan_events)
     if report.nan_event_count > shown:
         lead += f": the first {shown} of {report.nan_event_count:,} events"
     return section("nan", "NaN and Inf", text(lead + "."), drawn)
+
+
+def _weights(event: Dict[str, Any]) -> str:
+    """python.nan_events' weights columns in words: where NaN arose in a module, whether its own
+    weights held it, and whether they already did when the checks began (the cause is earlier)."""
+    if event.get("weights_finite") is True:
+        return "finite"
+    if event.get("weights_finite") is False:
+        if event.get("weights_already_nonfinite") is True:
+            return "NaN/Inf already when checks began (the cause is earlier)"
+        return "NaN/Inf"
+    return ""
 
 
 def _object_types(report: Report) -> str:
