@@ -4,6 +4,7 @@ into a DuckDB session in this process (DESIGN.md says why SQL runs here)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
@@ -50,6 +51,25 @@ def _known_names() -> List[str]:
     return list(AGENT_TABLES) + list(LOCAL_TABLES)
 
 
+# A note that columns were left NULL: "python.gc_generations: objects left NULL: ...",
+# "python.modules: grad_norm and has_nonfinite_grad left NULL: ...".
+_NULL_COLUMNS = re.compile(r"^[\w.]+: ([\w, ]+?) left NULL\b")
+
+
+def notes_on_what_is_read(notes: Sequence[str], sql: str) -> List[str]:
+    """The notes that matter to `sql`: one that columns were left NULL only where the query reads
+    one of them (by name, or `*`); a query of a table's other columns hears nothing of them."""
+    kept = []
+    for note in notes:
+        null = _NULL_COLUMNS.match(note)
+        if null is not None and "*" not in sql:
+            columns = re.split(r", | and ", null.group(1))
+            if not any(re.search(rf"(?<![\w.]){re.escape(column)}(?!\w)", sql) for column in columns):
+                continue
+        kept.append(note)
+    return kept
+
+
 def fetch_tables(
     target: Target, sql: str, timeout: float, scan_budget: float = 1.0, step_wait: float = 1.0
 ) -> Fetched:
@@ -74,7 +94,7 @@ def fetch_tables(
                     params = {"scan_budget_s": scan_budget, "step_wait_s": step_wait}
                     wait = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
                     table = client.fetch_table(name, params, wait)
-                    notes.extend(table.notes)
+                    notes.extend(notes_on_what_is_read(table.notes, sql))
                     tables.append(table)
         except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
             fell_back: Optional[Tuple[str, bool]] = (error.message, isinstance(error, AgentUnreachable))

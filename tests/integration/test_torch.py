@@ -256,10 +256,12 @@ def test_model_tables_match_the_known_model() -> None:
         assert named["model.0.weight"] == {
             "name": "model.0.weight", "kind": "parameter", "shape": "[16, 8]", "dtype": "float32",
             "device": "cpu", "bytes": 512, "requires_grad": True, "is_param": True, "grad_fn": None,
+            "held_by": None,  # named by the model: no holder needed
         }  # fmt: skip
         assert named["model.0.weight.grad"]["kind"] == "gradient"
         marker = [row for row in tensors if row["shape"] == "[123, 45]"]
         assert len(marker) == 1 and marker[0]["kind"] == "tensor" and marker[0]["bytes"] == 123 * 45 * 4
+        assert marker[0]["held_by"] == "__main__.marker"
         seed = rows(
             job.pid,
             "SELECT shape, dtype, device, count(*) AS n, sum(bytes) AS bytes FROM python.tensors "

@@ -111,3 +111,28 @@ def test_a_note_every_rank_gives_is_said_once(monkeypatch: pytest.MonkeyPatch) -
         f"every rank: {NO_CUDA}",
         "rank 2: python.backtrace read from outside the process (py-spy)",
     ]
+
+
+def test_a_note_of_columns_left_null_reaches_only_a_query_that_reads_them() -> None:
+    from probing.engine.query import notes_on_what_is_read
+
+    objects = "python.gc_generations: objects left NULL: gc's generation 2 was not listed"
+    norms = "python.modules: grad_norm and has_nonfinite_grad left NULL: the job did not step"
+    notes = [objects, norms, NO_CUDA]
+    assert notes_on_what_is_read(notes, "SELECT generation, threshold FROM python.gc_generations") == [
+        NO_CUDA
+    ]
+    assert notes_on_what_is_read(notes, "SELECT generation, objects FROM python.gc_generations") == [
+        objects,
+        NO_CUDA,
+    ]
+    assert notes_on_what_is_read(notes, "SELECT * FROM python.gc_generations") == notes
+    assert notes_on_what_is_read(notes, "SELECT name, has_nonfinite_grad FROM python.modules") == [
+        norms,
+        NO_CUDA,
+    ]
+    assert notes_on_what_is_read(notes, "SELECT name FROM python.modules WHERE grad_norm > 1") == [
+        norms,
+        NO_CUDA,
+    ]
+    assert notes_on_what_is_read(notes, "SELECT name, grad_norm_x FROM python.modules") == [NO_CUDA]

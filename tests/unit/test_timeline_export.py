@@ -62,8 +62,8 @@ def session_with_rows(steps: int = 8) -> Any:
     session.load_rows(
         NAN_EVENTS,
         [
-            (5, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, 0, at),
-            (1, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, 0, at),
+            (5, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, None, None, 0, at),
+            (1, 3, "model.layers", "ModuleList", "forward", "out", 1, 0, True, None, None, 0, at),
         ],
     )
     first, last = clock.rows[0][11] / 1e6, clock.rows[-1][11] / 1e6
