@@ -23,7 +23,11 @@ check says so.
 A model of many parameters is not checked in one go: the start check works for at most
 SLICE_S at a call, and only once the job has run DUTY_SHARE_INVERSE times as long as the
 check took (so it takes at most a tenth of the training thread's time), over as many steps as
-it needs; a module's check at an event stops after SLICE_S and says it was cut.
+it needs; a module's check at an event stops after SLICE_S and says it was cut. Times are the
+training thread's CPU time: on a loaded machine the thread may wait for a core in the middle
+of a piece, which is no work of the check's (counted on the wall clock, such a wait once
+spread a five-tensor model's check over several steps, and updates in between made "already"
+unknowable).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from ...originals import Event, perf_counter
+from ...originals import Event, thread_time
 from ..pacing import MAX_STALL_S
 from .finite import describe_tensor, nonfinite
 
@@ -114,7 +118,7 @@ def module_weights(
     buffers, and those of its children that are not hooked. A hooked child is left out: its
     output was finite (or it would have been the event), and its weights are its own check.
     Stops after SLICE_S, and says so (finite None, or False with what it found by then)."""
-    deadline = perf_counter() + SLICE_S
+    deadline = thread_time() + SLICE_S
     found = EventWeights(True, [], 0)
     stack = [(name, module)]
     while stack:
@@ -125,7 +129,7 @@ def module_weights(
                 found.unwritten = found.unwritten or unwritten(tensor)
                 if len(found.names) < MAX_EVENT_NAMES:
                     found.names.append(qualified)
-        if perf_counter() >= deadline and stack:
+        if thread_time() >= deadline and stack:
             found.finite = False if found.count else None
             return found
         for child_name, child in reversed(list(current._modules.items())):
@@ -199,14 +203,14 @@ class WeightsAtStart:
     def work(self, step: int) -> None:
         """A piece of the check, in the training thread at a module boundary: at most SLICE_S,
         and nothing until the job has run on for DUTY_SHARE_INVERSE - 1 times the last piece."""
-        started = perf_counter()
+        started = thread_time()
         if started < self.next_at:
             return
         if self.first_step is None:
             self.first_step = step
         deadline = started + SLICE_S
         try:
-            while perf_counter() < deadline:
+            while thread_time() < deadline:
                 if self.next_module >= len(self.modules):
                     self.modules, self.next_module = [], 0
                     if not self.pending:
@@ -227,7 +231,7 @@ class WeightsAtStart:
             self.pending, self.modules = [], []
             self.done_step = step
             self.finished.set()
-        ended = perf_counter()
+        ended = thread_time()
         self.next_at = ended + (DUTY_SHARE_INVERSE - 1) * (ended - started)
 
     def _check(self, named: Named, step: int) -> None:
