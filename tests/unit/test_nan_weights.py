@@ -134,10 +134,11 @@ def test_the_start_check_of_a_large_model_is_cut_into_pieces_of_10_ms() -> None:
         check.work(len(pieces))
         if check.checked != checked:
             pieces.append(time.thread_time() - cpu)
-            assert check.next_at > time.thread_time()  # the next piece waits (the thread's CPU time)
-            checked = check.checked
-            check.work(len(pieces))
-            assert check.checked == checked
+            if pieces[-1] > 0.001:  # (a piece the machine preempted at once may have done ~nothing)
+                assert check.next_at > time.perf_counter()  # the next piece waits
+                checked = check.checked
+                check.work(len(pieces))
+                assert check.checked == checked
         else:
             time.sleep(0.001)
     assert len(pieces) >= 2

@@ -23,11 +23,11 @@ check says so.
 A model of many parameters is not checked in one go: the start check works for at most
 SLICE_S at a call, and only once the job has run DUTY_SHARE_INVERSE times as long as the
 check took (so it takes at most a tenth of the training thread's time), over as many steps as
-it needs; a module's check at an event stops after SLICE_S and says it was cut. Times are the
-training thread's CPU time: on a loaded machine the thread may wait for a core in the middle
-of a piece, which is no work of the check's (counted on the wall clock, such a wait once
-spread a five-tensor model's check over several steps, and updates in between made "already"
-unknowable).
+it needs; a module's check at an event stops after SLICE_S and says it was cut. A piece is
+measured in the training thread's CPU time: on a loaded machine the thread may wait for a core
+in the middle of one, which is no work of the check's (counted on the wall clock, such a wait
+once spread a five-tensor model's check over several steps, and updates in between made
+"already" unknowable); the wait after it is on the wall clock, as the job runs.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from ...originals import Event, thread_time
+from ...originals import Event, perf_counter, thread_time
 from ..pacing import MAX_STALL_S
 from .finite import describe_tensor, nonfinite
 
 # The longest one piece of weight checking holds the training thread.
 SLICE_S = MAX_STALL_S
+# A piece ends past SLICE_S of the thread's CPU time, or this many SLICE_S on the wall clock.
+WALL_SLICES = 5
 # After a piece of the start check that took t, the next waits (DUTY_SHARE_INVERSE - 1) * t.
 DUTY_SHARE_INVERSE = 10
 # Non-finite tensors named in `nan status` (all are counted).
@@ -203,14 +205,16 @@ class WeightsAtStart:
     def work(self, step: int) -> None:
         """A piece of the check, in the training thread at a module boundary: at most SLICE_S,
         and nothing until the job has run on for DUTY_SHARE_INVERSE - 1 times the last piece."""
-        started = thread_time()
-        if started < self.next_at:
+        if perf_counter() < self.next_at:
             return
+        started, began = thread_time(), perf_counter()
         if self.first_step is None:
             self.first_step = step
         deadline = started + SLICE_S
+        # Waits the CPU clock does not see (a device's sync that sleeps) are bounded too.
+        wall_deadline = began + WALL_SLICES * SLICE_S
         try:
-            while thread_time() < deadline:
+            while thread_time() < deadline and perf_counter() < wall_deadline:
                 if self.next_module >= len(self.modules):
                     self.modules, self.next_module = [], 0
                     if not self.pending:
@@ -231,8 +235,7 @@ class WeightsAtStart:
             self.pending, self.modules = [], []
             self.done_step = step
             self.finished.set()
-        ended = thread_time()
-        self.next_at = ended + (DUTY_SHARE_INVERSE - 1) * (ended - started)
+        self.next_at = perf_counter() + (DUTY_SHARE_INVERSE - 1) * (thread_time() - started)
 
     def _check(self, named: Named, step: int) -> None:
         tensor = named[3]
