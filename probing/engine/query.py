@@ -4,14 +4,13 @@ into a DuckDB session in this process (DESIGN.md says why SQL runs here)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 from ..outside.pyspy import outside_budget
 from ..protocol import DecodedTable
 from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
-from ..sql.session import SqlSession, referenced_tables
+from ..sql.session import SqlSession, notes_on_what_is_read, referenced_tables
 from .backtrace import ask, from_outside
 from .fanout import Missing, gather
 from .job import Rank
@@ -49,25 +48,6 @@ def static_session(added: Sequence[Column] = ()) -> SqlSession:
 
 def _known_names() -> List[str]:
     return list(AGENT_TABLES) + list(LOCAL_TABLES)
-
-
-# A note that columns were left NULL: "python.gc_generations: objects left NULL: ...",
-# "python.modules: grad_norm and has_nonfinite_grad left NULL: ...".
-_NULL_COLUMNS = re.compile(r"^[\w.]+: ([\w, ]+?) left NULL\b")
-
-
-def notes_on_what_is_read(notes: Sequence[str], sql: str) -> List[str]:
-    """The notes that matter to `sql`: one that columns were left NULL only where the query reads
-    one of them (by name, or `*`); a query of a table's other columns hears nothing of them."""
-    kept = []
-    for note in notes:
-        null = _NULL_COLUMNS.match(note)
-        if null is not None and "*" not in sql:
-            columns = re.split(r", | and ", null.group(1))
-            if not any(re.search(rf"(?<![\w.]){re.escape(column)}(?!\w)", sql) for column in columns):
-                continue
-        kept.append(note)
-    return kept
 
 
 def fetch_tables(

@@ -13,7 +13,7 @@ import duckdb
 
 from ..errors import BadSQL, ProbingError
 from ..schema.tables import AGENT_TABLES, BACKTRACE, CLI_TABLES
-from ..sql.session import SqlSession, referenced_tables
+from ..sql.session import SqlSession, notes_on_what_is_read, referenced_tables
 from .record import Record
 
 # The name of the file `export` writes the record's header into, beside the tables.
@@ -66,7 +66,7 @@ def query_record(record: Record, sql: str) -> RecordQuery:
     held = set(record.table_names())
     known = list(AGENT_TABLES) + [table.name for table in record.tables]
     read = referenced_tables(known, sql)
-    notes = notes_about(record.notes, read)
+    notes = notes_on_what_is_read(notes_about(record.notes, read), sql)
     unexplained = [name for name in read if name not in held and not notes_about(notes, [name])]
     if unexplained:
         notes.append(

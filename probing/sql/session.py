@@ -179,6 +179,25 @@ def referenced_tables(names: Sequence[str], sql: str) -> List[str]:
     return found
 
 
+# A note that columns were left NULL: "python.gc_generations: objects left NULL: ...",
+# "python.modules: grad_norm and has_nonfinite_grad left NULL: ...".
+_NULL_COLUMNS = re.compile(r"^[\w.]+: ([\w, ]+?) left NULL\b")
+
+
+def notes_on_what_is_read(notes: Sequence[str], sql: str) -> List[str]:
+    """The notes that matter to `sql`: one that columns were left NULL only where the query reads
+    one of them (by name, or `*`); a query of a table's other columns hears nothing of them."""
+    kept = []
+    for note in notes:
+        null = _NULL_COLUMNS.match(note)
+        if null is not None and "*" not in sql:
+            columns = re.split(r", | and ", null.group(1))
+            if not any(re.search(rf"(?<![\w$]){re.escape(c)}(?![\w$])", sql, re.IGNORECASE) for c in columns):
+                continue
+        kept.append(note)
+    return kept
+
+
 def _literal(value: Any) -> str:
     if value is None:
         return "NULL"

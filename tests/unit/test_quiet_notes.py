@@ -114,7 +114,7 @@ def test_a_note_every_rank_gives_is_said_once(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_note_of_columns_left_null_reaches_only_a_query_that_reads_them() -> None:
-    from probing.engine.query import notes_on_what_is_read
+    from probing.sql.session import notes_on_what_is_read
 
     objects = "python.gc_generations: objects left NULL: gc's generation 2 was not listed"
     norms = "python.modules: grad_norm and has_nonfinite_grad left NULL: the job did not step"
@@ -136,3 +136,4 @@ def test_a_note_of_columns_left_null_reaches_only_a_query_that_reads_them() -> N
         NO_CUDA,
     ]
     assert notes_on_what_is_read(notes, "SELECT name, grad_norm_x FROM python.modules") == [NO_CUDA]
+    assert notes_on_what_is_read(notes, "SELECT g.OBJECTS FROM python.gc_generations g") == [objects, NO_CUDA]
