@@ -154,23 +154,27 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
         install_records(server)
     except Exception as error:  # noqa: BLE001 - records are optional, the agent is not
         last_error = f"records: {type(error).__name__}: {error}"
-    torch_trace = os.environ.get("PROBING_TORCH_TRACE", "").strip()
-    if torch_trace and torch_trace.lower() not in ("0", "off", "false", "no"):
-        try:
-            from .pytorch.environment import start_trace
-
-            start_trace(torch_trace)
-        except Exception as error:  # noqa: BLE001 - tracing is optional, the agent is not
-            last_error = f"PROBING_TORCH_TRACE: {type(error).__name__}: {error}"
-    nan_checks = os.environ.get("PROBING_NAN", "").strip()
-    if nan_checks and nan_checks.lower() not in ("0", "off", "false", "no"):
-        try:
-            from .pytorch.environment import start_nan
-
-            start_nan(nan_checks)
-        except Exception as error:  # noqa: BLE001 - NaN checks are optional, the agent is not
-            last_error = f"PROBING_NAN: {type(error).__name__}: {error}"
+    problem = _arm_torch_from_environment()
+    if problem is not None:
+        last_error = problem
     return True
+
+
+def _arm_torch_from_environment() -> Optional[str]:
+    """PROBING_TORCH_TRACE and PROBING_NAN: tracing and NaN checks from the job's start (armed
+    for when it imports torch). Why one could not be armed, or None; never raises."""
+    problem = None
+    for variable, starter in (("PROBING_TORCH_TRACE", "start_trace"), ("PROBING_NAN", "start_nan")):
+        value = os.environ.get(variable, "").strip()
+        if not value or value.lower() in ("0", "off", "false", "no"):
+            continue
+        try:
+            from .pytorch import environment
+
+            getattr(environment, starter)(value)
+        except Exception as error:  # noqa: BLE001 - torch features are optional, the agent is not
+            problem = f"{variable}: {type(error).__name__}: {error}"
+    return problem
 
 
 def _listen_from_environment(server: AgentServer) -> None:

@@ -165,6 +165,16 @@ class ThreadStack:
             frame = frame.f_back
 
 
+def outermost_first(innermost: Optional[FrameType]) -> List[FrameType]:
+    """A thread's frames from its entry point to where it is now."""
+    frames = []
+    while innermost is not None:
+        frames.append(innermost)
+        innermost = innermost.f_back
+    frames.reverse()
+    return frames
+
+
 # Threads of the agent on their way out (the attach helper's, unwinding the import that ran
 # it): ident -> native id. Their idents are no longer the agent's (a new thread, even one of
 # the agent's, may get the same ident the moment they end), but while their task lives, a

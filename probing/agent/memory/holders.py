@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Op
 
 from ...originals import perf_counter
 from ..pacing import Pacer
-from ..stacks import current_frames
+from ..stacks import current_frames, outermost_first
 from .job_code import AGENT_DIR, is_library, library_roots
 from .objects import release
 
@@ -333,12 +333,7 @@ def _namespaces() -> Iterator[Tuple[str, Any]]:
     if main is not None and issubclass(type(main), ModuleType):
         yield "__main__", _MODULE_NAMESPACE.__get__(main)
     for innermost in current_frames().values():
-        frames = []
-        frame: Optional[FrameType] = innermost
-        while frame is not None:
-            frames.append(frame)
-            frame = frame.f_back
-        for outer in reversed(frames):
+        for outer in outermost_first(innermost):
             code = outer.f_code
             if code.co_filename.startswith(AGENT_DIR):
                 continue

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 from ...originals import allocate_lock, monotonic
 from ..memory.objects import GENERATIONS, Skipped, list_generation, release
 from ..pacing import MAX_STALL_S, Pacer
-from ..stacks import current_frames
+from ..stacks import current_frames, outermost_first
 
 
 class NoTorch(Exception):
@@ -48,12 +48,7 @@ def _namespaces(own_threads: Any) -> Iterator[Dict[str, Any]]:
     for ident, innermost in current_frames().items():
         if ident in own_threads:
             continue
-        frames = []
-        frame: Optional[FrameType] = innermost
-        while frame is not None:
-            frames.append(frame)
-            frame = frame.f_back
-        for outer in reversed(frames):
+        for outer in outermost_first(innermost):
             try:
                 yield outer.f_locals
             except Exception:  # noqa: BLE001 - a frame that cannot show its locals
