@@ -62,9 +62,10 @@ def _answering_socket(pid: int) -> Optional[str]:
 
 
 # native/helper.c names its thread "probing-attach" while it waits for the GIL, and
-# "probing-agent" once it holds it and loads the agent.
+# "probing-agent" once it holds it and loads the agent. The threads the agent starts name
+# themselves "probing-..." too (agent/threads.py).
 _WAITING_NAME = "probing-attach"
-_LOADING_NAME = "probing-agent"
+_AGENT_PREFIX = "probing-"
 
 
 def _bootstrap_waiting(pid: int) -> bool:
@@ -80,6 +81,12 @@ class _Loading:
     ~100 ms each), every read costs a whole stretch and loading can take seconds, although
     the job lets the GIL go all the time. That is no reason to give up: --attach-timeout bounds
     the wait for a GIL that never comes free; a loader that is moving is waited for longer.
+
+    Once the agent's modules are imported (every attach after a detach), the loader reads no
+    file and waits, using no CPU, while each thread it starts (the memory sampler, the accept
+    thread) gets the GIL for its first lines, a whole stretch each: such a load was given up
+    after 5 s with no tick of the loader's own (CI, with the machine loaded). The threads it
+    started are its headway too: any new thread named probing-... that appears or works counts.
     """
 
     def __init__(self, pid: int) -> None:
@@ -100,7 +107,7 @@ class _Loading:
         for tid, name in thread_names(self.pid).items():
             if name == _WAITING_NAME:
                 self.helpers.add(tid)
-            elif name == _LOADING_NAME and (tid in self.helpers or tid not in self.before):
+            elif name.startswith(_AGENT_PREFIX) and (tid in self.helpers or tid not in self.before):
                 work = thread_work_done(self.pid, tid)
                 if work is not None and work != self.last.get(tid):
                     self.last[tid] = work

@@ -19,6 +19,7 @@ from record_files import capture_record, exception_of
 from probing.cli.pictures.page import data_script
 from probing.cli.pictures.report import chart_data, report_page
 from probing.engine.report import Report
+from probing.engine.report_tables import MODULE_WINDOW_STEPS
 
 from support import PROBING, Target, probing, wait_until
 
@@ -229,7 +230,9 @@ def shown_numbers(page: Page, record: Path) -> None:
     period = (newest["started"] - last["started"]) / (newest["step"] - last["step"])
     figure = page.evaluate("document.querySelector('#steps .figures div b').textContent")
     assert figure == (f"{period * 1000:.1f} ms" if period < 1 else f"{period:.2f} s"), (figure, period)
-    window = f"step < {newest['step']} AND step > {newest['step']} - 21"
+    # The window of the modules table: MODULE_WINDOW_STEPS step numbers up to the last whole
+    # step. Tracing samples steps: the step under way may be several numbers past it.
+    window = f"step <= {last['step']} AND step > {last['step']} - {MODULE_WINDOW_STEPS}"
     mean = query(
         str(record),
         "SELECT sum(duration) FILTER (WHERE module = 'model.2' AND stage = 'forward') / count(DISTINCT step) "
