@@ -42,6 +42,7 @@ def _run(args: List[str]) -> int:
             invocation = Invocation(
                 fast.pop("target"), fast.pop("verbose"), fast.pop("no_attach"), fast.pop("attach_timeout")
             )
+            invocation.command = "backtrace"
             return backtrace(invocation, **fast)
         from .group import run_click
 

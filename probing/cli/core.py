@@ -1,5 +1,6 @@
-"""`probing core CORE [backtrace | query SQL]`: the Python stacks in a core file, as
-`probing PID backtrace` shows a live process's, and SQL over them as `probing PID query` runs."""
+"""`probing core CORE [backtrace | query SQL]`: the Python stacks in a core file, and SQL over
+them. A core file is a target like any other (`probing CORE backtrace`, engine/kinds/core.py);
+this spelling, pystack's, stays for --exe: the interpreter, when not the one the core names."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Optional, Tuple
 
 import click
 
-from ..engine.core import query_core, read_core_stacks
+from ..engine.kinds.core import Core
 from ..errors import ExitCode, UsageError
 from .invocation import Invocation, read_argument
 from .options import apply, pass_invocation
@@ -52,13 +53,13 @@ def core_command(
     the other tables need a live process (or a record written by the agent).
     """
     sql = _sql(command)
-    log = log_to_stderr if invocation.verbose else None
-    reading = read_core_stacks(core_file, exe, locals, thread, timeout, log)
+    core = Core(core_file, "core", exe, log_to_stderr if invocation.verbose else None)
     if sql is None:
-        write_core(reading, format)
-        return ExitCode.OK
-    result = query_core(reading, sql)
-    write_rows(result.columns, result.types, result.rows, "table" if format == "text" else format)
+        answer = core.stacks(locals, thread, timeout, False, False, False)
+        write_core(answer.value, format)
+        return answer.exit_code
+    rows = core.query(sql, timeout, 0.0, 0.0).value
+    write_rows(rows.columns, rows.types, rows.rows, "table" if format == "text" else format)
     return ExitCode.OK
 
 

@@ -17,5 +17,5 @@ from .spec import timeout
 @pass_invocation
 def detach_command(invocation: Invocation, timeout: float) -> int:
     """Stop the agent: its threads, hooks and socket go; the job runs on."""
-    write_detached(detach(invocation.target(), timeout))
+    write_detached(detach(invocation.kind().process(), timeout))
     return ExitCode.OK

@@ -6,8 +6,8 @@ from typing import Optional
 
 import click
 
+from ..engine.kinds import Ranks
 from ..engine.requests import EVAL_REPLY_GRACE_S, evaluate
-from ..errors import ExitCode
 from .invocation import Invocation, read_argument
 from .options import apply, pass_invocation
 from .render.reports import write_eval_result
@@ -39,17 +39,13 @@ def eval_command(
     With --ranks, on every rank at once; the same output from several ranks is shown once.
     """
     source = read_argument(code, "code")
-    if ranks is not None:
-        from ..engine.fanout import gather
+    answer = invocation.kind(ranks).each(
+        lambda target: evaluate(target, source, frame, timeout, force), timeout + EVAL_REPLY_GRACE_S + 1.0
+    )
+    if isinstance(answer, Ranks):
         from .render.per_rank import write_job_evals
 
-        job, chosen = invocation.job(ranks)
-        gathered = gather(
-            chosen,
-            lambda rank: evaluate(invocation.rank_target(rank), source, frame, timeout, force),
-            invocation.attach_timeout + timeout + EVAL_REPLY_GRACE_S + 1.0,
-        )
-        write_job_evals(job, gathered)
-        return gathered.exit_code()
-    write_eval_result(evaluate(invocation.target(), source, frame, timeout, force))
-    return ExitCode.OK
+        write_job_evals(answer.job, answer.gathered)
+    else:
+        write_eval_result(answer.value)
+    return answer.exit_code

@@ -7,7 +7,6 @@ from typing import Optional
 
 import click
 
-from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render import notes
@@ -31,16 +30,17 @@ def export(
     """
     if (parquet is None) == (csv is None):
         raise click.UsageError("give one of --parquet DIR or --csv DIR")
-    record = invocation.record()
-    if record is None:
+    from ..engine.kinds.record import Record
+    from .render.record import write_exported
+
+    target = invocation.kind()
+    if not isinstance(target, Record):
         raise click.UsageError(
             "export reads a record file: `probing PID record` writes one of a live job, "
             "then `probing FILE export`"
         )
-    from ..engine.record_sql import export_record
-    from .render.record import write_exported
-
-    notes(record.notes)
     kind, directory = ("parquet", parquet) if parquet is not None else ("csv", csv)
-    write_exported(export_record(record, directory or "", kind, force), format)
-    return ExitCode.OK
+    answer = target.export(directory or "", kind, force)
+    notes(answer.notes)
+    write_exported(answer.value, format)
+    return answer.exit_code

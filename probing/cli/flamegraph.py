@@ -4,12 +4,12 @@ speedscope JSON or folded text."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Iterable, Iterator, Optional
 
 import click
 
 from ..engine.flame import Flame
-from ..errors import ExitCode
+from ..engine.kinds import Ranks
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .pictures.flame import folded_lines, speedscope_text, total_weight
@@ -19,10 +19,6 @@ from .render import inert_parts
 from .render import notes as say_notes
 from .render.files import check_output, counted, write_output, wrote
 from .spec import RANKS, timeout
-
-if TYPE_CHECKING:
-    from ..engine.fanout import Missing
-    from ..engine.target import Target
 
 FORMATS = ("html", "svg", "speedscope", "folded")
 HINTS = {
@@ -169,55 +165,19 @@ def flamegraph(
     if torch_modules and (duration is not None or outside):
         raise click.UsageError("--duration and --outside sample stacks; --torch draws what tracing measured")
     check_output(output)  # a path that cannot be written fails before the job is sampled
-    missing: List[Missing] = []
-    if ranks is not None:
-        if invocation.is_record():
-            raise invocation.live_only("flamegraph --ranks")
-        picture, missing = _every_rank(invocation, ranks, duration or 10.0, rate, outside, torch_modules,
-                                       steps, timeout)  # fmt: skip
-    elif torch_modules:
-        from ..engine.flame_modules import torch_flame_of_record, torch_flame_of_target
-
-        record = invocation.record()
-        if record is not None:
-            picture = torch_flame_of_record(record, steps)
-        else:
-            picture = torch_flame_of_target(invocation.target(), steps, timeout)
+    target = invocation.kind(ranks)
+    if torch_modules:
+        answer = target.module_flame(steps, timeout)
     else:
-        from ..engine.flame import sample_stacks
-
-        if invocation.is_record():
-            raise invocation.live_only("`flamegraph` without --torch (sampling)")
-        picture = sample_stacks(invocation.target(), duration or 10.0, rate, timeout, outside)
+        answer = target.sampled_flame(duration or 10.0, rate, timeout, outside)
+    picture = answer.value
     say_notes(picture.notes)
     if not picture.stacks:
         say_notes(["no stacks were sampled: the picture is empty"])
     size = write_output(output, for_output(parts_of(picture, chosen), output))
     wrote(output, size, figures_line(picture), HINTS[chosen])
-    if missing:
+    if isinstance(answer, Ranks) and answer.gathered is not None:
         from .render.per_rank import write_missing
 
-        write_missing(missing)
-        return ExitCode.PARTIAL
-    return ExitCode.OK
-
-
-def _every_rank(
-    invocation: Invocation, ranks: str, duration: float, rate: float, outside: bool, torch_modules: bool,
-    steps: Optional[str], timeout: float,
-) -> Tuple[Flame, List[Missing]]:  # fmt: skip
-    from ..engine.flame_ranks import job_flame, sampling_deadline
-
-    _, chosen = invocation.job(ranks)
-    one: Callable[[Target], Flame]
-    if torch_modules:
-        from ..engine.flame_modules import torch_flame_of_target
-
-        one, window = (lambda target: torch_flame_of_target(target, steps, timeout)), 0.0
-    else:
-        from ..engine.flame import sample_stacks
-
-        one, window = (lambda target: sample_stacks(target, duration, rate, timeout, outside)), duration
-    deadline = sampling_deadline(window, timeout, invocation.attach_timeout)
-    picture, gathered = job_flame(chosen, invocation.rank_target, one, deadline)
-    return picture, gathered.missing
+        write_missing(answer.gathered.missing)
+    return answer.exit_code

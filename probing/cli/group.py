@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 import click
 
 from .. import __version__
-from ..engine.record_path import is_record_path
+from ..engine.kinds import names_a_file_kind
 from ..engine.target import parse_address
 from ..errors import ExitCode, ProbingError, UsageError
 from .backtrace import backtrace as show_backtrace
@@ -152,7 +152,7 @@ def cli(
         raise click.UsageError(f"'{ctx.invoked_subcommand}' takes no TARGET")
     if target is not None and endpoints is not None:
         raise click.UsageError("give either a TARGET or --endpoints, not both")
-    if target is not None and not is_record_path(target):
+    if target is not None and not names_a_file_kind(target):
         parse_address(target)  # a malformed TARGET is a usage error before any work
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import click
 
-from ..engine.hang import sample_hang
-from ..engine.sources import SourceLines, reader_for_owner
-from ..errors import ExitCode
+from ..engine.kinds import Ranks
+from ..engine.kinds.record import FromRecord
 from .invocation import Invocation
 from .options import apply, carrier_threads, pass_invocation
+from .render import notes
 from .render.reports import write_hang
 from .spec import RANKS, TEXT_OR_JSON, timeout
 
@@ -50,42 +50,16 @@ def hang(
     not reached the collective the others wait in, and where they are; collectives that do not
     match across ranks. Exits 11 when the job is stuck, 14 when some ranks could not be watched.
     """
-    record = invocation.record()
-    if record is not None:
-        from ..engine.record_reports import record_hang
-        from .render.record import write_record_hang
-
-        if ranks is not None:
-            raise invocation.live_only("hang --ranks")
-        if carriers:
-            raise invocation.live_only("hang --thread")
-        sources = SourceLines(None, reader_for_owner(*record.owner))
-        report = record_hang(record, lambda frame: sources.line(str(frame.get("file")), frame.get("lineno")))
-        write_record_hang(report, format)
-        return ExitCode.HUNG if report["hung"] else ExitCode.OK
-    if ranks is not None:
-        from ..engine.job_hang import watch_job
-        from .render import notes
+    answer = invocation.kind(ranks).hang(duration, samples, timeout, carriers)
+    notes(answer.notes)
+    if isinstance(answer, Ranks):
         from .render.job import write_job_hang
 
-        _, chosen = invocation.job(ranks)
-        watched = watch_job(
-            chosen, invocation.rank_target, duration, samples, timeout, invocation.attach_timeout, carriers
-        )
-        notes(watched.notes)
-        write_job_hang(watched.verdict, format)
-        if watched.verdict.hung:
-            return ExitCode.HUNG
-        if watched.failure_code is not None:
-            return watched.failure_code
-        return ExitCode.PARTIAL if watched.verdict.missing else ExitCode.OK
-    target = invocation.target()
-    pid: Optional[int] = None if target.remote else target.require_pid("hang")
-    sources = SourceLines(pid)
+        write_job_hang(answer.value, format)
+    elif isinstance(answer.value, FromRecord):
+        from .render.record import write_record_hang
 
-    def code_line(frame: Dict[str, Any]) -> str:
-        return sources.line(frame["file"], frame["lineno"])
-
-    answer = sample_hang(target, duration, samples, timeout, code_line, carriers)
-    write_hang(answer, format)
-    return ExitCode.HUNG if answer.report.hung else ExitCode.OK
+        write_record_hang(answer.value.value, format)
+    else:
+        write_hang(answer.value, format)
+    return answer.exit_code

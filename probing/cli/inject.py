@@ -21,7 +21,7 @@ from .spec import TEXT_OR_JSON
 @pass_invocation
 def inject_command(invocation: Invocation, method: str, format: str) -> int:
     """Put the agent into the process now; say how, and how long any thread was stopped."""
-    target = invocation.target()
+    target = invocation.kind().process()
     attached = inject(target, method)
     write_attach(target.require_pid("inject"), attached, format)
     return ExitCode.OK

@@ -6,8 +6,8 @@ from typing import Optional
 
 import click
 
+from ..engine.kinds import Ranks
 from ..engine.listen import start_listening
-from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.listen import write_job_listening, write_listening
@@ -40,16 +40,11 @@ def listen_command(
     over its Unix socket; the agent registers its endpoint in the job's rendezvous store, where
     `--ranks` on any node finds it. A process without an agent is attached to first.
     """
-    if ranks is not None:
-        from ..engine.fanout import gather
-
-        job, chosen = invocation.local_job() if ranks == "local" else invocation.job(ranks)
-        gathered = gather(
-            chosen,
-            lambda rank: start_listening(invocation.rank_target(rank), address, timeout),
-            invocation.attach_timeout + timeout + 1.0,
-        )
-        write_job_listening(job, gathered, format)
-        return gathered.exit_code()
-    write_listening(start_listening(invocation.target(), address, timeout), format)
-    return ExitCode.OK
+    answer = invocation.kind(ranks).each(
+        lambda target: start_listening(target, address, timeout), timeout + 1.0
+    )
+    if isinstance(answer, Ranks):
+        write_job_listening(answer.job, answer.gathered, format)
+    else:
+        write_listening(answer.value, format)
+    return answer.exit_code

@@ -6,8 +6,8 @@ from typing import Optional
 
 import click
 
-from ..engine.requests import memory
-from ..errors import ExitCode
+from ..engine.kinds import Ranks
+from ..engine.kinds.record import FromRecord
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.memory import write_memory_answer
@@ -57,35 +57,21 @@ def memory_command(
         raise click.UsageError("--interval is 0 (stop sampling) or at least 0.1 s")
     if format == "json" and cuda_snapshot is not None:
         raise click.UsageError("--cuda-snapshot writes a file; --format json does not apply")
-    record = invocation.record()
-    if record is not None:
-        from ..engine.record_reports import record_memory
-        from .render.record import write_record_memory
-
-        if chosen or ranks is not None:
-            raise invocation.live_only(f"memory {(chosen or ['--ranks'])[0]}")
-        write_record_memory(record_memory(record), format)
-        return ExitCode.OK
-    if ranks is not None:
-        if cuda_snapshot is not None:
-            raise click.UsageError(
-                "--cuda-snapshot writes one rank's snapshot: give that rank's PID, not --ranks"
-            )
-        from ..engine.fanout import gather
+    if ranks is not None and cuda_snapshot is not None:
+        raise click.UsageError(
+            "--cuda-snapshot writes one rank's snapshot: give that rank's PID, not --ranks"
+        )
+    answer = invocation.kind(ranks).memory(
+        growth, cuda_snapshot is not None, interval, top, timeout, scan_budget, chosen
+    )
+    if isinstance(answer, Ranks):
         from .render.per_rank import write_job_memory
 
-        job, members = invocation.job(ranks)
-        window = (growth or 0.0) + 2 * scan_budget
-        gathered = gather(
-            members,
-            lambda rank: memory(
-                invocation.rank_target(rank), growth, False, interval, top, timeout, scan_budget
-            ),
-            invocation.attach_timeout + timeout + window + 1.0,
-        )
-        write_job_memory(job, gathered, format)
-        return gathered.exit_code()
-    target = invocation.target()
-    answer = memory(target, growth, cuda_snapshot is not None, interval, top, timeout, scan_budget)
-    write_memory_answer(answer, format, cuda_snapshot)
-    return ExitCode.OK
+        write_job_memory(answer.job, answer.gathered, format)
+    elif isinstance(answer.value, FromRecord):
+        from .render.record import write_record_memory
+
+        write_record_memory(answer.value.value, format)
+    else:
+        write_memory_answer(answer.value, format, cuda_snapshot)
+    return answer.exit_code

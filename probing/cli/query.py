@@ -6,8 +6,7 @@ from typing import Optional
 
 import click
 
-from ..engine.query import load_job_tables, load_tables
-from ..errors import ExitCode
+from ..engine.kinds import Ranks
 from .invocation import Invocation, read_argument
 from .options import apply, pass_invocation
 from .render import notes
@@ -43,31 +42,11 @@ def query(
     and node (SELECT rank, func FROM python.backtrace WHERE depth = 0).
     """
     text = read_argument(sql, "SQL")
-    record = invocation.record()
-    if record is not None:
-        from ..engine.record_sql import query_record
-
-        if ranks is not None:
-            raise invocation.live_only("query --ranks")
-        answer = query_record(record, text)
-        notes(answer.notes)
-        write_rows(answer.columns, answer.types, answer.rows, format)
-        return ExitCode.OK
-    if ranks is not None:
-        job, chosen = invocation.job(ranks)
-        tables = load_job_tables(
-            chosen, invocation.rank_target, text, timeout, invocation.attach_timeout, scan_budget, step_wait
-        )
-        notes(tables.notes)
-        if not tables.session.tables or len(tables.missing) == len(chosen):
-            write_missing(tables.missing)
-            return tables.missing[0].error.exit_code if tables.missing else ExitCode.OK
-        result = tables.session.run(text)
-        write_rows(result.columns, result.types, result.rows, format)
-        write_missing(tables.missing)
-        return ExitCode.PARTIAL if tables.missing else ExitCode.OK
-    loaded = load_tables(invocation.target(), text, timeout, scan_budget, step_wait)
-    notes(loaded.notes)
-    result = loaded.session.run(text)
-    write_rows(result.columns, result.types, result.rows, format)
-    return ExitCode.OK
+    answer = invocation.kind(ranks).query(text, timeout, scan_budget, step_wait)
+    rows = answer.value
+    notes(rows.notes)
+    if rows.columns is not None:
+        write_rows(rows.columns, rows.types, rows.rows, format)
+    if isinstance(answer, Ranks):
+        write_missing(answer.gathered.missing)
+    return answer.exit_code

@@ -6,7 +6,6 @@ from typing import Optional
 
 import click
 
-from ..engine.job_glance import glance_at_job
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.ranks import write_job_glance
@@ -35,7 +34,6 @@ def ranks(invocation: Invocation, ranks: Optional[str], format: str, timeout: fl
     listens, else from outside with py-spy. Never attaches. Exits 14 when some ranks could not
     be looked at (their state says why).
     """
-    job, chosen = invocation.job(ranks or "all")
-    answer = glance_at_job(job, chosen, invocation.rank_target, timeout)
-    write_job_glance(answer, format)
+    answer = invocation.kind(ranks or "all", what="`ranks`").glance(timeout)
+    write_job_glance(answer.value, format)
     return answer.exit_code

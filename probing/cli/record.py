@@ -6,8 +6,9 @@ from typing import Optional
 
 import click
 
+from ..engine.kinds import Ranks
 from ..engine.record_request import request_record
-from ..errors import ExitCode, RecordNotWritten
+from ..errors import RecordNotWritten
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.record import write_not_recorded, write_recorded
@@ -28,26 +29,20 @@ def record(
     write it (a full disk, a refused directory) the exit code is 18, and the reason is said (with
     --format json, on stdout too: {"pid", "path": null, "error", "exit_code"}).
     """
-    if ranks is not None:
-        from ..engine.fanout import gather
+    kind = invocation.kind(ranks)
+    try:
+        answer = kind.each(lambda target: request_record(target, reason, timeout), timeout + 31.0)
+    except RecordNotWritten as error:
+        # One process's agent answered (a rank's refusal is gathered with the others): a script
+        # reading the JSON learns that no file was written, and why.
+        write_not_recorded(kind.process().pid, error, format)
+        raise
+    if isinstance(answer, Ranks):
         from .render.per_rank import write_missing
         from .render.record import write_recorded_ranks
 
-        _, chosen = invocation.job(ranks)
-        gathered = gather(
-            chosen,
-            lambda rank: request_record(invocation.rank_target(rank), reason, timeout),
-            invocation.attach_timeout + timeout + 31.0,
-        )
-        write_recorded_ranks(gathered.answers, format, gathered.missing)
-        write_missing(gathered.missing)
-        return gathered.exit_code()
-    target = invocation.target()
-    try:
-        written = request_record(target, reason, timeout)
-    except RecordNotWritten as error:
-        # The agent answered: a script reading the JSON learns that no file was written, and why.
-        write_not_recorded(target.pid, error, format)
-        raise
-    write_recorded(written, format)
-    return ExitCode.OK
+        write_recorded_ranks(answer.gathered.answers, format, answer.gathered.missing)
+        write_missing(answer.gathered.missing)
+    else:
+        write_recorded(answer.value, format)
+    return answer.exit_code

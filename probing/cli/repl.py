@@ -218,7 +218,7 @@ def repl(invocation: Invocation, timeout: float) -> int:
     editing and history (~/.probing_history, or $PROBING_HISTORY) when stdin is a terminal.
     Lines piped in run as a script would: exit 8 if any statement raised.
     """
-    return run_repl(invocation.target(), timeout)
+    return run_repl(invocation.kind().process(), timeout)
 
 
 def run_repl(target: Target, timeout: float) -> int:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from ..errors import ExitCode
+from ..engine.kinds import Ranks
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .spec import RANKS, timeout
@@ -64,28 +64,25 @@ def report(
     threads (the same stack on several ranks drawn once, headed by them). Exit status 14 when
     some ranks gave no answer: they are named at the top of the page and on stderr.
     """
-    from ..engine.report import Report
     from .pictures.report import report_page
     from .render import notes
     from .render.files import check_output, counted, write_output, wrote
 
     check_output(output)
-    if ranks is not None:
-        if invocation.is_record():
-            raise invocation.live_only("report --ranks")
-        if not tensors:
-            raise click.UsageError("--no-tensors goes without --ranks: the job's page lists no objects")
-        return _job_report(invocation, ranks, output, hang_duration, hang_samples, timeout)
-    record = invocation.record()
-    gathered: Report
-    if record is not None:
-        from ..engine.report_record import gather_record
+    if ranks is not None and not tensors:
+        raise click.UsageError("--no-tensors goes without --ranks: the job's page lists no objects")
+    answer = invocation.kind(ranks).report(timeout, hang_duration, hang_samples, tensors)
+    gathered = answer.value
+    if isinstance(answer, Ranks):
+        from .pictures.report_job import job_report_page
+        from .render.per_rank import write_missing
 
-        gathered = gather_record(record)
-    else:
-        from ..engine.report import gather_live
-
-        gathered = gather_live(invocation.target(), timeout, hang_duration, hang_samples, tensors)
+        written = write_output(output, [job_report_page(gathered)])
+        shown = f"{counted(len(gathered.ranks), 'rank')}, {counted(gathered.thread_count, 'thread')}"
+        took = gathered.timings.get("total_s", 0.0)
+        wrote(output, written, f"{shown}, gathered in {took:.1f} s", "open it in a browser")
+        write_missing(gathered.missing)
+        return answer.exit_code
     written = write_output(output, [report_page(gathered)])
     threads = counted(gathered.thread_count or len(gathered.threads), "thread")
     sections = f"{threads}, {counted(len(gathered.steps), 'step')}"
@@ -99,26 +96,4 @@ def report(
                 + "; ".join(gathered.failures)
             ]
         )
-        return ExitCode.PARTIAL
-    return ExitCode.OK
-
-
-def _job_report(
-    invocation: Invocation, ranks: str, output: str, hang_duration: float, hang_samples: int, timeout: float
-) -> int:
-    from ..engine.report_job import gather_job
-    from .pictures.report_job import job_report_page
-    from .render.files import counted, write_output, wrote
-    from .render.per_rank import write_missing
-
-    job, chosen = invocation.job(ranks)
-    gathered = gather_job(job, chosen, invocation.rank_target, timeout, invocation.attach_timeout,
-                          hang_duration, hang_samples)  # fmt: skip
-    written = write_output(output, [job_report_page(gathered)])
-    shown = f"{counted(len(gathered.ranks), 'rank')}, {counted(gathered.thread_count, 'thread')}"
-    took = gathered.timings.get("total_s", 0.0)
-    wrote(output, written, f"{shown}, gathered in {took:.1f} s", "open it in a browser")
-    if gathered.missing:
-        write_missing(gathered.missing)
-        return ExitCode.PARTIAL
-    return ExitCode.OK
+    return answer.exit_code

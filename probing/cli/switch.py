@@ -7,9 +7,9 @@ from typing import Any, Dict, Optional, Sequence
 
 import click
 
+from ..engine.kinds import Ranks
 from ..engine.requests import switch
 from ..engine.timeline import StepRange
-from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.reports import write_switch
@@ -28,21 +28,16 @@ def _switch(
     timeout: float,
     ranks: Optional[str],
 ) -> int:
-    if ranks is not None:
-        from ..engine.fanout import gather
+    answer = invocation.kind(ranks).each(
+        lambda target: switch(target, feature, params, timeout), timeout + 1.0
+    )
+    if isinstance(answer, Ranks):
         from .render.per_rank import write_job_switches
 
-        job, chosen = invocation.job(ranks)
-        gathered = gather(
-            chosen,
-            lambda rank: switch(invocation.rank_target(rank), feature, params, timeout),
-            invocation.attach_timeout + timeout + 1.0,
-        )
-        write_job_switches(job, feature, params["action"], gathered, format)
-        return gathered.exit_code()
-    result = switch(invocation.target(), feature, params, timeout)
-    write_switch(feature, params["action"], result, format)
-    return ExitCode.OK
+        write_job_switches(answer.job, feature, params["action"], answer.gathered, format)
+    else:
+        write_switch(feature, params["action"], answer.value, format)
+    return answer.exit_code
 
 
 @click.command()

@@ -35,25 +35,10 @@ def export_trace(
     """Read the rows (engine), make the events (pictures), write the file (render)."""
     chosen = steps or EVERY_STEP
     check_output(output)  # a path that cannot be written fails before the job is asked anything
-    record = invocation.record()
-    if record is not None:
-        from ..engine.timeline import record_timeline
-
-        if ranks is not None:
-            raise invocation.live_only("trace export --ranks")
-        rows = record_timeline(record, chosen)
-        source = record.path
-    elif ranks is not None:
-        from ..engine.timeline import job_timeline
-
-        _, ranks_chosen = invocation.job(ranks)
-        rows = job_timeline(ranks_chosen, invocation.rank_target, chosen, timeout, invocation.attach_timeout)
-        source = f"{invocation.target_text or 'job'} --ranks {ranks}"
-    else:
-        from ..engine.timeline import live_timeline
-
-        rows = live_timeline(invocation.target(), chosen, timeout)
-        source = invocation.target_text or ""
+    target = invocation.kind(ranks, what="trace export --ranks")
+    answer = target.timeline(chosen, timeout)
+    rows = answer.value
+    source = target.source
     notes(rows.notes)
     timeline = Timeline([ProcessTrack(key, pid, name) for key, pid, name in rows.processes])
     events = Counted(_events(timeline, rows))

@@ -18,7 +18,7 @@ from typing import Dict, Iterator
 
 import pytest
 
-from probing.cli.invocation import REGISTRY_TIMEOUT_S
+from probing.engine.kinds.job import REGISTRY_TIMEOUT_S
 from probing.client.connection import Client
 from probing.client.discovery import locate_socket
 from probing.engine.job_remote import JOIN_SLACK_S
