@@ -109,7 +109,7 @@ class ProbingGroup(click.Group):
     "--target",
     metavar="TARGET",
     help="PID of the process, the path of its agent socket, tcp://HOST:PORT of an agent listening on TCP, "
-    "or a record file a job left (FILE.probing, FILE.fatal).",
+    "a record file a job left (FILE.probing, FILE.fatal), or a core file.",
 )
 @apply(*GLOBAL_OPTIONS, ENDPOINTS)
 @click.version_option(__version__, prog_name="probing")
@@ -140,7 +140,7 @@ def cli(
       probing records              the records jobs left on this machine when they ended
       probing FILE backtrace       a record is a target: backtrace, query, tables, memory, hang, export
       probing run -- CMD ...       start CMD with the agent in it
-      probing core CORE            the Python stacks in a core file (query "SQL" over them)
+      probing CORE backtrace       a core file is a target too: backtrace, query, tables
 
     A process without an agent is attached to first (unless --no-attach): one of its
     threads is borrowed for about a millisecond to load the agent; see `probing PID inject`.

@@ -89,8 +89,8 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
         record = text.endswith((RECORD_SUFFIX, FATAL_SUFFIX))
         raise UsageError(f"no such file: {text}", hint=_RECORDS_HINT if record else "")
     raise UsageError(
-        "TARGET must be a PID, the path of an agent socket, HOST:PORT, tcp://HOST:PORT or a record "
-        f"file, not {text!r}"
+        "TARGET must be a PID, the path of an agent socket, HOST:PORT, tcp://HOST:PORT, a record "
+        f"file or a core file, not {text!r}"
     )
 
 

@@ -134,6 +134,27 @@ def test_sql_runs_over_a_core(crash_core: Path) -> None:
     assert table.stdout.split()[-1] == "2"
 
 
+def test_a_core_file_is_a_target_like_any_other(crash_core: Path) -> None:
+    """`probing CORE backtrace | query | tables` answer as `probing core CORE` does; what a core
+    cannot answer exits 16 and says what to run instead, with no traceback."""
+    core = str(crash_core)
+    assert probing(core, "backtrace").stdout == probing("core", core).stdout != ""
+    assert rows_of(probing(core, "query", DEPTH_ZERO, "--format", "json")) == rows_of(
+        probing("core", core, "query", DEPTH_ZERO, "--format", "json")
+    )
+    assert rows_of(probing(core, "backtrace", "--format", "json")) == rows_of(
+        probing("core", core, "--format", "json")
+    )
+    tables = probing(core, "tables", "--format", "json")
+    assert [table["name"] for table in json.loads(tables.stdout)] == ["python.backtrace"], tables.stderr
+    live = [["eval", "1"], ["hang"], ["memory"], ["trace", "on"], ["report", "-o", os.devnull]]
+    for command in [*live, ["backtrace", "--ranks", "all"], ["backtrace", "--native"]]:
+        result = probing(core, *command)
+        assert result.returncode == 16, (command, result.stderr)
+        assert f"{core} is a core file" in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert "a core answers backtrace, query over python.backtrace and tables" in result.stderr
+
+
 def test_a_query_over_a_table_a_core_lacks_says_so(crash_core: Path) -> None:
     result = probing("core", str(crash_core), "query", "SELECT * FROM python.torch_trace")
     assert result.returncode == 16, result.stderr

@@ -151,5 +151,5 @@ def test_host_port_is_a_target_without_tcp_scheme(listening: tuple[Target, str, 
 def test_host_port_without_a_port_number_is_still_a_usage_error() -> None:
     result = probing("somehost:notaport", "backtrace")
     assert result.returncode == ExitCode.USAGE
-    expected = "TARGET must be a PID, the path of an agent socket, HOST:PORT, tcp://HOST:PORT or a record"
+    expected = "TARGET must be a PID, the path of an agent socket, HOST:PORT, tcp://HOST:PORT, a record"
     assert expected in result.stderr

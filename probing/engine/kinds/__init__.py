@@ -104,8 +104,11 @@ def resolve(
             if ranks is not None:
                 from ...errors import NotLive
 
-                described = kind().described
-                raise NotLive(f"{what or command + ' --ranks'} needs a live process: {text} is {described}")
+                of_file = kind()
+                what = what or f"{command} --ranks"
+                raise NotLive(
+                    f"{what} needs a live process: {text} is {of_file.described}", hint=of_file.instead
+                )
             return open_file(text, command, options)
     if ranks is not None or endpoints is not None:
         from .job import find
