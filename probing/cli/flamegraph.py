@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, Optional
 
 import click
 
-from ..engine.flame import Flame
+from ..engine.flames.sampled import Flame
 from ..engine.kinds import Ranks
 from .invocation import Invocation
 from .options import apply, pass_invocation

@@ -7,7 +7,7 @@ from typing import Optional
 import click
 
 from ..engine.kinds import Ranks
-from ..engine.record_request import request_record
+from ..engine.records.request import request_record
 from ..errors import RecordNotWritten
 from .invocation import Invocation
 from .options import apply, pass_invocation

@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from ..engine.record_listing import list_pruned, list_records, record_directories
+from ..engine.records.listing import list_pruned, list_records, record_directories
 from ..errors import ExitCode
 from .options import apply
 from .render.record import write_records

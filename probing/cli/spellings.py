@@ -14,7 +14,7 @@ import shlex
 import stat
 from typing import Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ..engine.record_path import is_record_path
+from ..engine.records.path import is_record_path
 from ..errors import UsageError
 
 # Global options that are flags, and those followed by a value (cli/spec.py GLOBAL_OPTIONS).

@@ -24,14 +24,14 @@ from ..client.connection import Client
 from ..client.replies import decode_reply_table
 from ..errors import AgentTimeout, AgentUnreachable, NoAgent, ProbingError, UsageError
 from ..procfs import command_line
-from .fanout import Gathered
+from .jobs.fanout import Gathered
 from .target import REMOTE_HINT, STILL_CHECK_S, Fallback, Stillness
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    from .job import Rank
+    from .jobs.job import Rank
     from .target import Target
 
 # How long the agent may be silent before a look from outside decides whether to wait on.
@@ -248,7 +248,7 @@ def read_stacks_of_ranks(
         quick.append((rank, Stacks(rank.pid, rows, dict(client.info), [])))
     if not full:
         return Gathered(quick, [])
-    from .fanout import gather
+    from .jobs.fanout import gather
 
     rest = gather(full, lambda rank: read_stacks(target_of(rank), locals, thread, timeout, native), deadline)
     return Gathered(sorted(quick + rest.answers, key=lambda pair: pair[0].rank), rest.missing)

@@ -1,6 +1,6 @@
 """`probing PID listen`: have a running agent listen on TCP (authenticated by the job's token)
 and register its endpoint in the job's rendezvous store, so that ranks on other nodes can be
-reached (engine/job_remote.py)."""
+reached (engine/jobs/remote.py)."""
 
 from __future__ import annotations
 

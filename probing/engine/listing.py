@@ -2,7 +2,7 @@
 distributed job and rank each belongs to.
 
 Fast by design: /proc and a connect to each agent's socket, never an attach or a py-spy look.
-A job's processes are found from their start-up environment (engine/job.py), and listed
+A job's processes are found from their start-up environment (engine/jobs/job.py), and listed
 together: its launcher (torchrun), then its ranks in rank order, each rank's DataLoader
 workers after it.
 """
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
 
 from ..client.discovery import agent_listens, python_version_of, socket_candidates
 from ..errors import ProbingError
-from .job import rank_of
+from .jobs.job import rank_of
 
 if TYPE_CHECKING:
-    from .job import JobKey
+    from .jobs.job import JobKey
 
 # torchrun --standalone makes up a run id (a UUID); its first 8 characters tell jobs apart.
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

@@ -12,8 +12,8 @@ from ..protocol import DecodedTable
 from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
 from ..sql.session import SqlSession, notes_on_what_is_read, referenced_tables
 from .backtrace import ask, from_outside
-from .fanout import Missing, gather
-from .job import Rank
+from .jobs.fanout import Missing, gather
+from .jobs.job import Rank
 from .process_tables import LOCAL_TABLES, local_rows, local_tables_described
 from .target import REMOTE_HINT, Fallback, Target
 

@@ -19,8 +19,8 @@ from ..client.connection import TCP_SCHEME, Client
 from ..client.discovery import locate_socket
 from ..errors import NoAgent, NotLive, ProbingError, UsageError
 from ..protocol.records import SUFFIX as RECORD_SUFFIX
-from .job import STALE_ENDPOINT_HINT, NotTheRank, Rank, identity_mismatch
-from .record_path import FATAL_SUFFIX, is_record_path
+from .jobs.job import STALE_ENDPOINT_HINT, NotTheRank, Rank, identity_mismatch
+from .records.path import FATAL_SUFFIX, is_record_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
     except OSError:
         pass
     if is_record_path(text):
-        # Whatever asks for a process to reach (a Target) cannot have a record: see engine/record.py.
+        # Whatever asks for a process to reach (a Target) cannot have a record: see engine/records/record.py.
         raise NotLive(f"{text} is a record of a job that has ended: this needs a live process")
     host, _, port = text.rpartition(":")
     if host and port.isdigit() and os.sep not in text and not os.path.exists(text):

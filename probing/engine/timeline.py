@@ -10,10 +10,10 @@ from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 from ..errors import ProbingError
 from ..sql.session import SqlSession
-from .fanout import Missing
-from .job import Rank
+from .jobs.fanout import Missing
+from .jobs.job import Rank
 from .query import load_job_tables, load_tables
-from .record import Record
+from .records.record import Record
 from .requests import switch
 from .target import Target
 
@@ -209,7 +209,7 @@ def job_timeline(
 
 def record_timeline(record: Record, steps: StepRange) -> TimelineRows:
     """The rows a record holds (a record of a job that traced: PROBING_TORCH_TRACE=1, or trace on)."""
-    from .record_sql import notes_about, record_session
+    from .records.sql import notes_about, record_session
 
     session = record_session(record)
     pid = record.pid or 0

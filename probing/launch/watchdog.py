@@ -29,9 +29,9 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from ..analysis.collectives import JobVerdict, RankView
 from ..analysis.progress import HangReport, ProgressTracker, take_sample
 from ..engine.backtrace import Stacks, read_stacks, stacks_deadline
-from ..engine.fanout import gather
-from ..engine.job import Job, NotAJob, Rank, find_job
-from ..engine.job_hang import collectives_of, judge
+from ..engine.jobs.fanout import gather
+from ..engine.jobs.hang import collectives_of, judge
+from ..engine.jobs.job import Job, NotAJob, Rank, find_job
 from ..engine.processes import descendants, first_python
 from ..engine.sources import SourceLines
 from ..engine.target import Target

@@ -1,5 +1,5 @@
 """Record files as the CLI reads them: a `.probing` file (protocol/records.py's frames, the header's
-fields, each table's columns: engine/record.py) and a `.fatal` file (its header line, then
+fields, each table's columns: engine/records/record.py) and a `.fatal` file (its header line, then
 faulthandler's text: engine/fatal_text.py), through every command a record answers and the
 `probing records` listing, printed to a strict UTF-8 stream (a lone surrogate that reaches it
 fails the write, as it would a terminal's). Seeds: files real agents wrote
@@ -40,11 +40,11 @@ from probing.cli.render.record import (
 from probing.cli.render.reports import write_tables
 from probing.cli.render.rows import write_rows
 from probing.engine.fatal_text import parse_faulthandler
-from probing.engine.record import open_record, record_stacks
-from probing.engine.record_listing import list_records
-from probing.engine.record_reports import record_hang, record_memory
-from probing.engine.record_sql import export_record, query_record
-from probing.engine.report_record import gather_record
+from probing.engine.records.listing import list_records
+from probing.engine.records.record import open_record, record_stacks
+from probing.engine.records.reports import record_hang, record_memory
+from probing.engine.records.sql import export_record, query_record
+from probing.engine.report.record import gather_record
 
 # What every record answers to: SQL over the tables the agent writes, as the docs show it.
 QUERIES = (

@@ -18,8 +18,8 @@ from record_files import capture_record, exception_of
 
 from probing.cli.pictures.page import data_script
 from probing.cli.pictures.report import chart_data, report_page
-from probing.engine.report import Report
-from probing.engine.report_tables import MODULE_WINDOW_STEPS
+from probing.engine.report.live import Report
+from probing.engine.report.tables import MODULE_WINDOW_STEPS
 
 from support import PROBING, Target, probing, wait_until
 

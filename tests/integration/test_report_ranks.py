@@ -16,9 +16,9 @@ from browser import Browser, Page, screenshot_path
 from test_report import HOSTILE, drawn, every_chart_drew, sections, text_of
 
 from probing.cli.pictures.report_job import job_report_page
-from probing.engine.fanout import Missing
-from probing.engine.job import Rank
-from probing.engine.report_job import JobReport, fold_ranks, points_per_rank
+from probing.engine.jobs.fanout import Missing
+from probing.engine.jobs.job import Rank
+from probing.engine.report.job import JobReport, fold_ranks, points_per_rank
 from probing.errors import AgentTimeout, ExitCode
 
 from support import TorchrunJob, probing, wait_until

@@ -18,10 +18,10 @@ from typing import Dict, Iterator
 
 import pytest
 
-from probing.engine.kinds.job import REGISTRY_TIMEOUT_S
 from probing.client.connection import Client
 from probing.client.discovery import locate_socket
-from probing.engine.job_remote import JOIN_SLACK_S
+from probing.engine.jobs.remote import JOIN_SLACK_S
+from probing.engine.kinds.job import REGISTRY_TIMEOUT_S
 from probing.errors import ExitCode
 
 from support import PROBING, TARGETS, VENV_PYTHON, Target, TorchrunJob, free_port, probing, wait_until
@@ -237,8 +237,8 @@ def test_the_registry_read_by_a_local_agent_names_a_rank_of_another_node(
     agent's `endpoints` answer makes rank 1 a remote rank with its registered endpoint, and the
     engine reaches it over TCP."""
     from probing.engine.backtrace import read_stacks
-    from probing.engine.job import Job, find_job
-    from probing.engine.job_remote import ask_registry, merge_registry
+    from probing.engine.jobs.job import Job, find_job
+    from probing.engine.jobs.remote import ask_registry, merge_registry
     from probing.engine.target import Target as EngineTarget
 
     found = find_job(listening_job.pids[0])
@@ -283,9 +283,9 @@ def test_a_stale_registry_entry_leaves_its_rank_missing_not_another_answering(
     agent of the same user): what answers there says it is rank 0, so rank 1 is missing with
     that reason, and nothing is asked of rank 0 as if it were rank 1."""
     from probing.engine.backtrace import read_stacks
-    from probing.engine.fanout import gather
-    from probing.engine.job import Job, find_job
-    from probing.engine.job_remote import merge_registry
+    from probing.engine.jobs.fanout import gather
+    from probing.engine.jobs.job import Job, find_job
+    from probing.engine.jobs.remote import merge_registry
     from probing.engine.target import Target as EngineTarget
 
     found = find_job(listening_job.pids[0])

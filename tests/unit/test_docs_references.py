@@ -20,7 +20,7 @@ PAGES = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
 # Where the repository's own files live (its .venv, build/ and caches are not read).
 SOURCE_DIRECTORIES = ("probing", "native", "tests", "docs", "benchmarks", "tools", ".ci")
 EXTENSIONS = "py|md|c|h|sh|toml|cfg|in|json|png|svg|html|txt|yml|yaml|js"
-# A path with at least one directory: `probing/engine/report.py`, or `engine/report.py` as the
+# A path with at least one directory: `probing/engine/report/live.py`, or `engine/report/live.py` as the
 # docs write a module of a part. `...`, `$VAR`, `~` and absolute paths are examples, not files.
 PATH = re.compile(
     rf"(?<![\w./~$<-])((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_-][A-Za-z0-9_.-]*\.(?:{EXTENSIONS}))(?![\w/-])"
@@ -69,7 +69,7 @@ def cited_paths(text: str) -> Iterator[Tuple[int, str]]:
 
 def in_repository(path: str) -> bool:
     """The repository holds `path`, from its root or as the end of one of its paths (the docs
-    name a module of a part as `engine/report.py`)."""
+    name a module of a part as `engine/report/live.py`)."""
     path = path.lstrip("./") if path.startswith("./") else path
     return any(name == path or name.endswith("/" + path) for name in FILES)
 
@@ -154,7 +154,7 @@ def test_the_checks_see_what_they_are_for() -> None:
     assert [path for _, path in cited_paths("see tests/nosuch/thing.py and torch/autograd/graph.py")] == [
         "tests/nosuch/thing.py"
     ]
-    assert not in_repository("tests/nosuch/thing.py") and in_repository("engine/report_tables.py")
+    assert not in_repository("tests/nosuch/thing.py") and in_repository("engine/report/tables.py")
     assert [match.group(1) for match in PAGE_NAME.finditer("the design notes (DESIGN.md)")] == ["DESIGN.md"]
     assert not any(Path(name).name == "DESIGN.md" for name in FILES)
     assert slug(" `--ranks`: every rank, one answer") == "--ranks-every-rank-one-answer"

@@ -112,8 +112,8 @@ def test_no_module_of_the_engine_keeps_state_at_module_level() -> None:
 
     import probing.engine
 
-    for module_info in pkgutil.iter_modules(probing.engine.__path__):
-        module = importlib.import_module(f"probing.engine.{module_info.name}")
+    for module_info in pkgutil.walk_packages(probing.engine.__path__, "probing.engine."):
+        module = importlib.import_module(module_info.name)
         for name, value in vars(module).items():
             if name.startswith("__") or name.isupper() or name in ("TYPE_CHECKING", "annotations"):
                 continue
@@ -121,7 +121,7 @@ def test_no_module_of_the_engine_keeps_state_at_module_level() -> None:
                 isinstance(value, (types.ModuleType, type))
                 or inspect.isroutine(value)
                 or (getattr(value, "__module__", None) == "typing")
-            ), f"probing.engine.{module_info.name}.{name} = {value!r}"
+            ), f"{module_info.name}.{name} = {value!r}"
 
 
 def test_plain_rows_load_with_their_schema() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from probing.agent.stack_sampler import next_interval
-from probing.engine.flame_modules import default_steps, module_stacks, parse_steps
+from probing.engine.flames.modules import default_steps, module_stacks, parse_steps
 from probing.errors import UsageError
 
 

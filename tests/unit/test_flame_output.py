@@ -13,7 +13,7 @@ import pytest
 
 from probing.cli.flamegraph import FORMATS, figures_line, for_output, parts_of
 from probing.cli.render.files import write_output
-from probing.engine.flame import Flame, flame_from_agent_answer, parse_pyspy_raw
+from probing.engine.flames.sampled import Flame, flame_from_agent_answer, parse_pyspy_raw
 from probing.errors import ProbingError
 
 ESCAPES = "t\x1b]0;pwned\x07\x1b[2J\x9b"

@@ -12,7 +12,7 @@ import pytest
 
 from probing.agent import stack_sampler
 from probing.agent.stack_sampler import Sampling, sample_stacks
-from probing.engine.flame import flame_from_agent_answer, parse_pyspy_raw
+from probing.engine.flames.sampled import flame_from_agent_answer, parse_pyspy_raw
 from probing.errors import ProbingError
 
 

@@ -14,8 +14,8 @@ import pytest
 from probing.cli.render import inert, inert_lines
 from probing.cli.render.record import when
 from probing.cli.render.rows import write_rows
-from probing.engine.record_fields import number, timestamp
-from probing.engine.record_path import is_temporary_record
+from probing.engine.records.fields import number, timestamp
+from probing.engine.records.path import is_temporary_record
 from probing.protocol import ColumnBuffers, decode_table, encode_table
 from probing.sql.session import SqlSession, table_problem
 

@@ -76,7 +76,7 @@ def test_a_table_the_record_left_out_is_explained_once(
 
 
 def test_notes_are_matched_to_whole_table_names() -> None:
-    from probing.engine.record_sql import notes_about
+    from probing.engine.records.sql import notes_about
 
     notes = ["python.gc_generations: objects left NULL", "process.memory: cut to its newest 10 rows", NO_CUDA]
     assert notes_about(notes, ["python.gc"]) == []
@@ -97,7 +97,7 @@ def test_a_note_every_rank_gives_is_said_once(monkeypatch: pytest.MonkeyPatch) -
     """`query --ranks all` over a job without CUDA: one note for the job, not one per rank; a
     note of one rank's own still names it."""
     from probing.engine import query
-    from probing.engine.job import Rank
+    from probing.engine.jobs.job import Rank
 
     ranks = [Rank(rank, rank, 0, 100 + rank) for rank in range(4)]
 

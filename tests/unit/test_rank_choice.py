@@ -7,7 +7,7 @@ from typing import Optional, Set
 
 import pytest
 
-from probing.engine.job import Job, Rank, choose, parse_ranks
+from probing.engine.jobs.job import Job, Rank, choose, parse_ranks
 from probing.engine.listing import job_names
 from probing.errors import ExitCode, UsageError
 

@@ -10,9 +10,10 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from probing.engine import job_remote, listen
-from probing.engine.job import Job, NotTheRank, Rank, identity_mismatch
-from probing.engine.job_remote import ask_registry, one_job, rank_from_hello
+from probing.engine import listen
+from probing.engine.jobs import remote as job_remote
+from probing.engine.jobs.job import Job, NotTheRank, Rank, identity_mismatch
+from probing.engine.jobs.remote import ask_registry, one_job, rank_from_hello
 from probing.engine.target import Target
 from probing.errors import AgentTimeout, UsageError
 

@@ -13,10 +13,10 @@ import pytest
 from record_files import backtrace_with_numeric_file, good_backtrace, memory_with_text_rss
 
 from probing.client.replies import decode_reply_table
-from probing.engine import record_listing
-from probing.engine.record import open_record, read_any
-from probing.engine.record_listing import LISTED_FATAL_BYTES, _trusted, list_records, read_header
-from probing.engine.record_request import check_recorded
+from probing.engine.records import listing as record_listing
+from probing.engine.records.listing import LISTED_FATAL_BYTES, _trusted, list_records, read_header
+from probing.engine.records.record import open_record, read_any
+from probing.engine.records.request import check_recorded
 from probing.errors import BadRecord, BadReply, ExitCode
 from probing.protocol.frames import MAGIC, PREFIX
 from probing.protocol.records import (
@@ -181,7 +181,7 @@ def test_a_records_backtrace_reads_no_source_under_proc_pid_root(
     from probing.cli.render import backtrace as render_backtrace
     from probing.cli.render import record as render_record
     from probing.cli.render.record import write_record_stacks
-    from probing.engine.record import record_stacks
+    from probing.engine.records.record import record_stacks
 
     asked: List[Any] = []
 
@@ -259,7 +259,7 @@ def test_a_record_path_is_looked_at_before_it_is_opened(
 ) -> None:
     """A device whose open has effects of its own (root opening /dev/watchdog arms it) is never
     opened for reading, not even to be closed again."""
-    from probing.engine import record_path
+    from probing.engine.records import path as record_path
 
     opened: List[Any] = []
     real_open = os.open

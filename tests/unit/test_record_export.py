@@ -12,8 +12,8 @@ from typing import Iterator
 import pytest
 from record_files import good_backtrace
 
-from probing.engine.record import Record, open_record
-from probing.engine.record_sql import HEADER_FILE, export_record
+from probing.engine.records.record import Record, open_record
+from probing.engine.records.sql import HEADER_FILE, export_record
 from probing.errors import ProbingError
 from probing.protocol.records import write_record
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from probing.engine.fatal_text import FAULTING_THREAD, parse_faulthandler
-from probing.engine.record import open_record, read_any, record_stacks
-from probing.engine.record_path import is_record_path
+from probing.engine.records.path import is_record_path
+from probing.engine.records.record import open_record, read_any, record_stacks
 from probing.errors import BadRecord, ProbingError
 from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record
@@ -171,7 +171,7 @@ def test_what_is_taken_for_a_record_path(tmp_path: Path) -> None:
 
 
 def test_hang_on_a_record_claims_a_verdict_only_when_the_record_was_one(tmp_path: Path) -> None:
-    from probing.engine.record_reports import record_hang
+    from probing.engine.records.reports import record_hang
 
     table = _backtrace_table()
     plain = open_record(write_record(str(tmp_path), "a.probing", HEADER, [table]))

@@ -12,7 +12,7 @@ from probing.agent.records import retention, settings
 from probing.agent.records.classify import describe, exit_status, reason_kind
 from probing.agent.records.writer import _bounded
 from probing.agent.ring import Ring
-from probing.engine.record_listing import list_pruned
+from probing.engine.records.listing import list_pruned
 from probing.protocol import decode_table
 
 

@@ -9,9 +9,9 @@ from typing import Any, Dict, List
 import pytest
 
 from probing.client.tcp import endpoint_url, split_endpoint
-from probing.engine.fanout import gather
-from probing.engine.job import Job, Rank, choose
-from probing.engine.job_remote import (
+from probing.engine.jobs.fanout import gather
+from probing.engine.jobs.job import Job, Rank, choose
+from probing.engine.jobs.remote import (
     NOT_LISTENING,
     merge_registry,
     parse_endpoints,

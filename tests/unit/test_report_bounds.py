@@ -16,14 +16,14 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 from test_report_page import full_report, parsed
 
-import probing.engine.report as report_engine
+import probing.engine.report.live as report_engine
 from probing.cli.pictures.report import report_page
 from probing.cli.pictures.report_parts import utc
 from probing.cli.render import files
-from probing.engine import report_sources
 from probing.engine.backtrace import Stacks
-from probing.engine.report_sources import ReportSources, torch_version_of
-from probing.engine.report_threads import INNER_FRAMES, OUTER_FRAMES, THREADS_SHOWN, fold_threads
+from probing.engine.report import sources as report_sources
+from probing.engine.report.sources import ReportSources, torch_version_of
+from probing.engine.report.threads import INNER_FRAMES, OUTER_FRAMES, THREADS_SHOWN, fold_threads
 from probing.errors import AgentTimeout, ExitCode, ProbingError, UsageError
 
 # --- the job's files -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Tuple
 
 from probing.cli.pictures.page import library_script
 from probing.cli.pictures.report import chart_data, report_page
-from probing.engine.report import Report, describe_threads
+from probing.engine.report.live import Report, describe_threads
 
 HOSTILE = "</script><img src=x onerror=alert(1)><!--"
 VOID = {"meta", "br", "img", "input", "link", "hr", "wbr"}

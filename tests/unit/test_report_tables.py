@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
-from probing.engine.flame_modules import torch_flame
+from probing.engine.flames.modules import torch_flame
 from probing.engine.query import static_session
-from probing.engine.report_tables import (
+from probing.engine.report.tables import (
     MEMORY_POINTS,
     memory_history,
     nan_events,

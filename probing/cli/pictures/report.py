@@ -1,4 +1,4 @@
-"""The one-file HTML report of a job (`probing PID report -o job.html`): engine/report.py's
+"""The one-file HTML report of a job (`probing PID report -o job.html`): engine/report/live.py's
 data in, a whole page out. Sections whose data is absent are left out; where a reader would
 look for one, a line says why. Text the job controls goes through `text()`; the charts' data
 through `data_script`, drawn by Chart.js (report_assets.py)."""
@@ -16,7 +16,7 @@ from .report_threads import threads_section
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ...engine.report import Report
+    from ...engine.report.live import Report
 
 
 # Why a record was written, when that reason is itself a failure (a red banner, not an amber one).

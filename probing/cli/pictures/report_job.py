@@ -1,5 +1,5 @@
 """The one-file HTML page of a whole job (`probing PID report --ranks all -o job.html`):
-engine/report_job.py's data in, a whole page out, with the single report's style sheet, parts
+engine/report/job.py's data in, a whole page out, with the single report's style sheet, parts
 and thread entries. Sections that do not apply are left out. Text the job controls goes through
 `text()`; the charts' data (a line per rank) through `data_script`, drawn by Chart.js."""
 
@@ -18,7 +18,7 @@ from .report_threads import thread_html
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ...engine.report_job import JobReport
+    from ...engine.report.job import JobReport
 
 JOB_STYLE = """
 .on-ranks { margin: 10px 0 2px; font-weight: 600; font-size: 13px; unicode-bidi: isolate; }

@@ -10,7 +10,7 @@ from .report_parts import seconds, section
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ...engine.report import Report
+    from ...engine.report.live import Report
 
 
 def _state_pill(state: str) -> str:

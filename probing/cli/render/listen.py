@@ -13,8 +13,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict
 
-    from ...engine.fanout import Gathered
-    from ...engine.job import Job
+    from ...engine.jobs.fanout import Gathered
+    from ...engine.jobs.job import Job
     from ...engine.listen import Listening
 
 

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from typing import IO, Any, Callable, Dict, List, Sequence, Tuple
 
     from ...engine.backtrace import Stacks
-    from ...engine.fanout import Gathered, Missing
-    from ...engine.job import Job, Rank
+    from ...engine.jobs.fanout import Gathered, Missing
+    from ...engine.jobs.job import Job, Rank
 
 
 def ranks_text(ranks: Sequence[int]) -> str:

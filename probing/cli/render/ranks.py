@@ -16,8 +16,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any, Dict, List, Optional, Tuple
 
-    from ...engine.job import Job
-    from ...engine.job_glance import JobGlance, RankGlance
+    from ...engine.jobs.glance import JobGlance, RankGlance
+    from ...engine.jobs.job import Job
 
 # The rows' columns (and the keys of each rank in JSON), documented in docs/commands.md.
 # host: the node's hostname; pid: on that node; endpoint: where its agent listens on TCP. The two

@@ -23,8 +23,8 @@ from .rows import write_table
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ...engine.record import Record
-    from ...engine.record_sql import Exported
+    from ...engine.records.record import Record
+    from ...engine.records.sql import Exported
 
 # Of the records agents removed lately, `probing records` shows this many (the newest).
 PRUNED_SHOWN = 10

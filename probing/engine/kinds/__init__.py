@@ -41,7 +41,7 @@ class Options:
 
 
 def _record(text: str, command: str, options: Options) -> Kind:
-    from ..record import open_record
+    from ..records.record import open_record
     from .record import Record
 
     return Record(text, command, open_record(text))
@@ -54,7 +54,7 @@ def _core(text: str, command: str, options: Options) -> Kind:
 
 
 def _is_record(text: str) -> bool:
-    from ..record_path import is_record_path
+    from ..records.path import is_record_path
 
     return is_record_path(text)
 

@@ -12,13 +12,13 @@ Standard library only, no typing at run time: `probing PID backtrace` starts thr
 from __future__ import annotations
 
 from ...errors import ExitCode, NotLive
-from ..fanout import Gathered
+from ..jobs.fanout import Gathered
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, List, Optional, Sequence, Union
 
-    from ..job import Job
+    from ..jobs.job import Job
     from ..target import Target
 
     Answer = Union["One", "Ranks"]

@@ -23,7 +23,7 @@ _ET_CORE = 4
 
 def is_core_path(text: str) -> bool:
     """Whether `text` names a regular file that is an ELF core (its first 18 bytes say so)."""
-    from ..record_path import open_regular
+    from ..records.path import open_regular
 
     if text.isdigit() or "://" in text:
         return False

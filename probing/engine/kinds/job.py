@@ -6,15 +6,15 @@ so that the job answers in about its slowest rank's time.
 from __future__ import annotations
 
 from ...errors import ExitCode
-from ..fanout import Gathered
+from ..jobs.fanout import Gathered
 from .base import Kind, Ranks, Rows
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, List, Optional, Sequence
 
-    from ..job import Job as JobOfRanks
-    from ..job import Rank
+    from ..jobs.job import Job as JobOfRanks
+    from ..jobs.job import Rank
     from ..target import Target
     from . import Options
 
@@ -50,7 +50,7 @@ class Job(Kind):
         return Target(text, log_of_rank, self.options.no_attach, self.attach_timeout, expected)
 
     def each(self, work: Callable[[Target], Any], extra_s: float) -> Ranks:
-        from ..fanout import gather
+        from ..jobs.fanout import gather
 
         deadline = self.attach_timeout + extra_s
         gathered = gather(self.chosen, lambda rank: work(self.rank_target(rank)), deadline)
@@ -92,7 +92,7 @@ class Job(Kind):
         return self.each(lambda target: describe_tables(target, timeout), timeout + 1.0)
 
     def hang(self, duration: float, samples: int, timeout: float, carriers: Sequence[str]) -> Ranks:
-        from ..job_hang import watch_job
+        from ..jobs.hang import watch_job
 
         watched = watch_job(
             self.chosen, self.rank_target, duration, samples, timeout, self.attach_timeout, carriers
@@ -120,7 +120,7 @@ class Job(Kind):
         )
 
     def report(self, timeout: float, hang_duration: float, hang_samples: int, tensors: bool) -> Ranks:
-        from ..report_job import gather_job
+        from ..report.job import gather_job
 
         gathered = gather_job(self.job, self.chosen, self.rank_target, timeout, self.attach_timeout,
                               hang_duration, hang_samples)  # fmt: skip
@@ -129,7 +129,7 @@ class Job(Kind):
 
     def glance(self, timeout: float) -> Ranks:
         """`ranks`: each rank's state at a glance."""
-        from ..job_glance import glance_at_job
+        from ..jobs.glance import glance_at_job
 
         answer = glance_at_job(self.job, self.chosen, self.rank_target, timeout)
         return Ranks(self.job, None, answer, answer.exit_code)
@@ -141,12 +141,12 @@ class Job(Kind):
         return Ranks(self.job, None, rows, ExitCode.OK)
 
     def module_flame(self, steps: Optional[str], timeout: float) -> Ranks:
-        from ..flame_modules import torch_flame_of_target
+        from ..flames.modules import torch_flame_of_target
 
         return self._flame(lambda target: torch_flame_of_target(target, steps, timeout), 0.0, timeout)
 
     def sampled_flame(self, duration: float, rate: float, timeout: float, outside: bool) -> Ranks:
-        from ..flame import sample_stacks
+        from ..flames.sampled import sample_stacks
 
         def one(target: Target) -> Any:
             return sample_stacks(target, duration, rate, timeout, outside)
@@ -154,7 +154,7 @@ class Job(Kind):
         return self._flame(one, duration, timeout)
 
     def _flame(self, one: Callable[[Target], Any], window: float, timeout: float) -> Ranks:
-        from ..flame_ranks import job_flame, sampling_deadline
+        from ..flames.ranks import job_flame, sampling_deadline
 
         deadline = sampling_deadline(window, timeout, self.attach_timeout)
         picture, gathered = job_flame(self.chosen, self.rank_target, one, deadline)
@@ -166,11 +166,11 @@ def find(text: Optional[str], endpoints: Optional[str], ranks: str, options: Opt
     it: `local`, this node's part only (no other node asked)."""
     from ...client.discovery import require_process
     from ...errors import UsageError
-    from ..job import choose, find_job
+    from ..jobs.job import choose, find_job
     from ..target import Target
 
     if endpoints is not None:
-        from ..job_remote import job_from_endpoints, parse_endpoints
+        from ..jobs.remote import job_from_endpoints, parse_endpoints
 
         if text is not None:
             raise UsageError("give either a TARGET or --endpoints, not both")
@@ -185,7 +185,7 @@ def find(text: Optional[str], endpoints: Optional[str], ranks: str, options: Opt
     if ranks == "local":
         return Job(text or "", command, job, list(job.ranks), options, ranks)
     if job.world_size > len(job.ranks) + len(job.absent):
-        from ..job_remote import with_remote_ranks
+        from ..jobs.remote import with_remote_ranks
 
         job = with_remote_ranks(job, REGISTRY_TIMEOUT_S, options.log)
         found = Job(text or "", command, job, choose(job, ranks), options, ranks)

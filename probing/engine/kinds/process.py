@@ -71,7 +71,7 @@ class Process(Kind):
         return One(memory(self.target, growth, cuda_snapshot, interval, top, timeout, scan_budget))
 
     def report(self, timeout: float, hang_duration: float, hang_samples: int, tensors: bool) -> One:
-        from ..report import gather_live
+        from ..report.live import gather_live
 
         gathered = gather_live(self.target, timeout, hang_duration, hang_samples, tensors)
         return One(gathered, ExitCode.PARTIAL if gathered.failures else ExitCode.OK)
@@ -82,11 +82,11 @@ class Process(Kind):
         return One(live_timeline(self.target, steps, timeout))
 
     def module_flame(self, steps: Optional[str], timeout: float) -> One:
-        from ..flame_modules import torch_flame_of_target
+        from ..flames.modules import torch_flame_of_target
 
         return One(torch_flame_of_target(self.target, steps, timeout))
 
     def sampled_flame(self, duration: float, rate: float, timeout: float, outside: bool) -> One:
-        from ..flame import sample_stacks
+        from ..flames.sampled import sample_stacks
 
         return One(sample_stacks(self.target, duration, rate, timeout, outside))

@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Sequence
 
-    from ..record import Record as RecordFile
+    from ..records.record import Record as RecordFile
 
 
 class FromRecord:
@@ -39,7 +39,7 @@ class Record(Kind):
         self, locals: bool, thread: Optional[str], timeout: float, native: bool, children: bool,
         attach_children: bool,
     ) -> One:  # fmt: skip
-        from ..record import record_stacks
+        from ..records.record import record_stacks
 
         for option, given in (("--native", native), ("--children", children or attach_children)):
             if given:
@@ -47,7 +47,7 @@ class Record(Kind):
         return One(FromRecord(self.record, record_stacks(self.record, locals, thread)))
 
     def query(self, sql: str, timeout: float, scan_budget: float, step_wait: float) -> One:
-        from ..record_sql import query_record
+        from ..records.sql import query_record
 
         answer = query_record(self.record, sql)
         return One(Rows(answer.columns, answer.types, answer.rows, answer.notes))
@@ -56,7 +56,7 @@ class Record(Kind):
         return One(self.record.described())
 
     def hang(self, duration: float, samples: int, timeout: float, carriers: Sequence[str]) -> One:
-        from ..record_reports import record_hang
+        from ..records.reports import record_hang
         from ..sources import SourceLines, reader_for_owner
 
         if carriers:
@@ -73,14 +73,14 @@ class Record(Kind):
         self, growth: Optional[float], cuda_snapshot: bool, interval: Optional[float], top: int,
         timeout: float, scan_budget: float, live_options: Sequence[str],
     ) -> One:  # fmt: skip
-        from ..record_reports import record_memory
+        from ..records.reports import record_memory
 
         if live_options:
             raise self.not_for(f"memory {live_options[0]}")
         return One(FromRecord(self.record, record_memory(self.record)))
 
     def report(self, timeout: float, hang_duration: float, hang_samples: int, tensors: bool) -> One:
-        from ..report_record import gather_record
+        from ..report.record import gather_record
 
         gathered = gather_record(self.record)
         return One(gathered, ExitCode.PARTIAL if gathered.failures else ExitCode.OK)
@@ -91,12 +91,12 @@ class Record(Kind):
         return One(record_timeline(self.record, steps))
 
     def module_flame(self, steps: Optional[str], timeout: float) -> One:
-        from ..flame_modules import torch_flame_of_record
+        from ..flames.modules import torch_flame_of_record
 
         return One(torch_flame_of_record(self.record, steps))
 
     def export(self, directory: str, format: str, force: bool) -> One:
         """Every table as Parquet or CSV files in `directory`, and the header as record.json."""
-        from ..record_sql import export_record
+        from ..records.sql import export_record
 
         return One(export_record(self.record, directory, format, force), notes=self.record.notes)

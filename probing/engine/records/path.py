@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..protocol.records import RECORD_MAGIC, SUFFIX
+from ...protocol.records import RECORD_MAGIC, SUFFIX
 
 FATAL_SUFFIX = ".fatal"
 # The first bytes of a .fatal file: the line the agent writes when it arms faulthandler.

@@ -11,9 +11,9 @@ from typing import Any, Dict, List, NamedTuple, Sequence
 
 import duckdb
 
-from ..errors import BadSQL, ProbingError
-from ..schema.tables import AGENT_TABLES, BACKTRACE, CLI_TABLES
-from ..sql.session import SqlSession, notes_on_what_is_read, referenced_tables
+from ...errors import BadSQL, ProbingError
+from ...schema.tables import AGENT_TABLES, BACKTRACE, CLI_TABLES
+from ...sql.session import SqlSession, notes_on_what_is_read, referenced_tables
 from .record import Record
 
 # The name of the file `export` writes the record's header into, beside the tables.

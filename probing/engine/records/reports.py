@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
-from ..analysis.states import thread_state
-from .fatal_text import FAULTING_THREAD
+from ...analysis.states import thread_state
+from ..fatal_text import FAULTING_THREAD
+from .fields import number, timestamp
 from .record import Record, backtrace_rows
-from .record_fields import number, timestamp
 
 # How many of the last memory samples the report lists.
 LAST_SAMPLES = 10

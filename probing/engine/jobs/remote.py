@@ -14,11 +14,11 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..client.connection import Client
-from ..client.discovery import locate_socket
-from ..client.tcp import SCHEME, endpoint_url, split_endpoint
-from ..errors import AgentTimeout, ProbingError, UsageError
-from ..protocol.endpoints import AddressError, parse_endpoint
+from ...client.connection import Client
+from ...client.discovery import locate_socket
+from ...client.tcp import SCHEME, endpoint_url, split_endpoint
+from ...errors import AgentTimeout, ProbingError, UsageError
+from ...protocol.endpoints import AddressError, parse_endpoint
 from .job import Job, Rank
 
 # How many local agents may be asked for the registry before giving up on it.

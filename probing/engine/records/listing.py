@@ -21,13 +21,13 @@ import stat
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from ..errors import BadRecord
-from ..procfs import process_alive, start_time
-from ..protocol.frames import json_loads
-from ..protocol.records import PRUNED_LOG, PRUNED_LOG_OLDER, SUFFIX, RecordFormatError
-from ..protocol.records import read_header as read_record_header
+from ...errors import BadRecord
+from ...procfs import process_alive, start_time
+from ...protocol.frames import json_loads
+from ...protocol.records import PRUNED_LOG, PRUNED_LOG_OLDER, SUFFIX, RecordFormatError
+from ...protocol.records import read_header as read_record_header
+from .path import FATAL_SUFFIX, open_regular
 from .record import NO_TRACE, Record, header_problem, read_any, said
-from .record_path import FATAL_SUFFIX, open_regular
 
 # At most this many files of a directory are looked at (the agent keeps 200 per directory).
 MAX_FILES = 1000

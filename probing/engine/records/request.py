@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
-from ..errors import BadReply, RecordNotWritten
-from .record_fields import integer, is_texts, number
-from .target import Target
+from ...errors import BadReply, RecordNotWritten
+from ..target import Target
+from .fields import integer, is_texts, number
 
 # Beyond --timeout: a record holding a million-row torch_trace takes the agent about a second.
 RECORD_WRITE_S = 30.0

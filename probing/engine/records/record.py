@@ -20,16 +20,16 @@ import os
 import signal
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import BadRecord, ProbingError
-from ..protocol import DecodedTable, FrameError, decode_table
-from ..protocol.frames import MAX_HEADER_BYTES
-from ..protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
-from ..schema.column_check import mismatched_column
-from ..schema.tables import AGENT_TABLES, BACKTRACE
-from ..sql.session import table_problem
-from .fatal_text import parse_faulthandler
-from .record_fields import integer, text, texts, timestamp
-from .record_path import FATAL_MAGIC, FATAL_SUFFIX, is_temporary_record, open_regular
+from ...errors import BadRecord, ProbingError
+from ...protocol import DecodedTable, FrameError, decode_table
+from ...protocol.frames import MAX_HEADER_BYTES
+from ...protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
+from ...schema.column_check import mismatched_column
+from ...schema.tables import AGENT_TABLES, BACKTRACE
+from ...sql.session import table_problem
+from ..fatal_text import parse_faulthandler
+from .fields import integer, text, texts, timestamp
+from .path import FATAL_MAGIC, FATAL_SUFFIX, is_temporary_record, open_regular
 
 # A .fatal file is a header line and faulthandler's text (at most 100 threads of 100 frames):
 # anything past this is not faulthandler's, and is left unread.

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
-from ..outside.pyspy import outside_budget
-from .fanout import Gathered, gather
-from .flame import PING_TIMEOUT_S, REPLY_SLACK_S, Flame
-from .job import Rank
-from .target import Target
+from ...outside.pyspy import outside_budget
+from ..jobs.fanout import Gathered, gather
+from ..jobs.job import Rank
+from ..target import Target
+from .sampled import PING_TIMEOUT_S, REPLY_SLACK_S, Flame
 
 
 def sampling_deadline(duration: float, timeout: float, attach_timeout: float) -> float:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ..analysis.progress import HangReport, ThreadReport
-from ..analysis.states import thread_state
-from ..errors import ProbingError
-from ..procfs import process_alive, start_time
-from .backtrace import Stacks, read_stacks
-from .hang import sample_hang
-from .query import load_tables
-from .report_sources import FILE_BYTES, TOTAL_BYTES, ReportSources, torch_version_of
-from .report_tables import (
+from ...analysis.progress import HangReport, ThreadReport
+from ...analysis.states import thread_state
+from ...errors import ProbingError
+from ...procfs import process_alive, start_time
+from ..backtrace import Stacks, read_stacks
+from ..hang import sample_hang
+from ..query import load_tables
+from ..requests import memory, switch
+from ..target import Target
+from .sources import FILE_BYTES, TOTAL_BYTES, ReportSources, torch_version_of
+from .tables import (
     held_tables,
     largest_tensors,
     memory_history,
@@ -29,9 +31,7 @@ from .report_tables import (
     step_times,
     thread_details,
 )
-from .report_threads import fold_threads
-from .requests import memory, switch
-from .target import Target
+from .threads import fold_threads
 
 # Every table the page reads from a live agent, fetched in one connection.
 REPORT_TABLES_SQL = "SELECT 1 FROM python.threads, process.memory, python.torch_trace, python.nan_events"

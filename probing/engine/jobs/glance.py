@@ -3,7 +3,7 @@ and what each rank's main thread is doing now, from one look at its stacks.
 
 The look goes through the rank's agent when one listens, and from outside (py-spy) otherwise:
 this command never attaches, so it costs a job that planned nothing for probing no more than a
-py-spy dump per rank. The ranks are looked at in parallel (engine/fanout.py): one slow or dead
+py-spy dump per rank. The ranks are looked at in parallel (engine/jobs/fanout.py): one slow or dead
 rank costs its own row, never the others'.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Callable, List, NamedTuple, Optional
 
-from ..analysis.glance import glance
-from ..errors import ProbingError
-from .backtrace import read_stacks, stacks_deadline
+from ...analysis.glance import glance
+from ...errors import ProbingError
+from ..backtrace import read_stacks, stacks_deadline
+from ..listing import agent_present
+from ..sources import SourceLines
+from ..target import Target
 from .fanout import gather
 from .job import Job, Rank
-from .listing import agent_present
-from .sources import SourceLines
-from .target import Target
 
 # Beyond what read_stacks itself may take (backtrace.stacks_deadline; nothing is attached here).
 LOOK_GRACE_S = 1.0

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Dict, Optional, Tuple
 
-from .sources import UNSET, Reader, _read_regular_file, candidate_paths, reader_for_process
+from ..sources import UNSET, Reader, _read_regular_file, candidate_paths, reader_for_process
 
 # A source file bigger than this shows no lines in a report (code is rarely over 1 MB).
 FILE_BYTES = 4 << 20

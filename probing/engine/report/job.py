@@ -1,7 +1,7 @@
 """What `probing PID report --ranks` shows of a whole job, gathered: plain data, no HTML
 (cli/pictures/report_job.py draws it).
 
-The order is that of the single report (engine/report.py), for every rank at once: the stacks
+The order is that of the single report (engine/report/live.py), for every rank at once: the stacks
 first (backtrace --ranks' way: from each agent, or from outside where it cannot answer), then,
 from the ranks whose agents answered, every table the page reads in one session with `rank`,
 `local_rank` and `node` columns (query.load_job_tables), then the job's hang verdict over a
@@ -19,19 +19,19 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from ..analysis.collectives import JobVerdict, main_thread
-from ..errors import ProbingError
-from ..sql.session import SqlSession
-from .backtrace import read_stacks_of_ranks, stacks_deadline
-from .fanout import Missing
-from .job import Job, Rank
-from .job_hang import watch_job
-from .query import load_job_tables
-from .report import judged_threads
-from .report_sources import ReportSources
-from .report_tables import held_tables, memory_history, step_times
-from .report_threads import THREADS_SHOWN, fold_threads, stack_key
-from .target import Target
+from ...analysis.collectives import JobVerdict, main_thread
+from ...errors import ProbingError
+from ...sql.session import SqlSession
+from ..backtrace import read_stacks_of_ranks, stacks_deadline
+from ..jobs.fanout import Missing
+from ..jobs.hang import watch_job
+from ..jobs.job import Job, Rank
+from ..query import load_job_tables
+from ..target import Target
+from .live import judged_threads
+from .sources import ReportSources
+from .tables import held_tables, memory_history, step_times
+from .threads import THREADS_SHOWN, fold_threads, stack_key
 
 JOB_TABLES_SQL = "SELECT 1 FROM python.process_groups, process.memory, python.torch_trace"
 # The charts' points for the whole job: 64 ranks get 100 steps and 120 memory points each, a

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from ..errors import AgentTimeout, AgentUnreachable, ExitCode, ProbingError, ProcessNotFound
+from ...errors import AgentTimeout, AgentUnreachable, ExitCode, ProbingError, ProcessNotFound
 
 # No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
 TYPE_CHECKING = False

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Set, Tuple
 
-from ..errors import BadSQL
-from ..sql.session import SqlSession
-from .trace_sessions import whole_steps_sql
+from ...errors import BadSQL
+from ...sql.session import SqlSession
+from ..trace_sessions import whole_steps_sql
 
 # The steps the step-time chart shows, and the steps the slowest modules are averaged over.
 STEPS_SHOWN = 300

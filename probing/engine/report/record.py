@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List
 
-from .record import Record, backtrace_rows
-from .record_fields import integer, number, text
-from .record_reports import record_hang
-from .record_sql import record_session
-from .report import TORCH_TABLES, Report, describe_threads
-from .report_sources import ReportSources
-from .report_tables import (
+from ..records.fields import integer, number, text
+from ..records.record import Record, backtrace_rows
+from ..records.reports import record_hang
+from ..records.sql import record_session
+from ..sources import reader_for_owner
+from .live import TORCH_TABLES, Report, describe_threads
+from .sources import ReportSources
+from .tables import (
     held_tables,
     largest_tensors,
     memory_history,
@@ -22,8 +23,7 @@ from .report_tables import (
     step_times,
     thread_details,
 )
-from .report_threads import fold_threads
-from .sources import reader_for_owner
+from .threads import fold_threads
 
 OBJECT_TYPES_SHOWN = 15
 

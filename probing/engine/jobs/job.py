@@ -14,8 +14,8 @@ inherits its rank's environment; it is taken for its rank.
 
 from __future__ import annotations
 
-from ..errors import ProbingError, UsageError
-from ..procfs import environ_values, parent_pid, parents, process_alive, start_time
+from ...errors import ProbingError, UsageError
+from ...procfs import environ_values, parent_pid, parents, process_alive, start_time
 
 # No typing at run time: `probing PID backtrace --ranks all` starts through here (cli/fast.py).
 TYPE_CHECKING = False

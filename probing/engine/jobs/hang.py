@@ -7,15 +7,15 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from ..analysis.collectives import JobVerdict, RankView, job_verdict
-from ..analysis.mismatches import flight_recorder_analyzer
-from ..errors import ProbingError
+from ...analysis.collectives import JobVerdict, RankView, job_verdict
+from ...analysis.mismatches import flight_recorder_analyzer
+from ...errors import ProbingError
+from ..hang import sample_hang
+from ..query import fetch_tables
+from ..sources import SourceLines
+from ..target import Target
 from .fanout import gather
-from .hang import sample_hang
 from .job import Rank
-from .query import fetch_tables
-from .sources import SourceLines
-from .target import Target
 
 COLLECTIVES_SQL = "SELECT * FROM python.collectives, python.process_groups"
 # What one sample may take beyond the window: the agent's silence before a look from outside.

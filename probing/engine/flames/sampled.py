@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, NamedTuple, Tuple
 
-from ..errors import (
+from ...errors import (
     AgentBusy,
     AgentTimeout,
     AgentUnreachable,
@@ -25,8 +25,8 @@ from ..errors import (
     ProbingError,
     ProcessNotFound,
 )
-from ..protocol.frames import json_loads
-from .target import REMOTE_HINT, Fallback, Target
+from ...protocol.frames import json_loads
+from ..target import REMOTE_HINT, Fallback, Target
 
 # Beyond the sampling itself, what the agent may take to answer (encoding, a busy GIL).
 REPLY_SLACK_S = 10.0
@@ -118,7 +118,7 @@ def _finite(value: Any) -> bool:
 
 
 def _sample_from_agent(target: Target, duration: float, rate: float, timeout: float) -> Flame:
-    from .backtrace import ask
+    from ..backtrace import ask
 
     ping_wait = min(timeout, PING_TIMEOUT_S)
     if target.remote:
@@ -173,7 +173,7 @@ def sample_stacks(
         if target.pid is None:
             raise ProbingError(fallback.why) from None
         why = fallback.why
-    from ..procfs import process_alive
+    from ...procfs import process_alive
 
     pid = target.require_pid("sampling from outside")
     if not process_alive(pid):
@@ -191,7 +191,7 @@ _FRAME = re.compile(r" \([^()]*:\d+\)$")
 def parse_pyspy_raw(text: str) -> List[Tuple[Tuple[str, ...], float]]:
     """py-spy's raw (folded) output: `thread (TID): NAME;frame;frame COUNT` per line. A thread
     name with `;` in it is put back together; the agent's own threads are left out."""
-    from ..procfs import thread_name
+    from ...procfs import thread_name
 
     stacks: Dict[Tuple[str, ...], float] = {}
     for line in text.splitlines():
@@ -221,9 +221,9 @@ def sample_with_pyspy(pid: int, duration: float, rate: float, why: str, timeout:
     """`py-spy record` of every thread (idle ones too, as the agent counts them), parsed. py-spy
     gets the sampling's seconds and then a read from outside's share of --timeout (`timeout`) to
     start, stop and write (engine/backtrace.py: how --timeout is split)."""
-    from ..outside import spawn
-    from ..outside.pyspy import OutsideTimeout, outside_budget, py_spy
-    from ..procfs import command_line
+    from ...outside import spawn
+    from ...outside.pyspy import OutsideTimeout, outside_budget, py_spy
+    from ...procfs import command_line
 
     binary = py_spy()
     if binary is None:
@@ -268,7 +268,7 @@ def sample_with_pyspy(pid: int, duration: float, rate: float, why: str, timeout:
 
 def _pyspy_failed(pid: int, why: str, stderr: str, status: int) -> ProbingError:
     """py-spy's failure in one sentence (its `Error:` line, not its Rust backtrace)."""
-    from ..procfs import process_alive
+    from ...procfs import process_alive
 
     if not process_alive(pid):
         gone = f"PID {pid} exited while its stacks were sampled from outside ({why})"
