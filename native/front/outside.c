@@ -76,7 +76,7 @@ static int check_thread(const jval *thread)
     return 0;
 }
 
-/* analysis/gil.py HOLD_LOOK_S, HOLD_LOOKS, STILL_LOOKS (tests/unit/test_gil_holder_checks.py
+/* outside/gil.py HOLD_LOOK_S, HOLD_LOOKS, STILL_LOOKS (tests/unit/test_gil_holder_checks.py
  * holds them equal): the looks at /proc after a dump that flags a thread of the process. */
 #define HOLD_LOOK_US 1000
 #define HOLD_LOOKS 20

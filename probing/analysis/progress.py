@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from ..procfs import thread_cpu_ticks, thread_wakeups
 from .carriers import carriers_of, thread_list, thread_options
 from .states import is_waiting, thread_state
 
@@ -141,19 +139,6 @@ class Sample(NamedTuple):
     rows: Rows  # python.backtrace rows of the process
     counters: Dict[Any, Tuple[Optional[int], Optional[int]]]  # native_id -> (CPU ticks, wake-ups)
     gil_holder: Optional[Any]  # native_id of the thread seen holding the GIL, when read from outside
-
-
-def take_sample(pid: int, rows: Rows, process: Dict[str, Any]) -> Sample:
-    """A Sample of `rows` just read, with the /proc counters of their threads read now.
-    `process` is the backtrace's process info: its "outside" (py-spy's threads, when the stacks
-    were read from outside) says which thread holds the GIL."""
-    natives = {row["native_id"] for row in rows}
-    counters = {native: (thread_cpu_ticks(pid, native), thread_wakeups(pid, native)) for native in natives}
-    holder = next(
-        (native for native, thread in (process.get("outside") or {}).items() if thread.get("owns_gil")),
-        None,
-    )
-    return Sample(time.monotonic(), rows, counters, holder)
 
 
 def _activity(
@@ -283,31 +268,6 @@ def _judge(
         f"no thread that carries the process moved ({thread_list(carriers)}){basis}{woke}{hint}",
         carriers,
     )
-
-
-def watch(
-    pid: int,
-    sample: Callable[[], Sample],
-    duration: float,
-    samples: int,
-    code_line: Callable[[Dict[str, Any]], str],
-    carriers: Sequence[str] = (),
-) -> HangReport:
-    """Take `samples` samples spread over `duration` seconds and judge them (`verdict`). Samples
-    far slower than their share (thousands of threads) are fewer, not late: one that ends past
-    the window and its next slot too is the last (two at least), so the check lasts about
-    `duration`, or two samples where one alone takes longer. A sample merely late (a loaded
-    machine) still has the rest follow."""
-    samples = max(2, samples)
-    interval = duration / (samples - 1)
-    started = time.monotonic()
-    taken = []
-    for index in range(samples):
-        taken.append(sample())
-        if index == samples - 1 or (index >= 1 and time.monotonic() - started >= duration + interval):
-            break
-        time.sleep(max(0.0, started + interval * (index + 1) - time.monotonic()))
-    return verdict(pid, taken, code_line, carriers)
 
 
 class ProgressTracker:

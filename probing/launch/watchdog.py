@@ -27,8 +27,9 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..analysis.collectives import JobVerdict, RankView
-from ..analysis.progress import HangReport, ProgressTracker, take_sample
+from ..analysis.progress import HangReport, ProgressTracker
 from ..engine.backtrace import Stacks, read_stacks, stacks_deadline
+from ..engine.hang import take_sample
 from ..engine.jobs.fanout import gather
 from ..engine.jobs.hang import collectives_of, judge
 from ..engine.jobs.job import Job, NotAJob, Rank, find_job

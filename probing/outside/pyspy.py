@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from ..analysis.gil import keeps_the_gil, live_thread
+from .gil import keeps_the_gil, live_thread
 from ..errors import ExitCode, PermissionDenied, ProbingError
 from ..procfs import thread_name
 from ..protocol.frames import json_dumps, json_loads
@@ -301,7 +301,7 @@ def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, An
 
 def checked_gil(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """`threads` with py-spy's owns_gil kept only on a thread that keeps the GIL, which /proc
-    shows (analysis/gil.py): py-spy also sets it on a thread state with id 0 (a thread starting),
+    shows (outside/gil.py): py-spy also sets it on a thread state with id 0 (a thread starting),
     on threads whose OS id it got wrong, and on a thread that has the GIL for a moment. Every
     thread py-spy flags has the GIL's thread id, and one of them at most holds it: the first that
     is a thread of the process is looked at, and the others keep the flag only if they are it.

@@ -167,7 +167,7 @@ class StuckJob(NamedTuple):
 @pytest.fixture(scope="module")
 def stuck_job() -> Iterator[StuckJob]:
     """A job whose thread holds the GIL asleep in C: the front end renders a py-spy dump only
-    for such a job, once /proc shows the thread it names keeps the GIL (analysis/gil.py)."""
+    for such a job, once /proc shows the thread it names keeps the GIL (outside/gil.py)."""
     job = Target("gil_holder.py", via="plain")
     try:
         tasks = [int(task) for task in os.listdir(f"/proc/{job.pid}/task") if int(task) != job.pid]

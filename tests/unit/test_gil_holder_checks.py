@@ -1,4 +1,4 @@
-"""Which thread py-spy's owns_gil may name (analysis/gil.py, outside/pyspy.py checked_gil), on
+"""Which thread py-spy's owns_gil may name (outside/gil.py, outside/pyspy.py checked_gil), on
 this test's own process: no target. The looks at /proc over real targets are in
 tests/integration/hostile/test_pool_parent.py."""
 
@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import pytest
 
-from probing.analysis import gil
+from probing.outside import gil
 from probing.outside.pyspy import checked_gil, gil_holder, is_agent_thread
 
 OUTSIDE_C = Path(__file__).resolve().parents[2] / "native" / "front" / "outside.c"

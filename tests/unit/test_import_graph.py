@@ -265,6 +265,23 @@ def test_the_parts_below_the_engine_never_import_it() -> None:
     assert not found, "\n".join(found)
 
 
+# analysis/ is pure functions over rows: it reads no /proc, runs nothing, waits for nothing
+# (the engine samples; analysis judges what was sampled), so that a verdict is the same for the
+# same rows, in a unit test as in a job.
+IMPURE = ("probing.procfs", "time", "subprocess", "socket", "select", "threading", "signal")
+
+
+def test_analysis_reads_and_waits_for_nothing() -> None:
+    found = sorted(
+        f"{module}:{edge.line} imports {edge.target}"
+        for module, edges in GRAPH.items()
+        if _prefix_of(module, ("probing.analysis",))
+        for edge in edges
+        if not edge.type_only and _prefix_of(edge.target, IMPURE)
+    )
+    assert not found, "\n".join(found)
+
+
 FEATURES = ("probing.agent.evaluate", "probing.agent.repl", "probing.agent.memory", "probing.agent.pytorch")
 CORE = ("probing.agent.tables", "probing.agent.handlers", "probing.agent.server")
 

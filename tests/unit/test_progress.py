@@ -11,15 +11,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from probing.analysis import progress
 from probing.analysis.carriers import named, unmatched
 from probing.analysis.progress import (
     ProgressTracker,
     Sample,
     stuck_dataloader_worker,
     verdict,
-    watch,
 )
+from probing.engine import hang as hang_engine
+from probing.engine.hang import watch
 
 PID = 100
 CLOCK = os.sysconf("SC_CLK_TCK")
@@ -398,7 +398,7 @@ def _timed_samples(clock: FakeClock, each_s: float) -> Tuple[List[float], Any]:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(progress, "time", fake)
+    monkeypatch.setattr(hang_engine, "time", fake)
     return fake
 
 

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from probing.analysis.progress import Sample, stuck_dataloader_worker, take_sample, verdict
+from probing.analysis.progress import Sample, stuck_dataloader_worker, verdict
 from probing.analysis.states import thread_state
+from probing.engine.hang import take_sample
 from probing.outside.pyspy import gil_holder, rows_from_dump
 
 DATA = Path(__file__).resolve().parent / "data"

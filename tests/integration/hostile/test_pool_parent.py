@@ -8,7 +8,7 @@ starts its threads, and py-spy's owns_gil is wrong then: with the GIL free it ma
 id 0, which a starting thread's state has (3.12+); up to 3.10 it shows a thread under no OS id
 or under an exited thread's; and the agent's own threads, busy loading it, were taken for the
 job's when threading had named one "Dummy-N", or when the loader had ended by the time the
-verdict was written (analysis/gil.py, outside/pyspy.py checked_gil). An idle Pool parent has no
+verdict was written (outside/gil.py, outside/pyspy.py checked_gil). An idle Pool parent has no
 thread that keeps the GIL, so no look may name one, and its agent can always answer.
 
 Each trial takes a fresh Pool parent; while its first command waits for the agent it has just
@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from probing.analysis.gil import keeps_the_gil
+from probing.outside.gil import keeps_the_gil
 from probing.engine.target import Target as Inspected
 
 from support import BIN, PROBING, Target, interpreter_params
@@ -138,7 +138,7 @@ def test_no_command_on_a_fresh_pool_parent_names_a_gil_holder_and_the_agent_answ
 
 
 def test_the_looks_after_a_dump_tell_a_thread_that_keeps_the_gil_from_one_that_let_it_go() -> None:
-    """What the looks at /proc after py-spy's dump conclude of the thread it flags (analysis/gil.py):
+    """What the looks at /proc after py-spy's dump conclude of the thread it flags (outside/gil.py):
     a thread asleep while another runs has let the GIL go, if it ever had it; a thread that runs
     and uses the CPU keeps it; a thread asleep in a C call holding it while nothing else can run
     (gil_holder.py) keeps it."""
