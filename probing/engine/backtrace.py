@@ -25,7 +25,7 @@ from ..client.replies import decode_reply_table
 from ..errors import AgentTimeout, AgentUnreachable, NoAgent, ProbingError, UsageError
 from ..procfs import command_line
 from .jobs.fanout import Gathered
-from .target import REMOTE_HINT, STILL_CHECK_S, Fallback, Stillness
+from .target import REMOTE_HINT, STILL_CHECK_S, Fallback, Stillness, why_from_outside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -172,17 +172,8 @@ def read_stacks(
         return from_outside(target, True, thread, None, timeout)
     try:
         return _from_agent(target, {"locals": locals, "thread": thread}, timeout)
-    except NoAgent:
-        if target.pid is None or not target.no_attach:
-            raise
-        why = "no agent"
-    except Fallback as fallback:
-        if target.remote:
-            failure = AgentUnreachable if fallback.unreachable else AgentTimeout
-            raise failure(f"{fallback.why}; {REMOTE_HINT}", hint="") from None
-        if target.pid is None:
-            raise ProbingError(fallback.why) from None
-        why = fallback.why
+    except (NoAgent, Fallback) as error:
+        why = why_from_outside(target, error)
     return from_outside(target, False, thread, why, timeout)
 
 

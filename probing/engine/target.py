@@ -17,14 +17,14 @@ import time
 
 from ..client.connection import TCP_SCHEME, Client
 from ..client.discovery import locate_socket
-from ..errors import NoAgent, NotLive, ProbingError, UsageError
+from ..errors import AgentTimeout, AgentUnreachable, NoAgent, NotLive, ProbingError, UsageError
 from ..protocol.records import SUFFIX as RECORD_SUFFIX
 from .jobs.job import STALE_ENDPOINT_HINT, NotTheRank, Rank, identity_mismatch
 from .records.path import FATAL_SUFFIX, is_record_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
     Log = Callable[[str], None]
 
@@ -58,6 +58,24 @@ class Fallback(Exception):
         super().__init__(why)
         self.why = why
         self.unreachable = unreachable
+
+
+def why_from_outside(target: Target, error: Union[ProbingError, Fallback]) -> str:
+    """The one policy of every command that can answer from outside (py-spy) when the agent
+    cannot (backtrace, flamegraph): why it will, or the error to raise instead. An agent that
+    is silent or gone (Fallback) falls back, and a process without one under --no-attach
+    (NoAgent); a remote rank (tcp://) has no outside to fall back on here, nor has a socket
+    given as the target (no PID); any other error is raised as it is."""
+    if isinstance(error, Fallback):
+        if target.remote:
+            failure = AgentUnreachable if error.unreachable else AgentTimeout
+            raise failure(f"{error.why}; {REMOTE_HINT}", hint="") from None
+        if target.pid is None:
+            raise ProbingError(error.why) from None
+        return error.why
+    if isinstance(error, NoAgent) and target.pid is not None and target.no_attach:
+        return "no agent"
+    raise error
 
 
 def parse_address(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:

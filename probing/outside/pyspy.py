@@ -11,11 +11,11 @@ import os
 import sys
 import time
 
-from .gil import keeps_the_gil, live_thread
 from ..errors import ExitCode, PermissionDenied, ProbingError
 from ..procfs import thread_name
 from ..protocol.frames import json_dumps, json_loads
 from . import spawn
+from .gil import keeps_the_gil, live_thread
 
 # typing, json, shutil, pathlib and subprocess stay unimported: this module is on the path of
 # `probing PID backtrace` when a stuck job is read from outside, timed against py-spy itself.

@@ -26,7 +26,7 @@ from ...errors import (
     ProcessNotFound,
 )
 from ...protocol.frames import json_loads
-from ..target import REMOTE_HINT, Fallback, Target
+from ..target import REMOTE_HINT, Fallback, Target, why_from_outside
 
 # Beyond the sampling itself, what the agent may take to answer (encoding, a busy GIL).
 REPLY_SLACK_S = 10.0
@@ -163,16 +163,8 @@ def sample_stacks(
         return sample_with_pyspy(pid, duration, rate, "asked for with --outside", timeout)
     try:
         return _sample_from_agent(target, duration, rate, timeout)
-    except NoAgent:
-        if target.pid is None or not target.no_attach:
-            raise
-        why = "no agent"
-    except Fallback as fallback:
-        if target.remote:
-            raise ProbingError(f"{fallback.why}; {REMOTE_HINT}") from None
-        if target.pid is None:
-            raise ProbingError(fallback.why) from None
-        why = fallback.why
+    except (NoAgent, Fallback) as error:
+        why = why_from_outside(target, error)
     from ...procfs import process_alive
 
     pid = target.require_pid("sampling from outside")
