@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import re
 
+from ..schema.rows import backtrace_row
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
@@ -96,12 +98,10 @@ def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], Li
     for ident, faulting, stack in threads:
         is_main = bool(stack) and stack[-1][2] == "<module>"
         for depth, (file, lineno, func) in enumerate(stack):
-            rows.append(
-                {
-                    "pid": pid, "thread_id": ident, "native_id": None,
-                    "thread_name": (current_name if faulting else OTHER_THREAD),
-                    "is_main": is_main, "depth": depth, "func": func, "file": file, "lineno": lineno,
-                    "frame_type": "Python", "locals": None, "source": "faulthandler",
-                }
-            )  # fmt: skip
+            rows.append(backtrace_row(
+                pid=pid, thread_id=ident, native_id=None,
+                thread_name=current_name if faulting else OTHER_THREAD,
+                is_main=is_main, depth=depth, func=func, file=file, lineno=lineno,
+                frame_type="Python", locals=None, source="faulthandler",
+            ))  # fmt: skip
     return message, rows

@@ -14,6 +14,7 @@ import sys
 
 from ..errors import BadRecord, PermissionDenied, ProbingError, UsageError
 from ..protocol.frames import json_dumps, json_loads
+from ..schema.rows import backtrace_row
 from .core_process import CORE_IN_READER, confinement_arguments, run_as_of, run_reader
 from .elf_core import open_core_file
 from .spawn import TimedOut, TooMuchOutput
@@ -230,19 +231,19 @@ def _thread_rows(
         else:
             shown = None
         rows.append(
-            {
-                "pid": pid,
-                "thread_id": None,  # the Python ident: not in what pystack reads
-                "native_id": tid,
-                "thread_name": name,
-                "is_main": tid is not None and tid == pid,
-                "depth": depth,
-                "func": _text(frame.get("func")),
-                "file": _text(frame.get("file")),
-                "lineno": _integer(frame.get("lineno")),
-                "frame_type": "Python",
-                "locals": shown,
-                "source": SOURCE,
-            }
+            backtrace_row(
+                pid=pid,
+                thread_id=None,  # the Python ident: not in what pystack reads
+                native_id=tid,
+                thread_name=name,
+                is_main=tid is not None and tid == pid,
+                depth=depth,
+                func=_text(frame.get("func")),
+                file=_text(frame.get("file")),
+                lineno=_integer(frame.get("lineno")),
+                frame_type="Python",
+                locals=shown,
+                source=SOURCE,
+            )
         )
     return rows

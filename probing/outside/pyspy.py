@@ -14,6 +14,7 @@ import time
 from ..errors import ExitCode, PermissionDenied, ProbingError
 from ..procfs import thread_name
 from ..protocol.frames import json_dumps, json_loads
+from ..schema.rows import backtrace_row
 from . import spawn
 from .gil import keeps_the_gil, live_thread
 
@@ -279,22 +280,22 @@ def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, An
             native = frame.get("module") is not None
             local_values = frame.get("locals")
             rows.append(
-                {
-                    "pid": pid,
-                    "thread_id": thread.get("thread_id"),
-                    "native_id": native_id,
-                    "thread_name": name,
-                    "is_main": native_id == pid,
-                    "depth": depth,
-                    "func": frame.get("name") if native else _function_name(str(frame.get("name"))),
-                    "file": frame.get("module") if native else frame.get("filename"),
-                    "lineno": frame.get("line") or None,
-                    "frame_type": "Native" if native else "Python",
-                    "locals": json_dumps({v["name"]: v.get("repr") for v in local_values})
+                backtrace_row(
+                    pid=pid,
+                    thread_id=thread.get("thread_id"),
+                    native_id=native_id,
+                    thread_name=name,
+                    is_main=native_id == pid,
+                    depth=depth,
+                    func=frame.get("name") if native else _function_name(str(frame.get("name"))),
+                    file=frame.get("module") if native else frame.get("filename"),
+                    lineno=frame.get("line") or None,
+                    frame_type="Native" if native else "Python",
+                    locals=json_dumps({v["name"]: v.get("repr") for v in local_values})
                     if local_values
                     else None,
-                    "source": "py-spy",
-                }
+                    source="py-spy",
+                )
             )
     return rows
 

@@ -27,8 +27,8 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from probing.outside.gil import keeps_the_gil
 from probing.engine.target import Target as Inspected
+from probing.outside.gil import keeps_the_gil
 
 from support import BIN, PROBING, Target, interpreter_params
 
