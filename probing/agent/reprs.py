@@ -6,11 +6,13 @@ import reprlib
 import sys
 from typing import Any
 
+from .imported import imported
+
 
 def describe_array(value: Any) -> str:
     """A tensor or ndarray by its metadata only: printing values could be huge or sync a GPU."""
     kind = type(value).__name__
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         return (
             f"{kind}(shape={list(value.shape)}, dtype={value.dtype}, "
@@ -20,7 +22,7 @@ def describe_array(value: Any) -> str:
 
 
 def is_array(value: Any) -> bool:
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         return True
     numpy = sys.modules.get("numpy")

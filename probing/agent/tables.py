@@ -29,6 +29,7 @@ from ..schema.tables import (
 )
 from .columns import TableBuilder
 from .identity import python_version, working_directory
+from .imported import imported
 from .pacing import Pacer, stall_bound
 from .stacks import backtrace_rows, thread_stacks
 
@@ -101,7 +102,7 @@ def _build_tensors(server: Any, params: Dict[str, Any]) -> TableBuilder:
     budget = scan_budget(params, DEFAULT_TENSOR_BUDGET_S)
     rows, notes = tensor_rows(server.own_threads, budget, step_wait(params))
     # What holds the tensors that have no name: a walk of its own, with a budget as long.
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
     rows, held_notes = with_holders(rows, parameter if isinstance(parameter, type) else None, budget, Pacer())
     return _with_notes(fill(new_builder(TENSORS), rows), notes + held_notes)

@@ -6,15 +6,16 @@ counters creates no CUDA context.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Dict, List, Optional, Tuple
+
+from ..imported import imported
 
 MB = 1024.0 * 1024.0
 
 
 def cuda_module() -> Any:
     """torch.cuda when the job has imported torch and initialised CUDA; never initialises it."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     cuda = getattr(torch, "cuda", None) if torch is not None else None
     try:
         return cuda if cuda is not None and cuda.is_initialized() else None

@@ -24,6 +24,7 @@ import time
 from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from ...originals import allocate_lock, json_dumps, monotonic, wall_time
+from ..imported import imported
 from ..lifecycle import on_fork_in_child, on_stop
 from ..memory.objects import release
 from ..pacing import Pacer
@@ -118,7 +119,7 @@ _last_dump: Optional[Tuple[float, bool, Optional[Dict[str, Any]]]] = None
 
 
 def _read_flight_recorder(with_entries: bool) -> Optional[Dict[str, Any]]:
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     bindings = getattr(getattr(torch, "_C", None), "_distributed_c10d", None)
     found = flight_recorder.read(bindings, with_entries)
     # Switched off, the recorder dumps no entries and knows no group (not even pg_config,

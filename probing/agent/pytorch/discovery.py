@@ -23,6 +23,7 @@ from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...originals import allocate_lock, monotonic
+from ..imported import imported, importing
 from ..memory.objects import GENERATIONS, Skipped, list_generation, release
 from ..pacing import MAX_STALL_S, Pacer
 from ..stacks import current_frames, outermost_first
@@ -33,8 +34,10 @@ class NoTorch(Exception):
 
 
 def require_torch() -> Any:
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is None or not hasattr(torch, "nn") or "torch.optim.optimizer" not in sys.modules:
+        if importing("torch"):
+            raise NoTorch("this process is importing torch right now: ask again once it has")
         raise NoTorch("this process has not imported torch")
     return torch
 

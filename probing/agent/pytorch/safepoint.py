@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from ...originals import Event, allocate_lock
+from ..imported import imported
 from ..lifecycle import JOB_HOOKS, on_stop
 from ..stacks import current_frames, thread_names
 
@@ -238,7 +239,7 @@ def stop(wait_s: float = 0.5) -> None:
             work.state = "cancelled"
     if handle is None:
         return
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is None:
         handle.remove()
         return

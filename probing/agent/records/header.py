@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 from ... import __version__
 from ...procfs import process_start_time
 from ..identity import python_version, working_directory
+from ..imported import imported
 from ..listener.rank import rank_identity
 from ..stacks import thread_name
 from ..threads import job_thread
@@ -61,7 +62,7 @@ def header(trigger: Trigger, notes: List[str], written_at: float) -> Dict[str, A
 def torch_version() -> Optional[str]:
     """torch's version when the job imported it, read from the module's own dict (no attribute
     hook of the job's runs), as a plain str."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if type(torch) is not ModuleType:  # a subclass (a lazy module) could run code on any lookup
         return None
     version = vars(torch).get("__version__")
