@@ -80,6 +80,41 @@ def _abandon(server: AgentServer) -> None:
         server.registry.abandon()
 
 
+def _take_over(previous: AgentServer, server: AgentServer) -> None:
+    """The new server in place of one that stopped listening (start(), under its lock)."""
+    _abandon(previous)
+    # One set for both: the sampler and any worker the old server started are still
+    # the agent's own threads, never the job's, in backtraces.
+    server.own_threads = previous.own_threads
+    # A TCP listener outlives the Unix socket it was started beside: it hands its
+    # clients to the new server from now on.
+    listener = previous.tcp_listener
+    if listener is not None and listener.running():
+        listener.server = server
+        server.tcp_listener = listener
+
+
+def _start_sampling(server: AgentServer) -> Optional[str]:
+    """Start the memory sampler; why it could not, or None."""
+    try:
+        from .memory.sampler import start_sampling  # it forgets itself in a forked child
+
+        start_sampling(server.own_threads)
+    except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
+        return f"memory sampling: {type(error).__name__}: {error}"
+    return None
+
+
+def _undo_start(server: AgentServer, previous: Optional[AgentServer]) -> None:
+    """What start() began for a server that could not start: the sampler, and a TCP listener
+    started for it (not one taken over from `previous`)."""
+    from .memory.sampler import stop_sampling
+
+    stop_sampling()
+    if server.tcp_listener is not None and server.tcp_listener is not getattr(previous, "tcp_listener", None):
+        server.tcp_listener.stop()
+
+
 def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False) -> bool:
     """Start serving on `<socket dir>/<pid>.sock`; a no-op when an agent already serves.
 
@@ -106,41 +141,20 @@ def start(socket_dir: Optional[str] = None, calling_thread_is_ours: bool = False
             last_error = f"{type(error).__name__}: {error}"
             return False
         if previous is not None:
-            _abandon(previous)
-            # One set for both: the sampler and any worker the old server started are still
-            # the agent's own threads, never the job's, in backtraces.
-            server.own_threads = previous.own_threads
-            # A TCP listener outlives the Unix socket it was started beside: it hands its
-            # clients to the new server from now on.
-            listener = previous.tcp_listener
-            if listener is not None and listener.running():
-                listener.server = server
-                server.tcp_listener = listener
+            _take_over(previous, server)
         server.on_detach = stop
         if calling_thread_is_ours:
             server.own_threads.add(get_ident())
         # The sampler starts before the socket serves: a backtrace must never catch its thread
         # before it is known as the agent's own.
-        sampling_error = None
-        try:
-            from .memory.sampler import start_sampling  # it forgets itself in a forked child
-
-            start_sampling(server.own_threads)
-        except Exception as error:  # noqa: BLE001 - sampling is optional, the agent is not
-            sampling_error = f"memory sampling: {type(error).__name__}: {error}"
+        sampling_error = _start_sampling(server)
         # The TCP listener before the socket serves: the first hello already says how it went.
         _listen_from_environment(server)
         try:
             server.start()
         except Exception as error:  # noqa: BLE001 - can't start new thread, say
             last_error = f"{type(error).__name__}: {error}"
-            from .memory.sampler import stop_sampling
-
-            stop_sampling()
-            if server.tcp_listener is not None and server.tcp_listener is not getattr(
-                previous, "tcp_listener", None
-            ):
-                server.tcp_listener.stop()
+            _undo_start(server, previous)
             return False
         _server = server
         _path_identity = path_identity

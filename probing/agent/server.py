@@ -253,54 +253,7 @@ class AgentServer:
                 )
                 return
             dispatcher = Dispatcher(self)
-            reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
-            # Replies to pipelined requests (hello + backtrace) leave in one send: in a busy
-            # process every socket call costs up to a GIL switch interval to come back from.
-            outgoing: List[protocol.ByteChunk] = []
-            while not self._stopping:
-                first = record.requests == 0
-                deadline = record.connected_at + HELLO_TIMEOUT_S if first else None
-                # A job that closed every descriptor (os.closerange) may have this number for a
-                # socket of its own by now: settimeout() would make it non-blocking under it.
-                if descriptor_identity(conn) != record.identity:
-                    return
-                try:
-                    if not outgoing:
-                        conn.settimeout(IDLE_TIMEOUT_S)  # read each time: a test shortens it
-                    frame = reader.read(deadline, FRAME_TIMEOUT_S)
-                except protocol.FrameTimeout as error:
-                    why = f"no request within {HELLO_TIMEOUT_S:g} s of connecting" if first else str(error)
-                    outgoing += protocol.frame_buffers(protocol.error_reply(None, ErrorKind.TIMEOUT, why))
-                    self._send(conn, outgoing)
-                    return
-                except protocol.FrameError as error:
-                    reply = protocol.error_reply(error.request_id, ErrorKind.BAD_FRAME, str(error))
-                    outgoing += protocol.frame_buffers(reply)
-                    if not self._send(conn, outgoing) or error.fatal:
-                        return
-                    outgoing = []
-                    continue
-                except (protocol.ConnectionClosed, OSError):
-                    return
-                if frame is None:
-                    return
-                if not self._start_request(record, frame.header):
-                    return  # evicted while the request came in: it never runs
-                reply, payload = dispatcher.handle(frame)
-                outgoing += reply_buffers(reply, payload)
-                if reader.has_frame():
-                    continue
-                # Busy until the reply is out: eviction must never cut off a reply of a
-                # request that ran.
-                sent = self._send(conn, outgoing)
-                self._end_request(record)
-                # A client that went away must cost us nothing more than this connection.
-                if not sent:
-                    return
-                outgoing = []
-                if self.stop_after_reply:
-                    self.on_detach()
-                    return
+            self._serve_requests(conn, record, dispatcher, reply_buffers)
         except Exception:  # noqa: BLE001 - a broken connection must never take the agent down
             return
         finally:
@@ -315,6 +268,60 @@ class AgentServer:
                 except Exception:  # noqa: BLE001, S110 - closing must not take the agent down
                     pass
             self.own_threads.discard(get_ident())
+
+    def _serve_requests(self, conn: Socket, record: Connection, dispatcher: Any, reply_buffers: Any) -> None:
+        """Read requests and send replies until the client leaves, a frame is bad past
+        repair, the connection is evicted or the agent stops."""
+        from .. import protocol
+
+        reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
+        # Replies to pipelined requests (hello + backtrace) leave in one send: in a busy
+        # process every socket call costs up to a GIL switch interval to come back from.
+        outgoing: List[protocol.ByteChunk] = []
+        while not self._stopping:
+            first = record.requests == 0
+            deadline = record.connected_at + HELLO_TIMEOUT_S if first else None
+            # A job that closed every descriptor (os.closerange) may have this number for a
+            # socket of its own by now: settimeout() would make it non-blocking under it.
+            if descriptor_identity(conn) != record.identity:
+                return
+            try:
+                if not outgoing:
+                    conn.settimeout(IDLE_TIMEOUT_S)  # read each time: a test shortens it
+                frame = reader.read(deadline, FRAME_TIMEOUT_S)
+            except protocol.FrameTimeout as error:
+                why = f"no request within {HELLO_TIMEOUT_S:g} s of connecting" if first else str(error)
+                outgoing += protocol.frame_buffers(protocol.error_reply(None, ErrorKind.TIMEOUT, why))
+                self._send(conn, outgoing)
+                return
+            except protocol.FrameError as error:
+                reply = protocol.error_reply(error.request_id, ErrorKind.BAD_FRAME, str(error))
+                outgoing += protocol.frame_buffers(reply)
+                if not self._send(conn, outgoing) or error.fatal:
+                    return
+                outgoing = []
+                continue
+            except (protocol.ConnectionClosed, OSError):
+                return
+            if frame is None:
+                return
+            if not self._start_request(record, frame.header):
+                return  # evicted while the request came in: it never runs
+            reply, payload = dispatcher.handle(frame)
+            outgoing += reply_buffers(reply, payload)
+            if reader.has_frame():
+                continue
+            # Busy until the reply is out: eviction must never cut off a reply of a
+            # request that ran.
+            sent = self._send(conn, outgoing)
+            self._end_request(record)
+            # A client that went away must cost us nothing more than this connection.
+            if not sent:
+                return
+            outgoing = []
+            if self.stop_after_reply:
+                self.on_detach()
+                return
 
     @staticmethod
     def _send(conn: Socket, buffers: Any) -> bool:

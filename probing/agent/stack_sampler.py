@@ -180,58 +180,8 @@ class Sampling:
         [frame index, ...] root to leaf] each, and the figures, `cost_share` counting the time
         spent here. `started` is the monotonic() the sampling began."""
         building = perf_counter()
-        frames: List[List[Any]] = []
-        index: Dict[Tuple[int, int], int] = {}
-        described: Dict[Tuple[Any, ...], int] = {}  # [function, file, line] -> its frame index
-        merged: Dict[Tuple[Any, ...], int] = {}  # offsets on one line make one stack
-        lines: Dict[int, Tuple[List[int], List[Tuple[int, int]]]] = {}  # per code: its line table
-        for made, (key, count) in enumerate(self.counts.items()):
-            if made % ANSWER_CHUNK == ANSWER_CHUNK - 1:
-                building = self._let_others_run(building)
-            path: List[int] = []
-            for position in range(len(key) - 2, 0, -2):  # outermost frame first
-                code_id, where = key[position], key[position + 1]
-                at = index.get((code_id, where))
-                if at is None:
-                    frame = _describe(self.codes.get(code_id), where, lines)
-                    at = described.get(tuple(frame))
-                    if at is None:
-                        at = described[tuple(frame)] = len(frames)
-                        frames.append(frame)
-                    index[(code_id, where)] = at
-                path.append(at)
-            stack = (key[0], *path)
-            merged[stack] = merged.get(stack, 0) + count
-        stacks: List[List[Any]] = [[count, stack[0], list(stack[1:])] for stack, count in merged.items()]
-        notes: List[str] = []
-        for thread, count in self.overflow.items():
-            at = described.get(("<stacks past the cap>", "", 0))
-            if at is None:
-                at = described[("<stacks past the cap>", "", 0)] = len(frames)
-                frames.append(["<stacks past the cap>", "", 0])
-            stacks.append([count, thread, [at]])
-        if self.overflow:
-            notes.append(
-                f"more than {MAX_STACKS} distinct stacks: {sum(self.overflow.values())} thread samples "
-                "past the cap are counted as '<stacks past the cap>'"
-            )
-        if self.deep:
-            notes.append(
-                f"{self.deep} thread samples were deeper than {MAX_DEPTH} frames: their outermost "
-                "frames are shown as '<frames cut>'"
-            )
-        # What a user can do when the budget left few samples: sample from outside, no GIL needed.
-        outside = "; `flamegraph --outside` samples with py-spy, which needs no GIL"
-        if self.abandoned:
-            notes.append(
-                f"{_samples(self.abandoned)} given up half-way: they took longer than the "
-                f"{COST_SHARE:.1%} of the time left them ({self.threads} threads){outside}"
-            )
-        if self.skipped:
-            notes.append(
-                f"{_samples(self.skipped)} left out: with the answer they would have held the "
-                f"GIL more than {COST_SHARE:.1%} of the time ({self.threads} threads){outside}"
-            )
+        frames, stacks, building = self._frames_and_stacks(building)
+        notes = self._notes()
         # Encoded in pieces: json.dumps of a whole 8 MB answer is one C call that never lets go.
         parts: List[bytes] = [b'{"frames":[']
         for at in range(0, len(frames), ANSWER_CHUNK * 8):
@@ -255,6 +205,68 @@ class Sampling:
         }
         parts.append(b"]," + _dumps(figures)[1:])
         return b"".join(parts)
+
+    def _frames_and_stacks(self, building: float) -> Tuple[List[List[Any]], List[List[Any]], float]:
+        """The counted stacks as a table of frames and stacks of indexes into it (the samples
+        past the cap as one frame of their own), letting the job run between chunks; and when
+        the time held was last counted (`building`, as _let_others_run returns it)."""
+        frames: List[List[Any]] = []
+        index: Dict[Tuple[int, int], int] = {}
+        described: Dict[Tuple[Any, ...], int] = {}  # [function, file, line] -> its frame index
+        merged: Dict[Tuple[Any, ...], int] = {}  # offsets on one line make one stack
+        lines: Dict[int, Tuple[List[int], List[Tuple[int, int]]]] = {}  # per code: its line table
+        for made, (key, count) in enumerate(self.counts.items()):
+            if made % ANSWER_CHUNK == ANSWER_CHUNK - 1:
+                building = self._let_others_run(building)
+            path: List[int] = []
+            for position in range(len(key) - 2, 0, -2):  # outermost frame first
+                code_id, where = key[position], key[position + 1]
+                at = index.get((code_id, where))
+                if at is None:
+                    frame = _describe(self.codes.get(code_id), where, lines)
+                    at = described.get(tuple(frame))
+                    if at is None:
+                        at = described[tuple(frame)] = len(frames)
+                        frames.append(frame)
+                    index[(code_id, where)] = at
+                path.append(at)
+            stack = (key[0], *path)
+            merged[stack] = merged.get(stack, 0) + count
+        stacks: List[List[Any]] = [[count, stack[0], list(stack[1:])] for stack, count in merged.items()]
+        for thread, count in self.overflow.items():
+            at = described.get(("<stacks past the cap>", "", 0))
+            if at is None:
+                at = described[("<stacks past the cap>", "", 0)] = len(frames)
+                frames.append(["<stacks past the cap>", "", 0])
+            stacks.append([count, thread, [at]])
+        return frames, stacks, building
+
+    def _notes(self) -> List[str]:
+        """What the answer leaves out or cuts, and why."""
+        notes: List[str] = []
+        if self.overflow:
+            notes.append(
+                f"more than {MAX_STACKS} distinct stacks: {sum(self.overflow.values())} thread samples "
+                "past the cap are counted as '<stacks past the cap>'"
+            )
+        if self.deep:
+            notes.append(
+                f"{self.deep} thread samples were deeper than {MAX_DEPTH} frames: their outermost "
+                "frames are shown as '<frames cut>'"
+            )
+        # What a user can do when the budget left few samples: sample from outside, no GIL needed.
+        outside = "; `flamegraph --outside` samples with py-spy, which needs no GIL"
+        if self.abandoned:
+            notes.append(
+                f"{_samples(self.abandoned)} given up half-way: they took longer than the "
+                f"{COST_SHARE:.1%} of the time left them ({self.threads} threads){outside}"
+            )
+        if self.skipped:
+            notes.append(
+                f"{_samples(self.skipped)} left out: with the answer they would have held the "
+                f"GIL more than {COST_SHARE:.1%} of the time ({self.threads} threads){outside}"
+            )
+        return notes
 
     def _let_others_run(self, since: float) -> float:
         """Count the time held since `since`, let the job's threads take the GIL; now."""

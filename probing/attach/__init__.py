@@ -163,8 +163,19 @@ def attach(
         if os.path.exists(stale):
             os.unlink(stale)
     started = time.monotonic()
-    report: Optional[InjectReport] = None
     loading = _Loading(pid)
+    report = _inject(pid, method, version, timeout, log)
+    injected = time.monotonic()
+    attached = _wait_for_agent(pid, started + timeout, injected, report, loading, log, give_up_early)
+    if attached is not None:
+        return attached
+    raise _timed_out(pid, started, timeout, loading)
+
+
+def _inject(pid: int, method: str, version: str, timeout: float, log: Log) -> Optional[InjectReport]:
+    """Inject the bootstrap that starts the agent, unless one injected earlier still waits for
+    the GIL; how the injection went (None: not injected)."""
+    report: Optional[InjectReport] = None
     if _bootstrap_waiting(pid):
         # Injecting again would only add a second thread waiting for the same GIL.
         log(f"an earlier attach to PID {pid} is still waiting for the GIL; waiting for it")
@@ -181,14 +192,21 @@ def attach(
             f"{report.method}: thread {report.thread} ({report.where}) stopped for "
             f"{report.stopped_ms:.2f} ms; waiting for the agent"
         )
-    injected = time.monotonic()
-    deadline = started + timeout
+    return report
+
+
+def _wait_for_agent(
+    pid: int, deadline: float, injected: float, report: Optional[InjectReport], loading: _Loading, log: Log,
+    give_up_early: bool,
+) -> Optional[Attached]:  # fmt: skip
+    """Wait until the agent listens (past `deadline` while its loader makes headway), the
+    attach fails, or the process exits; None when the time is up."""
     looked = not give_up_early
     while True:
         loading.look()
         now = time.monotonic()
         if now >= deadline and not (loading.moving() and now < deadline + _LOADING_GRACE_S):
-            break
+            return None
         path = _answering_socket(pid)
         if path is not None:
             waited = (time.monotonic() - injected) * 1000
@@ -206,6 +224,10 @@ def attach(
             if holder is not None:
                 raise AttachTimeout(f"{holder}; the agent will start when it is released")
         time.sleep(_POLL_S)
+
+
+def _timed_out(pid: int, started: float, timeout: float, loading: _Loading) -> AttachTimeout:
+    """Why the agent did not come up, as the error that says so."""
     from .diagnose import why_no_agent
 
     waited = time.monotonic() - started
@@ -214,7 +236,7 @@ def attach(
         why = f"its loader got the GIL but makes no headway ({why_no_agent(pid)})"
     else:
         why = why_no_agent(pid)
-    raise AttachTimeout(
+    return AttachTimeout(
         f"the agent did not come up in PID {pid} within {within}: {why}",
         hint="the job runs on unharmed; the agent starts by itself as soon as the GIL is free, "
         "and the next probing command will use it",

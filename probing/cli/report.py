@@ -13,6 +13,11 @@ from .invocation import Invocation
 from .options import apply, pass_invocation
 from .spec import RANKS, timeout
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..engine.report.job import JobReport
+    from ..engine.report.live import Report
+
 
 @click.command()
 @click.option("-o", "--output", required=True, metavar="FILE", help="The HTML file to write (- for stdout).")
@@ -64,25 +69,38 @@ def report(
     threads (the same stack on several ranks drawn once, headed by them). Exit status 14 when
     some ranks gave no answer: they are named at the top of the page and on stderr.
     """
-    from .pictures.report import report_page
-    from .render import notes
-    from .render.files import check_output, counted, write_output, wrote
+    from .render.files import check_output
 
     check_output(output)
     if ranks is not None and not tensors:
         raise click.UsageError("--no-tensors goes without --ranks: the job's page lists no objects")
     answer = invocation.kind(ranks).report(timeout, hang_duration, hang_samples, tensors)
-    gathered = answer.value
     if isinstance(answer, Ranks):
-        from .pictures.report_job import job_report_page
-        from .render.per_rank import write_missing
+        _write_job_page(output, answer.value)
+    else:
+        _write_process_page(output, answer.value)
+    return answer.exit_code
 
-        written = write_output(output, [job_report_page(gathered)])
-        shown = f"{counted(len(gathered.ranks), 'rank')}, {counted(gathered.thread_count, 'thread')}"
-        took = gathered.timings.get("total_s", 0.0)
-        wrote(output, written, f"{shown}, gathered in {took:.1f} s", "open it in a browser")
-        write_missing(gathered.missing)
-        return answer.exit_code
+
+def _write_job_page(output: str, gathered: JobReport) -> None:
+    """The job's page (--ranks), then the ranks that gave no answer on stderr."""
+    from .pictures.report_job import job_report_page
+    from .render.files import counted, write_output, wrote
+    from .render.per_rank import write_missing
+
+    written = write_output(output, [job_report_page(gathered)])
+    shown = f"{counted(len(gathered.ranks), 'rank')}, {counted(gathered.thread_count, 'thread')}"
+    took = gathered.timings.get("total_s", 0.0)
+    wrote(output, written, f"{shown}, gathered in {took:.1f} s", "open it in a browser")
+    write_missing(gathered.missing)
+
+
+def _write_process_page(output: str, gathered: Report) -> None:
+    """The page of a process or a record, then what a partial one left out on stderr."""
+    from .pictures.report import report_page
+    from .render import notes
+    from .render.files import counted, write_output, wrote
+
     written = write_output(output, [report_page(gathered)])
     threads = counted(gathered.thread_count or len(gathered.threads), "thread")
     sections = f"{threads}, {counted(len(gathered.steps), 'step')}"
@@ -96,4 +114,3 @@ def report(
                 + "; ".join(gathered.failures)
             ]
         )
-    return answer.exit_code

@@ -158,6 +158,38 @@ def thread_document(thread: Any, with_locals: bool, budget: Budget) -> Dict[str,
     }
 
 
+def _unusable_executable(found: str, process: Dict[str, Any]) -> Optional[int]:
+    """The failure (as `fail` returns it) when the executable cannot serve to read the core;
+    None when it can."""
+    if not os.path.exists(found):
+        return fail("no_executable", gone(found, process))
+    if not os.access(found, os.R_OK):
+        return fail("not_allowed", f"{found} cannot be read by uid {os.getuid()}, as whom the core is read")
+    if not is_elf(found):
+        return fail("no_executable", f"{found} is not an executable (no ELF header)")
+    return None
+
+
+def _reading(
+    found: str, process: Dict[str, Any], failure: Dict[str, Any], documents: List[Dict[str, Any]],
+    budget: Budget,
+) -> Dict[str, Any]:  # fmt: skip
+    """What the core says: the process, the signal that ended it, its threads."""
+    return {
+        "executable": cut(found),
+        "pid": process.get("pid"),
+        "ppid": process.get("ppid"),
+        "uid": process.get("uid"),
+        "command": cut(process.get("fname") or ""),
+        "arguments": cut(process.get("psargs") or "", 4000),
+        "signal": failure.get("si_signo"),
+        "fault_address": failure.get("failed_addr"),
+        "threads": documents,
+        "cut_short": budget.spent() or len(documents) >= MAX_THREADS,
+        "read_as": [os.getuid(), os.getgid()],
+    }
+
+
 def read(core: str, executable: Optional[str], with_locals: bool, run_as: Optional[Tuple[int, int]]) -> int:
     try:
         from pystack.engine import (
@@ -182,12 +214,9 @@ def read(core: str, executable: Optional[str], with_locals: bool, run_as: Option
         found, missing = executable_of(analyzer) if executable is None else (executable, None)
     except RuntimeError as error:
         return fail_with("not_core", error)
-    if not os.path.exists(found):
-        return fail("no_executable", gone(found, process))
-    if not os.access(found, os.R_OK):
-        return fail("not_allowed", f"{found} cannot be read by uid {os.getuid()}, as whom the core is read")
-    if not is_elf(found):
-        return fail("no_executable", f"{found} is not an executable (no ELF header)")
+    unusable = _unusable_executable(found, process)
+    if unusable is not None:
+        return unusable
     try:
         threads = get_process_threads_for_core(
             core, found, native_mode=NativeReportingMode.OFF, locals=with_locals, method=StackMethod.AUTO
@@ -211,19 +240,7 @@ def read(core: str, executable: Optional[str], with_locals: bool, run_as: Option
         return fail("not_python", f"its executable is {found}, and {said[:1].lower()}{said[1:]}")
     except RuntimeError as error:
         return fail_with("unreadable", error)
-    reading = {
-        "executable": cut(found),
-        "pid": process.get("pid"),
-        "ppid": process.get("ppid"),
-        "uid": process.get("uid"),
-        "command": cut(process.get("fname") or ""),
-        "arguments": cut(process.get("psargs") or "", 4000),
-        "signal": failure.get("si_signo"),
-        "fault_address": failure.get("failed_addr"),
-        "threads": documents,
-        "cut_short": budget.spent() or len(documents) >= MAX_THREADS,
-        "read_as": [os.getuid(), os.getgid()],
-    }
+    reading = _reading(found, process, failure, documents, budget)
     json.dump({"reading": reading}, sys.stdout)
     return 0
 

@@ -327,6 +327,27 @@ def test_modules_are_under_400_lines() -> None:
     assert not long, long
 
 
+MAX_FUNCTION_LINES = 60
+
+
+def _long_functions() -> Dict[str, int]:
+    """Every function (methods and nested ones included) longer than MAX_FUNCTION_LINES, counted
+    as ast counts it: from the `def` line to the last line of its body."""
+    long = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long[f"{module}.{node.name} (line {node.lineno})"] = length
+    return long
+
+
+def test_functions_are_at_most_60_lines() -> None:
+    long = _long_functions()
+    assert not long, "\n".join(f"{name}: {length} lines" for name, length in sorted(long.items()))
+
+
 def test_native_sources_are_under_400_lines() -> None:
     native = Path(__file__).resolve().parents[2] / "native"
     lengths = {path.name: len(path.read_text().splitlines()) for path in native.glob("*.[ch]")}

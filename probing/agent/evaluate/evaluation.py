@@ -26,10 +26,10 @@ from ...originals import Event, allocate_lock, get_ident, monotonic, perf_counte
 from ..lifecycle import WORK, on_stop
 from ..output import CaptureBuffer, captured, release
 from ..requests import ErrorKind, RequestError
-from ..stacks import ThreadStack, thread_stacks
 from ..threads import AgentThread, forget_dummy
-from . import exitguard, framelocals
+from . import exitguard
 from .framenames import AmbiguousName, FrameNames, frames_for
+from .frames import frame_namespace
 from .interrupts import Interruptible
 from .namespace import EvalNamespace
 
@@ -86,44 +86,6 @@ def compile_source(source: str, filename: str) -> Tuple[Optional[CodeType], Opti
         tail = compile(ast.Expression(last.value), filename, "eval")
     body = compile(tree, filename, "exec") if tree.body else None
     return body, tail
-
-
-_OUTER_SHOWN, _INNER_SHOWN, _THREADS_SHOWN = 2, 4, 4  # what an error of --frame names of threads
-
-
-def _describe_stack(stack: ThreadStack) -> str:
-    """Where a thread is, in a line: importlib's frames left out, a module being imported named
-    (a job importing torch is 60 frames deep), the middle of a deep stack counted."""
-    names: List[str] = []
-    for frame in stack.frames():
-        module = dict.get(frame.f_globals, "__name__")  # not a get() of the job's own
-        if not frame.f_code.co_filename.startswith("<frozen importlib"):
-            imported = frame.f_code.co_name == "<module>" and type(module) is str and module != "__main__"
-            names.insert(0, "import " + str(module)[:80] if imported else frame.f_code.co_name)
-    if len(names) > _OUTER_SHOWN + _INNER_SHOWN + 1:
-        names[_OUTER_SHOWN:-_INNER_SHOWN] = [f"({len(names) - _OUTER_SHOWN - _INNER_SHOWN} more)"]
-    return " > ".join(names)
-
-
-def frame_namespace(own_threads: Any, spec: str) -> Tuple[Dict[str, Any], Any]:
-    """Globals of the innermost frame named by `THREAD:FUNCTION` (or `FUNCTION`), and a copy of
-    its locals: the code's assignments never reach the frame (framelocals.py)."""
-    thread_part, _, function = spec.rpartition(":")
-    if not function:
-        raise RequestError(ErrorKind.BAD_REQUEST, f"--frame {spec!r}: expected THREAD:FUNCTION")
-    stacks = thread_stacks(own_threads)
-    if thread_part:
-        stacks = [stack for stack in stacks if stack.matches(thread_part)]
-        if not stacks:
-            raise RequestError(ErrorKind.NOT_FOUND, f"no thread named or numbered {thread_part!r}")
-    for stack in stacks:  # the main thread comes first
-        for frame in stack.frames():
-            code = frame.f_code
-            if function in (code.co_name, getattr(code, "co_qualname", None)):
-                return frame.f_globals, framelocals.snapshot(frame)
-    shown = [f"{stack.name}: {_describe_stack(stack)}" for stack in stacks[:_THREADS_SHOWN]]
-    where = "; ".join(shown + [f"{len(stacks) - len(shown)} more threads"] * (len(stacks) > len(shown)))
-    raise RequestError(ErrorKind.NOT_FOUND, f"no frame of function {function!r} is running ({where})")
 
 
 def _format_exception(error: BaseException, filename: str, source: str) -> str:
@@ -318,15 +280,10 @@ def _texts(
     return protocol.encode_texts(texts)
 
 
-def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
-    """The eval method: (result, payload). Errors are RequestErrors whose details carry the
-    texts' layout and `payload` (the dispatcher sends it)."""
-    source, timeout, frame, allow_exit = _params(params)
-    on_stop(stop, WORK)  # exit guards and interrupts outlive a request that timed out
-    number = next(_counter)
-    filename = f"<probing-eval-{number}>"
+def _compiled(source: str, filename: str) -> Tuple[Optional[CodeType], Optional[CodeType]]:
+    """The code compiled (compile_source), or the error reply a SyntaxError makes."""
     try:
-        body, tail = compile_source(source, filename)
+        return compile_source(source, filename)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         layout, payload = _texts(None, "".join(traceback.format_exception_only(type(error), error)))
         raise RequestError(
@@ -334,23 +291,73 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
             cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS, "the message") or "",
             exception=type(error).__name__, texts=layout, payload=payload,
         ) from None  # fmt: skip
-    frames: Optional[FrameNames] = None
+
+
+def _namespace(
+    own_threads: Any, frame: Optional[str], body: Optional[CodeType], tail: Optional[CodeType]
+) -> Tuple[Tuple[Any, Any], Optional[FrameNames]]:
+    """(globals, locals) the code runs in: the named frame's, else `__main__`'s with the names
+    the code uses that only a running frame holds (framenames.py), and those frames' names."""
     if frame:
-        namespace = frame_namespace(own_threads, frame)
+        return frame_namespace(own_threads, frame), None
+    main = sys.modules["__main__"].__dict__
+    namespace: Tuple[Any, Any] = (main, main)
+    try:
+        frames = frames_for(own_threads, main.__contains__, (body, tail))
+    except AmbiguousName as error:
+        layout, payload = _texts(None, f"NameError: {error}\n", error.notes)
+        raise RequestError(
+            ErrorKind.REMOTE_ERROR, cut(f"NameError: {error}", MAX_MESSAGE_CHARS, "the message") or "",
+            exception="NameError", texts=layout, payload=payload,
+        ) from None  # fmt: skip
+    if frames is not None:
+        names = EvalNamespace(main, frames)
+        namespace = (names, names)
+    return namespace, frames
+
+
+def _timed_out(job: EvalJob, own_threads: Any, name: str, timeout: float) -> RequestError:
+    """The reply to code still running at its timeout, once it has been interrupted (and, if it
+    carries on, handed to a thread that keeps interrupting it)."""
+    deadline = monotonic() + INTERRUPT_GRACE_S
+    # Repeat: code that catches BaseException and carries on gets another one.
+    while not job.done.is_set() and monotonic() < deadline and job.interrupt():
+        job.done.wait(REINTERRUPT_EVERY_S)
+    landed = job.landed()
+    if job.done.is_set():
+        state = "it was interrupted"
     else:
-        main = sys.modules["__main__"].__dict__
-        namespace = (main, main)
-        try:
-            frames = frames_for(own_threads, main.__contains__, (body, tail))
-        except AmbiguousName as error:
-            layout, payload = _texts(None, f"NameError: {error}\n", error.notes)
-            raise RequestError(
-                ErrorKind.REMOTE_ERROR, cut(f"NameError: {error}", MAX_MESSAGE_CHARS, "the message") or "",
-                exception="NameError", texts=layout, payload=payload,
-            ) from None  # fmt: skip
-        if frames is not None:
-            names = EvalNamespace(main, frames)
-            namespace = (names, names)
+        retrying = _start_reinterrupting(job, own_threads, name)
+        more = (
+            f"probing keeps interrupting it for {KEEP_INTERRUPTING_S:g} s (detach stops that)"
+            if retrying
+            else "probing could not go on interrupting it"
+        )
+        if landed:
+            state = (
+                f"it catches the interrupt ({landed} times so far) and keeps running in thread {name}; {more}"
+            )
+        else:
+            state = (
+                f"it is still running in thread {name} (blocked outside Python); "
+                f"it will be interrupted when it returns to Python code; {more}"
+            )
+    layout, payload = _texts(job, None)
+    return RequestError(
+        ErrorKind.EVAL_TIMEOUT, f"eval did not finish within {timeout:g} s; {state}",
+        interrupted=job.done.is_set(), caught_interrupts=landed, texts=layout, payload=payload,
+    )  # fmt: skip
+
+
+def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+    """The eval method: (result, payload). Errors are RequestErrors whose details carry the
+    texts' layout and `payload` (the dispatcher sends it)."""
+    source, timeout, frame, allow_exit = _params(params)
+    on_stop(stop, WORK)  # exit guards and interrupts outlive a request that timed out
+    number = next(_counter)
+    filename = f"<probing-eval-{number}>"
+    body, tail = _compiled(source, filename)
+    namespace, frames = _namespace(own_threads, frame, body, tail)
     job = EvalJob(own_threads, body, tail, namespace, filename, source, allow_exit, frames)
     name = f"probing-eval-{number}"
     worker = AgentThread(target=job.run, name=name)
@@ -358,35 +365,7 @@ def run_eval(own_threads: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], 
     worker.start()
     job.ident = worker.ident
     if not job.done.wait(timeout):
-        deadline = monotonic() + INTERRUPT_GRACE_S
-        # Repeat: code that catches BaseException and carries on gets another one.
-        while not job.done.is_set() and monotonic() < deadline and job.interrupt():
-            job.done.wait(REINTERRUPT_EVERY_S)
-        landed = job.landed()
-        if job.done.is_set():
-            state = "it was interrupted"
-        else:
-            retrying = _start_reinterrupting(job, own_threads, name)
-            more = (
-                f"probing keeps interrupting it for {KEEP_INTERRUPTING_S:g} s (detach stops that)"
-                if retrying
-                else "probing could not go on interrupting it"
-            )
-            if landed:
-                state = (
-                    f"it catches the interrupt ({landed} times so far) and keeps running in thread "
-                    f"{name}; {more}"
-                )
-            else:
-                state = (
-                    f"it is still running in thread {name} (blocked outside Python); "
-                    f"it will be interrupted when it returns to Python code; {more}"
-                )
-        layout, payload = _texts(job, None)
-        raise RequestError(
-            ErrorKind.EVAL_TIMEOUT, f"eval did not finish within {timeout:g} s; {state}",
-            interrupted=job.done.is_set(), caught_interrupts=landed, texts=layout, payload=payload,
-        )  # fmt: skip
+        raise _timed_out(job, own_threads, name, timeout)
     if job.error is not None:
         raised = job.error
         message = cut(f"{type(raised).__name__}: {raised}", MAX_MESSAGE_CHARS, "the message") or ""

@@ -167,8 +167,6 @@ def take_census(budget_s: float, bound_s: Optional[float] = None) -> Census:
     # ints at the end, and these lists freed.
     entries: Dict[type, List[int]] = {}
     storage = StorageReach()
-    getsizeof, shallow_size = sys.getsizeof, object.__sizeof__
-    clock = perf_counter
     own = 0  # the agent's objects, and those counted twice: taken off the totals
     # The job runs between the listings of two generations, and a collection then may move an
     # object counted in a younger one into the next: those are known by their ids (the young
@@ -189,37 +187,9 @@ def take_census(budget_s: float, bound_s: Optional[float] = None) -> Census:
         if census.out_of_time:
             release(objects, pacer)
             continue
-        for index, obj in enumerate(objects):
-            if not index & 255:
-                if clock() > deadline:
-                    census.cut_short = census.out_of_time = True
-                    census.seen += index
-                    break
-                pacer.pause_if_due()
-            if young is not None:
-                if generation < GENERATIONS - 1:
-                    young.add(id(obj))
-                elif id(obj) in young:  # promoted while the job ran between two listings
-                    own += 1
-                    continue
-            kind = type(obj)
-            entry = entries.get(kind)
-            if entry is None:
-                entry = entries[kind] = [0, 0, _sizing(kind, tensor_type, storage_types)]
-            how = entry[2]
-            entry[0] += 1
-            if how == OWN:
-                own += 1
-                continue
-            try:
-                entry[1] += getsizeof(obj) if how == PLAIN else shallow_size(obj)
-            except Exception:  # noqa: BLE001 - a __sizeof__ of the job's that fails
-                pass
-            if how == TENSOR:
-                storage.add(obj)
-        else:
-            census.seen += len(objects)
-        obj = None
+        own += _count_generation(
+            objects, generation, census, entries, storage, young, deadline, pacer, tensor_type, storage_types
+        )
         release(objects, pacer)
     census.total -= own
     census.seen -= own
@@ -232,6 +202,51 @@ def take_census(budget_s: float, bound_s: Optional[float] = None) -> Census:
     _settle(storage, census)
     census.elapsed_s = perf_counter() - started
     return census
+
+
+def _count_generation(
+    objects: List[Any], generation: int, census: Census, entries: Dict[type, List[int]],
+    storage: StorageReach, young: Optional[Set[int]], deadline: float, pacer: Pacer, tensor_type: Any,
+    storage_types: Any,
+) -> int:  # fmt: skip
+    """Count one generation's objects into `entries` (and tensors' storage into `storage`) until
+    the deadline. Returns how many were the agent's own or counted twice, to take off the totals.
+    This loop is the census's cost: one dict lookup per object, and no call that need not be."""
+    getsizeof, shallow_size = sys.getsizeof, object.__sizeof__
+    clock = perf_counter
+    own = 0
+    for index, obj in enumerate(objects):
+        if not index & 255:
+            if clock() > deadline:
+                census.cut_short = census.out_of_time = True
+                census.seen += index
+                break
+            pacer.pause_if_due()
+        if young is not None:
+            if generation < GENERATIONS - 1:
+                young.add(id(obj))
+            elif id(obj) in young:  # promoted while the job ran between two listings
+                own += 1
+                continue
+        kind = type(obj)
+        entry = entries.get(kind)
+        if entry is None:
+            entry = entries[kind] = [0, 0, _sizing(kind, tensor_type, storage_types)]
+        how = entry[2]
+        entry[0] += 1
+        if how == OWN:
+            own += 1
+            continue
+        try:
+            entry[1] += getsizeof(obj) if how == PLAIN else shallow_size(obj)
+        except Exception:  # noqa: BLE001 - a __sizeof__ of the job's that fails
+            pass
+        if how == TENSOR:
+            storage.add(obj)
+    else:
+        census.seen += len(objects)
+    obj = None
+    return own
 
 
 def _is_subclass(kind: type, base: Any) -> bool:

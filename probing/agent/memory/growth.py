@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tracemalloc
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ...originals import Event, allocate_lock, monotonic, perf_counter, thread_time
 from ...procfs import memory_bytes
@@ -22,6 +22,7 @@ from .census import Census, take_census, type_name
 from .cuda import MB, cuda_device_stats
 from .job_code import AGENT_DIR, is_library, library_roots
 from .tensor_growth import (
+    Lookup,
     Made,
     catch_up,
     made_in_window,
@@ -145,30 +146,33 @@ def watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[s
         _busy.release()
 
 
-def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
-    cpu_started = thread_time()
-    rss_before, _ = memory_bytes()
-    cuda_before = _cuda_counters()
-    # Whatever the agent allocates while it watches is not the job's growth.
-    exclude = [
-        tracemalloc.Filter(False, tracemalloc.__file__),
-        tracemalloc.Filter(False, os.path.join(AGENT_DIR, "*"), all_frames=True),
-    ]
-    lookup = traceback_lookup()
-    started_here = not tracemalloc.is_tracing()
-    # Timed before the census, so that tracing starts right after it: a tensor made between the
-    # two is new storage with no line.
-    bare = _allocation_cost() if started_here else None
-    census_before = take_census(budget_s)
-    kinds = tensor_kinds(census_before)
-    pacer = Pacer()
-    on_stop(cancel, WORK)
+class _Window(NamedTuple):
+    """What the traced window saw and cost, its snapshots apart (they are let go early)."""
+
+    started_here: bool  # tracemalloc was started for the window
+    watched: float  # seconds the window lasted
+    completed: bool  # False: ended early (client gone, agent stopping)
+    traced: Optional[float]  # seconds per small allocation with tracemalloc on (started here)
+    traced_s: Optional[float]  # how long tracemalloc ran for the window (started here)
+    traced_mb: float
+    frames: int
+    made: List[Made]
+    made_notes: List[str]
+    lookup_s: float
+
+
+def _traced_window(
+    seconds: float, budget_s: float, client_gone: Any, census_before: Census, kinds: Tuple[type, ...],
+    lookup: Optional[Lookup], started_here: bool, pacer: Pacer,
+) -> Tuple[_Window, tracemalloc.Snapshot, tracemalloc.Snapshot]:  # fmt: skip
+    """The window, traced: tracemalloc's snapshots at its start and end, and what it saw and
+    cost. tracemalloc, when started here, is stopped whatever happens."""
+    global _tracing_for_window
     traced = tracing_since = traced_s = None
     completed = False
     made: List[Made] = []
     made_notes: List[str] = []
     lookup_s = 0.0
-    global _tracing_for_window
     try:
         catch_up(census_before, kinds, stall_bound(budget_s), pacer)
         if started_here:
@@ -194,11 +198,38 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
             _tracing_for_window = False
             if tracing_since is not None:
                 traced_s = monotonic() - tracing_since
-    if not completed and (_cancel.is_set() or client_gone()):
+    window = _Window(
+        started_here, watched, completed, traced, traced_s, traced_mb, frames, made, made_notes, lookup_s
+    )
+    return window, before, after
+
+
+def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[str, Any]:
+    cpu_started = thread_time()
+    rss_before, _ = memory_bytes()
+    cuda_before = _cuda_counters()
+    # Whatever the agent allocates while it watches is not the job's growth.
+    exclude = [
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, os.path.join(AGENT_DIR, "*"), all_frames=True),
+    ]
+    lookup = traceback_lookup()
+    started_here = not tracemalloc.is_tracing()
+    # Timed before the census, so that tracing starts right after it: a tensor made between the
+    # two is new storage with no line.
+    bare = _allocation_cost() if started_here else None
+    census_before = take_census(budget_s)
+    kinds = tensor_kinds(census_before)
+    pacer = Pacer()
+    on_stop(cancel, WORK)
+    window, before, after = _traced_window(
+        seconds, budget_s, client_gone, census_before, kinds, lookup, started_here, pacer
+    )
+    if not window.completed and (_cancel.is_set() or client_gone()):
         raise RequestError(
             ErrorKind.CANCELLED, "the window was ended early: the client left or the agent stopped"
         )
-    made_by = origins(made, pacer)
+    made_by = origins(window.made, pacer)
     sites, site_count = _sites(after.filter_traces(exclude), before.filter_traces(exclude), top)
     del before, after
     census_after = take_census(budget_s)
@@ -211,13 +242,28 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
         if device in cuda_after:
             change = {name: cuda_after[device][name] - counters.get(name, 0) for name in CUDA_COUNTERS}
             cuda.append(dict(change, device=device))
+    return _answer(
+        seconds, top, window, (census_before, census_after), (rss_before, rss_after), sites, site_count,
+        tensors, tensor_notes, cuda, bare, cpu_started,
+    )  # fmt: skip
+
+
+def _answer(
+    seconds: float, top: int, window: _Window, censuses: Tuple[Census, Census],
+    rss: Tuple[Optional[int], Optional[int]], sites: List[Dict[str, Any]], site_count: int,
+    tensors: Dict[str, Any], tensor_notes: List[str], cuda: List[Dict[str, Any]], bare: Optional[float],
+    cpu_started: float,
+) -> Dict[str, Any]:  # fmt: skip
+    """The answer to memory --growth, with what the window cost the job and the agent."""
+    census_before, census_after = censuses
+    rss_before, rss_after = rss
     notes = [f"{which} {note}" for which, census in (("before:", census_before), ("after:", census_after))
              for note in [census.note()] if note]  # fmt: skip
     return {
         "pid": os.getpid(),
         "seconds": seconds,
-        "watched_s": watched,
-        "completed": completed,
+        "watched_s": window.watched,
+        "completed": window.completed,
         "rss_mb_before": None if rss_before is None else rss_before / MB,
         "rss_mb_after": None if rss_after is None else rss_after / MB,
         "sites": sites,
@@ -232,16 +278,16 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
         "tensor_storage_new_mb": tensors["new_mb"],
         "tensor_storage_unmeasured": tensors["unmeasured"],
         "cuda": cuda,
-        "notes": notes + made_notes + tensor_notes,
+        "notes": notes + window.made_notes + tensor_notes,
         "overhead": {
-            "tracemalloc_started": started_here,
-            "tracemalloc_s": traced_s,
-            "tensor_lookup_s": lookup_s,
+            "tracemalloc_started": window.started_here,
+            "tracemalloc_s": window.traced_s,
+            "tensor_lookup_s": window.lookup_s,
             "holders_s": tensors["holders_s"],
-            "frames": frames,
+            "frames": window.frames,
             "allocation_us": None if bare is None else bare * 1e6,
-            "traced_allocation_us": None if traced is None else traced * 1e6,
-            "tracemalloc_mb": traced_mb,
+            "traced_allocation_us": None if window.traced is None else window.traced * 1e6,
+            "tracemalloc_mb": window.traced_mb,
             "agent_cpu_s": thread_time() - cpu_started,
         },
     }

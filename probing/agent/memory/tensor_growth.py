@@ -28,7 +28,7 @@ from ...originals import perf_counter
 from ..pacing import Pacer
 from .census import Census
 from .cuda import MB
-from .holders import find_holders
+from .holders import Holders, find_holders
 from .job_code import is_library, library_roots
 from .objects import GENERATIONS, list_generation, release
 from .storages import device_of, storage_extent
@@ -236,8 +236,32 @@ def tensor_growth(
     if why is not None:
         return {"sites": [], "site_count": 0, "new_mb": {}, "holders_looked": 0, "holders_s": 0.0,
                 "unmeasured": why}, []  # fmt: skip
+    groups, new_bytes = _new_storages(before, after, made_by, pacer)
+    ranked = sorted(groups.items(), key=lambda item: -item[1][0])
+    shown = ranked[:top]
+    holders, took, notes = _holders_of(shown, budget_s, pacer)
+    result = {
+        "sites": _sites_with_holders(shown, holders),
+        "site_count": len(ranked),
+        "new_mb": {device: size / MB for device, size in sorted(new_bytes.items())},
+        "holders_looked": holders.looked,
+        "holders_s": took,
+        "unmeasured": None,
+    }
+    return result, notes
+
+
+# (device, where it was made) -> [bytes, storages, traceback, [(bytes, storage key)...]]
+_Groups = Dict[Tuple[str, Site], List[Any]]
+
+
+def _new_storages(
+    before: Census, after: Census, made_by: Dict[int, Any], pacer: Pacer
+) -> Tuple[_Groups, Dict[str, int]]:
+    """The storages in `after` that `before` did not have, grouped by device and the lines that
+    made them; and the new bytes per device."""
     roots = library_roots()
-    groups: Dict[Tuple[str, Site], List[Any]] = {}  # -> [bytes, storages, traceback, (bytes, key)...]
+    groups: _Groups = {}
     new_bytes: Dict[str, int] = {}
     known = before.storages
     for index, (key, size) in enumerate(after.storages.items()):  # the agent's own dict: no one changes it
@@ -254,8 +278,14 @@ def tensor_growth(
         entry[0] += size
         entry[1] += 1
         entry[3].append((size, key))
-    ranked = sorted(groups.items(), key=lambda item: -item[1][0])
-    shown = ranked[:top]
+    return groups, new_bytes
+
+
+def _holders_of(
+    shown: List[Tuple[Tuple[str, Site], List[Any]]], budget_s: float, pacer: Pacer
+) -> Tuple[Holders, float, List[str]]:
+    """What holds the storages of the groups shown (at most NAMED_MAX of them, the largest
+    groups' first), from a bounded walk; how long the walk took, and a note where it stopped."""
     wanted: Dict[int, int] = {}  # storage key -> bytes: the shown groups', the largest groups first
     for _, entry in shown:
         for size, key in entry[3][: NAMED_MAX - len(wanted)]:
@@ -275,6 +305,13 @@ def tensor_growth(
             f"tensor storage: what holds {len(wanted) - len(holders.found):,} of {len(wanted):,} new "
             f"storages is not named: the walk from the job's variables stopped ({bound}); raise --scan-budget"
         )
+    return holders, took, notes
+
+
+def _sites_with_holders(
+    shown: List[Tuple[Tuple[str, Site], List[Any]]], holders: Holders
+) -> List[Dict[str, Any]]:
+    """The groups shown as memory --growth's tensor sites, each with its largest holders."""
     sites = []
     for (device, (file, line, job_file, job_line)), (size, count, stack, keys) in shown:
         by_holder: Dict[str, List[Any]] = {}  # holder -> [storages, bytes, an example path]
@@ -296,12 +333,4 @@ def tensor_growth(
                 for holder, (storages, held_bytes, example) in held[:HOLDERS_SHOWN]
             ],
         })  # fmt: skip
-    result = {
-        "sites": sites,
-        "site_count": len(ranked),
-        "new_mb": {device: size / MB for device, size in sorted(new_bytes.items())},
-        "holders_looked": holders.looked,
-        "holders_s": took,
-        "unmeasured": None,
-    }
-    return result, notes
+    return sites

@@ -153,17 +153,8 @@ def tensor_rows(
             isinstance(tensor, torch.nn.Parameter), None,
         ])  # fmt: skip
 
-    parameters: List[Tuple[str, Any]] = []
     pacer = Pacer()
-    roots = find_roots(torch, own_threads, ROOTS_FRESH_S)
-    for root_name, root in roots.items:
-        for name, parameter in root.named_parameters(prefix=root_name):
-            pacer.pause_if_due()
-            add(parameter, name, "parameter")
-            parameters.append((name, parameter))
-        for name, buffer in root.named_buffers(prefix=root_name):
-            add(buffer, name, "buffer")
-    notes = [note for note in [roots.note("python.tensors", "models")] if note]
+    parameters, notes = _add_named_tensors(torch, own_threads, add, pacer)
     tensor_type = torch.Tensor
 
     def add_unnamed(item: Any) -> None:
@@ -174,6 +165,37 @@ def tensor_rows(
             except TypeError:  # a tensor subclass without weak references: no grad_fn for it
                 pass
 
+    _add_tensors_gc_sees(tensor_type, add_unnamed, own_threads, pacer, started, budget_s, notes)
+    _add_autograd_state(torch, own_threads, step_wait_s, parameters, found_rows, rows, add, notes)
+    return [tuple(row) for row in rows], notes
+
+
+_Add = Callable[[Any, Optional[str], str], None]
+
+
+def _add_named_tensors(
+    torch: Any, own_threads: Any, add: _Add, pacer: Pacer
+) -> Tuple[List[Tuple[str, Any]], List[str]]:
+    """The parameters and buffers of the job's models, by name; the parameters (whose gradients
+    are read later) and the notes."""
+    parameters: List[Tuple[str, Any]] = []
+    roots = find_roots(torch, own_threads, ROOTS_FRESH_S)
+    for root_name, root in roots.items:
+        for name, parameter in root.named_parameters(prefix=root_name):
+            pacer.pause_if_due()
+            add(parameter, name, "parameter")
+            parameters.append((name, parameter))
+        for name, buffer in root.named_buffers(prefix=root_name):
+            add(buffer, name, "buffer")
+    return parameters, [note for note in [roots.note("python.tensors", "models")] if note]
+
+
+def _add_tensors_gc_sees(
+    tensor_type: Any, add_unnamed: Callable[[Any], None], own_threads: Any, pacer: Pacer,
+    started: float, budget_s: float, notes: List[str],
+) -> None:  # fmt: skip
+    """Every other tensor gc tracks, generation by generation until `budget_s` from `started`
+    has passed; then those reachable from the ones a generation too large to list left out."""
     looked = total = 0
     skipped: List[Skipped] = []
     out_of_time = False
@@ -210,6 +232,14 @@ def tensor_rows(
         del reached  # no reference to the job's objects outlives the scan
         notes.append(Found([], skipped, walk_cut).note("python.tensors", "other tensors") or "")
 
+
+def _add_autograd_state(
+    torch: Any, own_threads: Any, step_wait_s: float, parameters: List[Tuple[str, Any]],
+    found_rows: Dict[int, Callable[[], Any]], rows: List[List[Any]], add: _Add, notes: List[str],
+) -> None:  # fmt: skip
+    """The parameters' gradients as rows of their own, and the grad_fn of the tensors gc found:
+    read in the job's thread between steps (read_safely), or left NULL with a note."""
+
     def autograd_state() -> Tuple[List[Tuple[str, Any]], List[Tuple[int, Optional[str]]]]:
         grads = [(name + ".grad", parameter.grad) for name, parameter in parameters]
         made_by = []
@@ -228,7 +258,6 @@ def tensor_rows(
             rows[index][8] = grad_fn
         for name, grad in grads:
             add(grad, name, "gradient")
-    return [tuple(row) for row in rows], notes
 
 
 def optimizer_rows(own_threads: Any, step_wait_s: float) -> Tuple[List[Tuple[Any, ...]], List[str]]:

@@ -54,6 +54,10 @@ US = 1_000_000.0
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=str).encode
 
 
+# (start, -end, order, depth, seq, family, text before the times, text after them)
+_Span = Tuple[int, int, int, int, int, str, str, str]
+
+
 class ProcessTrack(NamedTuple):
     """One process of the trace: `key` as the rows' `process` column says it, `pid` the number
     the file uses, `name` what the viewer shows ("rank 1 (PID 4242)")."""
@@ -187,43 +191,8 @@ class Timeline:
         if not timed:
             yield from out
             return
-        # The step's start on the wall clock, from the row that agrees best with the others.
-        anchors = sorted(row[11] - row[7] * US for row in timed)
-        median = anchors[len(anchors) // 2]
-        reference = min(timed, key=lambda row: abs(row[11] - row[7] * US - median))
-        base, base_offset = int(reference[11]), reference[7] * US
-        calls: List[Call] = []
-        for row in timed:
-            relative = row[7] * US - base_offset
-            if abs(row[11] - base - relative) > ANCHOR_SLACK_US:
-                relative = float(row[11] - base)
-            start = base + _round(relative)
-            end = max(start, base + _round(relative + max(row[6], 0.0) * US))
-            calls.append(Call(start, end, row))
-        cover_children(calls)
-        # (start, -end, order, depth, seq, family, text before the times, text after them)
-        spans: List[Tuple[int, int, int, int, int, str, str, str]] = []
-        for call in calls:
-            row = call.row
-            family, head, args = self._kind(row[3], row[4], row[5])
-            seq = int(row[2] or 0)
-            tail = f'{args}"step":{step},"seq":{seq},"duration_s":{float(row[6])!r}}}'
-            spans.append((call.start, -call.end, 1, call.depth, seq, family, head, tail))
-        first, last = min(span[0] for span in spans), -min(span[1] for span in spans)
-        step_head = f'"ph":"X","name":"step {step}","cat":"step"'
-        spans.append(
-            (
-                first,
-                -last,
-                0,
-                -1,
-                -1,
-                TRAINING_THREAD,
-                step_head,
-                f'"args":{{"step":{step},"calls":{len(calls)}}}',
-            )
-        )
-        spans.sort()
+        calls = _calls_on_wall_clock(timed)
+        spans = self._spans(step, calls)
         # Yielded as made: a step of a million calls (an inference job's step 0) does not also
         # hold its million event texts.
         yield from out
@@ -245,6 +214,33 @@ class Timeline:
         self.steps += 1
         self.calls += len(calls)
         yield from out
+
+    def _spans(self, step: int, calls: List[Call]) -> List[_Span]:
+        """The step's calls and the step itself as spans, in the order they are drawn (the step
+        before the calls it covers, a caller before its callees)."""
+        spans: List[_Span] = []
+        for call in calls:
+            row = call.row
+            family, head, args = self._kind(row[3], row[4], row[5])
+            seq = int(row[2] or 0)
+            tail = f'{args}"step":{step},"seq":{seq},"duration_s":{float(row[6])!r}}}'
+            spans.append((call.start, -call.end, 1, call.depth, seq, family, head, tail))
+        first, last = min(span[0] for span in spans), -min(span[1] for span in spans)
+        step_head = f'"ph":"X","name":"step {step}","cat":"step"'
+        spans.append(
+            (
+                first,
+                -last,
+                0,
+                -1,
+                -1,
+                TRAINING_THREAD,
+                step_head,
+                f'"args":{{"step":{step},"calls":{len(calls)}}}',
+            )
+        )
+        spans.sort()
+        return spans
 
     def _kind(self, module: Any, module_type: Any, stage: Any) -> Tuple[str, str, str]:
         """The thread family, the event's head (ph, name, cat) and the start of its args, for a
@@ -290,6 +286,25 @@ class Timeline:
             track, out = self._process(key)
             self._counter(key, track.pid, "RSS (MB)", int(row[1]), row[2], out)
             yield from out
+
+
+def _calls_on_wall_clock(timed: List[Sequence[Any]]) -> List[Call]:
+    """A step's timed rows as calls on the wall clock (microseconds), nested (cover_children)."""
+    # The step's start on the wall clock, from the row that agrees best with the others.
+    anchors = sorted(row[11] - row[7] * US for row in timed)
+    median = anchors[len(anchors) // 2]
+    reference = min(timed, key=lambda row: abs(row[11] - row[7] * US - median))
+    base, base_offset = int(reference[11]), reference[7] * US
+    calls: List[Call] = []
+    for row in timed:
+        relative = row[7] * US - base_offset
+        if abs(row[11] - base - relative) > ANCHOR_SLACK_US:
+            relative = float(row[11] - base)
+        start = base + _round(relative)
+        end = max(start, base + _round(relative + max(row[6], 0.0) * US))
+        calls.append(Call(start, end, row))
+    cover_children(calls)
+    return calls
 
 
 def _finite(value: Any) -> bool:

@@ -93,7 +93,11 @@ def write_memory(result: Dict[str, Any], command: str, out: IO[str]) -> None:
     else:
         rows = [[entry["type"], f"{entry['count']:,}", f"{entry['size_mb']:.1f}"] for entry in gc["types"]]
         _table(["type", "count", "size_mb"], rows, [False, True, True], out)
-    torch = result.get("torch")
+    _write_torch(result.get("torch"), out)
+
+
+def _write_torch(torch: Optional[Dict[str, Any]], out: IO[str]) -> None:
+    """The tensors visible to Python, and each CUDA device's allocator figures."""
     if torch is None:
         out.write("\ntorch: not imported\n")
         return
@@ -118,6 +122,29 @@ def _where(sources: SourceLines, file: Optional[str], line: Optional[int]) -> st
 
 
 def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+    _write_growth_summary(result, out)
+    if result.get("tensor_sites") is not None:  # an agent from before tensor sites has none
+        _write_tensor_sites(result, sources, out)
+    _write_allocation_sites(result, sources, out)
+    out.write("\nObject types that grew:\n")
+    rows = [
+        [
+            t["type"],
+            f"{t['count_diff']:+,}",
+            f"{t['count_before']:,} -> {t['count_after']:,}",
+            size(t["size_diff_mb"], True),
+        ]
+        for t in result["types"]
+    ]
+    if rows:
+        _table(["type", "count", "", "size"], rows, [False, True, True, True], out)
+    else:
+        out.write("  none\n")
+    _write_growth_overhead(result["overhead"], out)
+
+
+def _write_growth_summary(result: Dict[str, Any], out: IO[str]) -> None:
+    """The window's first lines: RSS and gc objects, tensor storage and CUDA counters."""
     watched = result["watched_s"]
     ended = "" if result["completed"] else " (ended early)"
     before, after = result["rss_mb_before"], result["rss_mb_after"]
@@ -138,11 +165,12 @@ def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> 
             f"reserved {size(device['reserved_bytes.all.current'] / mb, True)}, "
             f"{device['num_ooms']:+} OOMs, {device['num_alloc_retries']:+} allocation retries\n"
         )
-    if result.get("tensor_sites") is not None:  # an agent from before tensor sites has none
-        _write_tensor_sites(result, sources, out)
-    overhead = result["overhead"]
+
+
+def _write_allocation_sites(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+    """tracemalloc's sites that grew, each at the job's own line that led there."""
     sites = result["sites"]
-    out.write(f"\nAllocation sites that grew (tracemalloc, {overhead['frames']} frames):\n")
+    out.write(f"\nAllocation sites that grew (tracemalloc, {result['overhead']['frames']} frames):\n")
     if not sites:
         out.write("  none: no Python allocation made in the window is still alive\n")
     for site in sites:
@@ -157,20 +185,10 @@ def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> 
             out.write(f"{'':>33}allocated at {_where(sources, *allocated)}\n")
     if result["site_count"] > len(sites):
         out.write(f"  ... and {result['site_count'] - len(sites):,} more sites\n")
-    out.write("\nObject types that grew:\n")
-    rows = [
-        [
-            t["type"],
-            f"{t['count_diff']:+,}",
-            f"{t['count_before']:,} -> {t['count_after']:,}",
-            size(t["size_diff_mb"], True),
-        ]
-        for t in result["types"]
-    ]
-    if rows:
-        _table(["type", "count", "", "size"], rows, [False, True, True, True], out)
-    else:
-        out.write("  none\n")
+
+
+def _write_growth_overhead(overhead: Dict[str, Any], out: IO[str]) -> None:
+    """What watching cost the job: tracemalloc's slowdown and memory, probing's CPU."""
     if overhead["tracemalloc_started"]:
         bare, traced = overhead["allocation_us"], overhead["traced_allocation_us"]
         cost = (

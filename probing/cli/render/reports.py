@@ -176,6 +176,38 @@ def switch_fields(result: Dict[str, Any]) -> Dict[str, Any]:
                 hooks_after=result["hooks_after"])  # fmt: skip
 
 
+def _tracing_state(status: Dict[str, Any]) -> str:
+    """`trace`'s state in a line: off, or on with how often, which passes and which modules."""
+    if not status["trace"]:
+        return "off"
+    if status["every_auto"]:
+        every = (
+            f"{'every step' if status['every'] == 1 else 'one step in ' + str(status['every'])} "
+            "(chosen to keep tracing under 1% of the step time; "
+            f"{status['call_cost_us']} us per traced call here)"
+        )
+    else:
+        every = "every step" if status["every"] == 1 else f"one step in {status['every']}"
+    narrowed = []
+    if status["modules"]:
+        narrowed.append("modules " + " ".join(status["modules"]))
+    if status["depth"] is not None:
+        narrowed.append(f"depth <= {status['depth']}")
+    tracing = f"on, {every}, forward{' and backward' if status['backward'] else ' only'}"
+    tracing += f" ({'; '.join(narrowed)})" if narrowed else ""
+    return tracing
+
+
+def _nan_state(status: Dict[str, Any]) -> str:
+    """The NaN checks' state in a line, with the step they stopped the job at."""
+    nan = "off"
+    if status["nan"]:
+        nan = "on" + (", --stop: raise at the first NaN/Inf" if status["stop_on_nan"] else "")
+    if status["stopped_at_step"] is not None:
+        nan += f" (stopped the job at step {status['stopped_at_step']})"
+    return nan
+
+
 def write_switch(
     feature: str, action: str, result: Dict[str, Any], format: str, out: Optional[IO[str]] = None
 ) -> None:
@@ -191,29 +223,8 @@ def write_switch(
     added = result["hooks_after"] - result["hooks_before"]
     models = ", ".join(status["models"]) or "none found yet"
     optimizers = ", ".join(status["optimizers"]) or "none seen yet"
-    if status["trace"]:
-        if status["every_auto"]:
-            every = (
-                f"{'every step' if status['every'] == 1 else 'one step in ' + str(status['every'])} "
-                "(chosen to keep tracing under 1% of the step time; "
-                f"{status['call_cost_us']} us per traced call here)"
-            )
-        else:
-            every = "every step" if status["every"] == 1 else f"one step in {status['every']}"
-        narrowed = []
-        if status["modules"]:
-            narrowed.append("modules " + " ".join(status["modules"]))
-        if status["depth"] is not None:
-            narrowed.append(f"depth <= {status['depth']}")
-        tracing = f"on, {every}, forward{' and backward' if status['backward'] else ' only'}"
-        tracing += f" ({'; '.join(narrowed)})" if narrowed else ""
-    else:
-        tracing = "off"
-    nan = "off"
-    if status["nan"]:
-        nan = "on" + (", --stop: raise at the first NaN/Inf" if status["stop_on_nan"] else "")
-    if status["stopped_at_step"] is not None:
-        nan += f" (stopped the job at step {status['stopped_at_step']})"
+    tracing = _tracing_state(status)
+    nan = _nan_state(status)
     if action == "on":
         out.write(f"{who}{feature} on; {counted(added, 'hook')} added\n")
     elif action == "off":

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from ...analysis.collectives import JobVerdict, main_thread
 from ...errors import ProbingError
 from ...sql.session import SqlSession
-from ..backtrace import read_stacks_of_ranks, stacks_deadline
+from ..backtrace import Stacks, read_stacks_of_ranks, stacks_deadline
 from ..jobs.fanout import Missing
 from ..jobs.hang import watch_job
 from ..jobs.job import Job, Rank
@@ -157,6 +157,78 @@ def _rank_row(
     }  # fmt: skip
 
 
+def _read_rank_tables(
+    agents: List[Rank], target_of: Callable[[Rank], Target], timeout: float, attach_timeout: float,
+    missing: List[Missing], notes: List[str], absent: Dict[str, str], timings: Dict[str, float],
+) -> Tuple[Optional[SqlSession], List[str]]:  # fmt: skip
+    """One session over the tables of the ranks whose agents answered (None: none did, or it
+    failed), and which of the figures' tables hold rows. Ranks lost on the way join `missing`."""
+    if not agents:
+        return None, []
+    begun = time.monotonic()
+    session: Optional[SqlSession] = None
+    held: List[str] = []
+    try:
+        tables = load_job_tables(agents, target_of, JOB_TABLES_SQL, timeout, attach_timeout)
+    except ProbingError as error:
+        absent["tables"] = f"the ranks' tables could not be read: {error.message}"
+    else:
+        session = tables.session
+        held = sorted(held_tables(session, list(_RANK_FIGURES_SQL)))
+        missing.extend(tables.missing)
+        notes.extend(note for note in tables.notes if note not in notes)
+    timings["tables_s"] = time.monotonic() - begun
+    return session, held
+
+
+def _watch_for_hang(
+    watched_ranks: List[Rank], target_of: Callable[[Rank], Target], hang_duration: float,
+    hang_samples: int, timeout: float, attach_timeout: float, missing: List[Missing], notes: List[str],
+    timings: Dict[str, float],
+) -> Optional[JobVerdict]:  # fmt: skip
+    """The job's hang verdict (None: `hang_duration` 0); ranks the watch lost join `missing`."""
+    if hang_duration <= 0:
+        return None
+    begun = time.monotonic()
+    watched = watch_job(watched_ranks, target_of, hang_duration, hang_samples, timeout, attach_timeout)
+    verdict = watched.verdict
+    notes.extend(note for note in watched.notes if note not in notes)
+    by_number = {rank.rank: rank for rank in watched_ranks}
+    for lost in verdict.missing:
+        missing.append(Missing(by_number[lost.rank], ProbingError(lost.reason, hint="")))
+    timings["hang_s"] = time.monotonic() - begun
+    return verdict
+
+
+def _threads_and_rows(
+    answered: List[Tuple[Rank, Stacks]], outside: List[int], verdict: Optional[JobVerdict],
+    steps: List[Dict[str, Any]], figures: Dict[int, Dict[str, Any]],
+) -> Tuple[List[Tuple[Rank, List[Dict[str, Any]]]], List[Dict[str, Any]]]:  # fmt: skip
+    """Each rank's threads, as the hang watch judged them where it did, and its row of the
+    ranks table."""
+    judged = {
+        view.rank: {(thread.thread_id, thread.native_id): thread for thread in view.report.threads}
+        for view in (verdict.ranks if verdict else [])
+        if view.report is not None
+    }
+    local = next((rank.pid for rank, _ in answered if not rank.remote and rank.pid), None)
+    sources = ReportSources(local)  # every rank runs the same code: one reader of its files
+
+    def code_line(frame: Dict[str, Any]) -> str:
+        return sources.line(str(frame.get("file")), frame.get("lineno"))
+
+    per_rank = []
+    rows = []
+    for rank, read in answered:
+        threads = judged_threads(read, code_line, judged.get(rank.rank, {}))
+        per_rank.append((rank, threads))
+        last = next((step for step in reversed(steps) if step["rank"] == rank.rank
+                     and step.get("seconds") is not None), None)  # fmt: skip
+        source = "py-spy" if rank.rank in outside else "agent"
+        rows.append(_rank_row(rank, threads, source, verdict, figures.get(rank.rank, {}), last))
+    return per_rank, rows
+
+
 def gather_job(
     job: Job, chosen: List[Rank], target_of: Callable[[Rank], Target], timeout: float,
     attach_timeout: float, hang_duration: float, hang_samples: int,
@@ -180,20 +252,9 @@ def gather_job(
         rank.rank for rank, read in answered if any(row.get("source") == "py-spy" for row in read.rows)
     ]
     agents = [rank for rank, _ in answered if rank.rank not in outside]
-    session: Optional[SqlSession] = None
-    held: List[str] = []
-    if agents:
-        begun = time.monotonic()
-        try:
-            tables = load_job_tables(agents, target_of, JOB_TABLES_SQL, timeout, attach_timeout)
-        except ProbingError as error:
-            absent["tables"] = f"the ranks' tables could not be read: {error.message}"
-        else:
-            session = tables.session
-            held = sorted(held_tables(session, list(_RANK_FIGURES_SQL)))
-            missing.extend(tables.missing)
-            notes.extend(note for note in tables.notes if note not in notes)
-        timings["tables_s"] = time.monotonic() - begun
+    session, held = _read_rank_tables(
+        agents, target_of, timeout, attach_timeout, missing, notes, absent, timings
+    )
     if outside:
         absent["outside"] = (
             f"{_ranks_word(outside)} gave no answer through "
@@ -201,17 +262,8 @@ def gather_job(
             " foot of the page say why): stacks read from outside (py-spy), and no"
             " steps, memory or collectives from them"
         )
-    verdict: Optional[JobVerdict] = None
-    if hang_duration > 0:
-        begun = time.monotonic()
-        watched_ranks = [rank for rank, _ in answered]
-        watched = watch_job(watched_ranks, target_of, hang_duration, hang_samples, timeout, attach_timeout)
-        verdict = watched.verdict
-        notes.extend(note for note in watched.notes if note not in notes)
-        by_number = {rank.rank: rank for rank in watched_ranks}
-        for lost in verdict.missing:
-            missing.append(Missing(by_number[lost.rank], ProbingError(lost.reason, hint="")))
-        timings["hang_s"] = time.monotonic() - begun
+    verdict = _watch_for_hang([rank for rank, _ in answered], target_of, hang_duration, hang_samples,
+                              timeout, attach_timeout, missing, notes, timings)  # fmt: skip
     steps_each, memory_each = points_per_rank(len(answered))
     steps = step_times(session, "rank", steps_each) if session is not None else []
     memory = memory_history(session, "rank", memory_each) if session is not None else []
@@ -221,26 +273,7 @@ def gather_job(
             "records them (per module, forward and backward)"
         )
     figures = _figures(session, held) if session is not None else {}
-    judged = {
-        view.rank: {(thread.thread_id, thread.native_id): thread for thread in view.report.threads}
-        for view in (verdict.ranks if verdict else [])
-        if view.report is not None
-    }
-    local = next((rank.pid for rank, _ in answered if not rank.remote and rank.pid), None)
-    sources = ReportSources(local)  # every rank runs the same code: one reader of its files
-
-    def code_line(frame: Dict[str, Any]) -> str:
-        return sources.line(str(frame.get("file")), frame.get("lineno"))
-
-    per_rank = []
-    rows = []
-    for rank, read in answered:
-        threads = judged_threads(read, code_line, judged.get(rank.rank, {}))
-        per_rank.append((rank, threads))
-        last = next((step for step in reversed(steps) if step["rank"] == rank.rank
-                     and step.get("seconds") is not None), None)  # fmt: skip
-        source = "py-spy" if rank.rank in outside else "agent"
-        rows.append(_rank_row(rank, threads, source, verdict, figures.get(rank.rank, {}), last))
+    per_rank, rows = _threads_and_rows(answered, outside, verdict, steps, figures)
     shown, left_out = fold_ranks(per_rank)
     timings["total_s"] = time.monotonic() - started
     return JobReport(

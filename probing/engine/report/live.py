@@ -202,6 +202,121 @@ def _no_steps_yet(target: Target, pid: Optional[int], timeout: float) -> str:
     )
 
 
+class _Progress:
+    """What the gathering has noted so far: the page's notes, the sections left out and why, the
+    parts that failed (the command then exits PARTIAL), and what took how long."""
+
+    def __init__(self) -> None:
+        self.timings: Dict[str, float] = {}
+        self.notes: List[str] = []
+        self.absent: Dict[str, str] = {}
+        self.failures: List[str] = []
+
+    def failed(self, section: str, why: str) -> None:
+        self.absent[section] = why
+        self.failures.append(why)
+
+
+def _no_tables() -> _Tables:
+    return _Tables({}, [], [], [], ([], [], 0), [], set())
+
+
+def _read_tables(target: Target, timeout: float, tensors: bool, progress: _Progress) -> _Tables:
+    begun = time.monotonic()
+    tables = _no_tables()
+    try:
+        tables = _tables(target, timeout, progress.notes, tensors)
+    except ProbingError as error:
+        progress.failed("tables", f"the agent's tables could not be read: {error.message}")
+    progress.timings["tables_s"] = time.monotonic() - begun
+    return tables
+
+
+def _object_types(
+    target: Target, timeout: float, torch_seen: Optional[bool], progress: _Progress
+) -> Tuple[List[Dict[str, Any]], Optional[bool]]:
+    """The census of object types, and whether torch is seen now that it has answered."""
+    begun = time.monotonic()
+    types: List[Dict[str, Any]] = []
+    try:
+        summary = memory(target, None, False, None, OBJECT_TYPES_SHOWN, timeout, 1.0).result
+    except ProbingError as error:
+        progress.failed("object_types", f"the memory summary failed: {error.message}")
+    else:
+        types = list((summary.get("gc") or {}).get("types") or [])
+        progress.notes.extend(str(note) for note in summary.get("notes") or [])
+        if summary.get("torch") is not None:
+            torch_seen = True
+        elif torch_seen is None and "tables" not in progress.absent:
+            torch_seen = False
+    progress.timings["memory_s"] = time.monotonic() - begun
+    return types, torch_seen
+
+
+def _say_why_no_torch_or_steps(
+    target: Target, pid: Optional[int], timeout: float, tables: _Tables, torch_seen: Optional[bool],
+    progress: _Progress,
+) -> None:  # fmt: skip
+    absent = progress.absent
+    if torch_seen is False:
+        absent["torch"] = "torch is not imported in this process"
+    elif torch_seen is None:
+        absent["torch"] = "whether torch is imported could not be told (the requests that say it failed)"
+    elif not tables.steps and "tables" not in absent:
+        # No rows, or only those of the step `trace on` came in the middle of (part of a step).
+        absent["steps"] = _no_steps_yet(target, pid, timeout)
+
+
+def _ask_agent(
+    target: Target, pid: Optional[int], timeout: float, tensors: bool, torch_seen: Optional[bool],
+    progress: _Progress,
+) -> Tuple[_Tables, List[Dict[str, Any]], Optional[bool]]:  # fmt: skip
+    """The agent's tables, then the object types unless python.tensors has walked the objects
+    already; with whether torch is seen (True, False, or None: not known)."""
+    tables = _read_tables(target, timeout, tensors, progress)
+    if tables.held:
+        torch_seen = True
+    types: List[Dict[str, Any]] = []
+    if tables.tensors:
+        # python.tensors has just walked the job's objects; the census would walk them again.
+        progress.absent["object_types"] = (
+            f"object types are left out so the job's objects are walked once (for the tensors): "
+            f"`probing {pid or 'PID'} memory` lists them"
+        )
+    else:
+        types, torch_seen = _object_types(target, timeout, torch_seen, progress)
+    _say_why_no_torch_or_steps(target, pid, timeout, tables, torch_seen, progress)
+    return tables, types, torch_seen
+
+
+def _check_hang(
+    target: Target, hang_duration: float, hang_samples: int, timeout: float,
+    code_line: Callable[[Dict[str, Any]], str], progress: _Progress,
+) -> Tuple[Optional[Dict[str, Any]], Dict[Tuple[Any, Any], ThreadReport]]:  # fmt: skip
+    """The hang verdict over `hang_duration` (0: none) as the page shows it, and each thread as
+    the check judged it (by thread and native id)."""
+    if hang_duration <= 0:
+        return None, {}
+    begun = time.monotonic()
+    hang: Optional[Dict[str, Any]] = None
+    hang_report: Optional[HangReport] = None
+    try:
+        answer = sample_hang(target, hang_duration, hang_samples, timeout, code_line)
+    except ProbingError as error:
+        progress.failed("hang", f"the hang check failed: {error.message}")
+    else:
+        hang_report = answer.report
+        progress.notes.extend(note for note in answer.notes if note not in progress.notes)
+        hang = _hang_summary(answer.report, time.monotonic() - begun)
+    progress.timings["hang_s"] = time.monotonic() - begun
+    judged = (
+        {(thread.thread_id, thread.native_id): thread for thread in hang_report.threads}
+        if hang_report
+        else {}
+    )
+    return hang, judged
+
+
 def gather_live(
     target: Target, timeout: float, hang_duration: float, hang_samples: int, tensors: bool = True
 ) -> Report:
@@ -210,107 +325,52 @@ def gather_live(
     fails is left out and named in `failures` (the command then exits PARTIAL); a target that
     cannot be read at all raises."""
     started = time.monotonic()
-    timings: Dict[str, float] = {}
-    notes: List[str] = []
-    absent: Dict[str, str] = {}
-    failures: List[str] = []
+    progress = _Progress()
     # Only a PID the user named is read in /proc: for a socket target the agent's own claim
     # could name any process (or one of another PID namespace).
     pid = None if target.remote else target.pid
     born = start_time(pid) if pid is not None else None
     stacks = read_stacks(target, False, None, timeout)
-    timings["stacks_s"] = time.monotonic() - started
-    notes.extend(stacks.notes)
+    progress.timings["stacks_s"] = time.monotonic() - started
+    progress.notes.extend(stacks.notes)
     sources = ReportSources(pid)
 
     def code_line(frame: Dict[str, Any]) -> str:
         return sources.line(str(frame.get("file")), frame.get("lineno"))
 
     from_outside = any(row.get("source") == "py-spy" for row in stacks.rows)
-    tables = _Tables({}, [], [], [], ([], [], 0), [], set())
-    types: List[Dict[str, Any]] = []
     torch_version = torch_version_of(pid)
     # True, False, or None: not known (a request failed and nothing else told).
     torch_seen: Optional[bool] = True if torch_version else None
+    tables = _no_tables()
+    types: List[Dict[str, Any]] = []
     if from_outside:
         why = stacks.notes[0] if stacks.notes else "the agent could not answer"
-        absent["agent"] = (
+        progress.absent["agent"] = (
             f"{why}. Memory, step times, modules, NaN events and tensors come from the agent, "
             "so they are left out"
         )
     else:
-        begun = time.monotonic()
-        try:
-            tables = _tables(target, timeout, notes, tensors)
-        except ProbingError as error:
-            absent["tables"] = f"the agent's tables could not be read: {error.message}"
-            failures.append(absent["tables"])
-        timings["tables_s"] = time.monotonic() - begun
-        if tables.held:
-            torch_seen = True
-        if tables.tensors:
-            # python.tensors has just walked the job's objects; the census would walk them again.
-            absent["object_types"] = (
-                f"object types are left out so the job's objects are walked once (for the tensors): "
-                f"`probing {pid or 'PID'} memory` lists them"
-            )
-        else:
-            begun = time.monotonic()
-            try:
-                summary = memory(target, None, False, None, OBJECT_TYPES_SHOWN, timeout, 1.0).result
-            except ProbingError as error:
-                absent["object_types"] = f"the memory summary failed: {error.message}"
-                failures.append(absent["object_types"])
-            else:
-                types = list((summary.get("gc") or {}).get("types") or [])
-                notes.extend(str(note) for note in summary.get("notes") or [])
-                if summary.get("torch") is not None:
-                    torch_seen = True
-                elif torch_seen is None and "tables" not in absent:
-                    torch_seen = False
-            timings["memory_s"] = time.monotonic() - begun
-        if torch_seen is False:
-            absent["torch"] = "torch is not imported in this process"
-        elif torch_seen is None:
-            absent["torch"] = "whether torch is imported could not be told (the requests that say it failed)"
-        elif not tables.steps and "tables" not in absent:
-            # No rows, or only those of the step `trace on` came in the middle of (part of a step).
-            absent["steps"] = _no_steps_yet(target, pid, timeout)
-    hang: Optional[Dict[str, Any]] = None
-    hang_report: Optional[HangReport] = None
-    if hang_duration > 0:
-        begun = time.monotonic()
-        try:
-            answer = sample_hang(target, hang_duration, hang_samples, timeout, code_line)
-        except ProbingError as error:
-            absent["hang"] = f"the hang check failed: {error.message}"
-            failures.append(absent["hang"])
-        else:
-            hang_report = answer.report
-            notes.extend(note for note in answer.notes if note not in notes)
-            hang = _hang_summary(answer.report, time.monotonic() - begun)
-        timings["hang_s"] = time.monotonic() - begun
-    judged = (
-        {(thread.thread_id, thread.native_id): thread for thread in hang_report.threads}
-        if hang_report
-        else {}
-    )
+        tables, types, torch_seen = _ask_agent(target, pid, timeout, tensors, torch_seen, progress)
+    hang, judged = _check_hang(target, hang_duration, hang_samples, timeout, code_line, progress)
     threads = judged_threads(stacks, code_line, judged, tables.details)
     if sources.left_unread:
-        notes.append(f"{sources.left_unread} source files were not read (over {FILE_BYTES >> 20} MB, "
-                     f"or past the {TOTAL_BYTES >> 20} MB a report reads)")  # fmt: skip
+        progress.notes.append(
+            f"{sources.left_unread} source files were not read (over {FILE_BYTES >> 20} MB, "
+            f"or past the {TOTAL_BYTES >> 20} MB a report reads)"
+        )
     # Gone: exited (a zombie not yet reaped has), or its PID is another process's now.
-    gone = pid is not None and failures != [] and (not process_alive(pid) or start_time(pid) != born)
+    gone = pid is not None and progress.failures != [] and (not process_alive(pid) or start_time(pid) != born)
     shown, left_out = fold_threads(threads)
     now = time.time()
-    timings["total_s"] = time.monotonic() - started
+    progress.timings["total_s"] = time.monotonic() - started
     (nans, nan_steps, nan_count) = tables.nans
     return Report(
         process=_process(stacks, pid, born, now, torch_version),
         threads=shown, stacks_source="py-spy" if from_outside else "agent", hang=hang,
         record=None, steps=tables.steps, modules=tables.modules, memory=tables.memory, nan_events=nans,
         nan_steps=nan_steps, nan_event_count=nan_count, object_types=types, tensors=tables.tensors,
-        has_torch=bool(torch_seen), absent=absent, notes=notes, timings=timings, generated_at=now,
-        failures=tuple(failures), gone=gone, thread_count=len(threads),
+        has_torch=bool(torch_seen), absent=progress.absent, notes=progress.notes, timings=progress.timings,
+        generated_at=now, failures=tuple(progress.failures), gone=gone, thread_count=len(threads),
         threads_left_out=left_out,
     )  # fmt: skip

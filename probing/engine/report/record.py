@@ -5,7 +5,7 @@ hang verdict: that takes samples over time of a live process (record_reports.py 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 from ..records.fields import integer, number, text
 from ..records.record import Record, backtrace_rows
@@ -40,6 +40,48 @@ def _object_types(record: Record) -> List[Dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _process(record: Record) -> Dict[str, Any]:
+    """The page's process section, from the record's header."""
+    info = record.info()
+    rank = record.rank() or {}
+    header_started = number(record.header.get("started_at"))
+    written = record.written_at
+    return {
+        "pid": info["pid"],
+        "argv": info["argv"],
+        "python_version": info["python_version"],
+        "executable": text(record.header.get("executable")),
+        "cwd": text(record.header.get("cwd")),
+        "probing_version": text(record.header.get("probing_version")),
+        "torch_version": text(record.header.get("torch_version")),
+        "started_at": header_started,
+        "uptime_s": written - header_started if written is not None and header_started is not None else None,
+        "rank": rank.get("rank"),
+        "local_rank": rank.get("local_rank"),
+        "world_size": rank.get("world_size"),
+        "node": record.header.get("hostname") if rank else None,
+    }
+
+
+def _absent(types: List[Dict[str, Any]], held: Set[str], torch_seen: bool) -> Dict[str, str]:
+    """The sections a record cannot fill, and why."""
+    absent: Dict[str, str] = {
+        "hang": "a record holds one snapshot of a job that has ended: whether its threads progressed "
+        "cannot be told from it"
+    }
+    if not types:
+        absent["object_types"] = (
+            "the record holds no object census (python.gc is counted when asked, not kept)"
+        )
+    if torch_seen and "python.tensors" not in held:
+        absent["tensors"] = "the record holds no tensors (python.tensors)"
+    if not torch_seen:
+        absent["torch"] = "the record holds no torch tables (torch was not traced, or not imported)"
+    elif "python.torch_trace" not in held:
+        absent["steps"] = "the record holds no traced steps (trace was off)"
+    return absent
+
+
 def gather_record(record: Record) -> Report:
     started = time.monotonic()
     sources = ReportSources(None, reader_for_owner(*record.owner))
@@ -61,43 +103,13 @@ def gather_record(record: Record) -> Report:
         lambda frames: states.get((frames[0].get("thread_id"), frames[0].get("native_id")), ""),
         thread_details(session),
     )
-    info = record.info()
-    rank = record.rank() or {}
-    header_started = number(record.header.get("started_at"))
     written = record.written_at
     types = _object_types(record)
     # A torch object's type is named from its module: torch.Tensor, torch.nn.Parameter...
     gc_rows = record.rows("python.gc")
     torch_seen = bool(held) or any(str(row.get("type")).startswith("torch.") for row in gc_rows)
-    absent: Dict[str, str] = {
-        "hang": "a record holds one snapshot of a job that has ended: whether its threads progressed "
-        "cannot be told from it"
-    }
-    if not types:
-        absent["object_types"] = (
-            "the record holds no object census (python.gc is counted when asked, not kept)"
-        )
-    if torch_seen and "python.tensors" not in held:
-        absent["tensors"] = "the record holds no tensors (python.tensors)"
-    if not torch_seen:
-        absent["torch"] = "the record holds no torch tables (torch was not traced, or not imported)"
-    elif "python.torch_trace" not in held:
-        absent["steps"] = "the record holds no traced steps (trace was off)"
-    process = {
-        "pid": info["pid"],
-        "argv": info["argv"],
-        "python_version": info["python_version"],
-        "executable": text(record.header.get("executable")),
-        "cwd": text(record.header.get("cwd")),
-        "probing_version": text(record.header.get("probing_version")),
-        "torch_version": text(record.header.get("torch_version")),
-        "started_at": header_started,
-        "uptime_s": written - header_started if written is not None and header_started is not None else None,
-        "rank": rank.get("rank"),
-        "local_rank": rank.get("local_rank"),
-        "world_size": rank.get("world_size"),
-        "node": record.header.get("hostname") if rank else None,
-    }
+    absent = _absent(types, held, torch_seen)
+    process = _process(record)
     shown, left_out = fold_threads(threads)
     return Report(
         process=process, threads=shown, stacks_source="record", hang=None,
