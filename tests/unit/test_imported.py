@@ -53,3 +53,18 @@ def test_torch_halfway_through_its_import_is_said_so(tmp_path: Path, monkeypatch
     monkeypatch.delitem(sys.modules, "torch")
     with pytest.raises(NoTorch, match="has not imported torch"):
         require_torch()
+
+
+def test_the_agent_takes_torch_from_the_job_only_through_imported() -> None:
+    """Every place the agent looks for the job's torch goes through `imported`: a lookup of
+    sys.modules by hand would see the half-made module again."""
+    agent = Path(importlib.import_module("probing.agent").__file__ or "").parent
+    by_hand = [
+        f"{path.relative_to(agent)}:{number}"
+        for path in sorted(agent.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if 'sys.modules.get("torch")' in line
+        or "sys.modules['torch']" in line
+        or 'sys.modules["torch"]' in line
+    ]
+    assert by_hand == []

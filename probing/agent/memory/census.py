@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ...originals import perf_counter, wall_time
 from ...procfs import memory_bytes, open_descriptor_count, peak_resident_bytes, thread_count
+from ..imported import imported
 from ..pacing import Pacer, stall_bound
 from .cuda import MB, cuda_device_stats, cuda_module, cuda_totals
 from .objects import GENERATIONS, Skipped, estimated_size, list_generation, release
@@ -112,7 +113,7 @@ class Census:
 
 def _torch_types() -> Tuple[Optional[type], Tuple[type, ...]]:
     """(torch.Tensor, the storage classes) when the job has imported torch."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is None:
         return None, ()
     tensor = getattr(torch, "Tensor", None)

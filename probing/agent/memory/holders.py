@@ -27,6 +27,7 @@ from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from ...originals import perf_counter
+from ..imported import imported
 from ..pacing import Pacer
 from ..stacks import current_frames, outermost_first
 from .job_code import AGENT_DIR, is_library, library_roots
@@ -78,7 +79,7 @@ def find_holders(
     """A path to each tensor for which `match(tensor)` gives a key, until `wanted` keys are found
     or a bound is reached. `match` is called in this thread, once per tensor met: it may read
     metadata only."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     tensor_type = getattr(torch, "Tensor", None)
     if not isinstance(tensor_type, type) or wanted <= 0:
         return Holders({}, 0, None)

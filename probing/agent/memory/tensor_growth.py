@@ -25,6 +25,7 @@ from itertools import compress
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...originals import perf_counter
+from ..imported import imported
 from ..pacing import Pacer
 from .census import Census
 from .cuda import MB
@@ -192,7 +193,7 @@ def _site(frames: Any, roots: Tuple[str, ...]) -> Tuple[Site, List[str]]:
 
 def tensor_kinds(census: Census) -> Tuple[type, ...]:
     """The tensor types to look for: torch's, and every subclass the census met."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     tensor = getattr(torch, "Tensor", None)
     if not isinstance(tensor, type):
         return ()
