@@ -149,6 +149,11 @@ class _AfterImport:
 
         def exec_then(module: Any) -> None:
             exec_module(module)
+            # torch's code has all run; importlib marks the import done only once this returns,
+            # and the agent takes a module marked under way for a half-made one (imported.py).
+            spec = getattr(module, "__spec__", None)
+            if spec is not None:
+                spec._initializing = False
             then()
 
         loader.exec_module = exec_then
