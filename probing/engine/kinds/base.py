@@ -99,6 +99,13 @@ class Kind:
         """`ranks`: each rank of the job at a glance (a job's alone)."""
         raise self.not_for()
 
+    def refuse_live_stacks(self, native: bool, children: bool) -> None:
+        """For a snapshot (a record, a core file): native frames and descendants are read from a
+        live process only."""
+        for option, given in (("--native", native), ("--children", children)):
+            if given:
+                raise self.not_for(f"backtrace {option}")
+
     # --- what a snapshot answers too --------------------------------------------------------------
 
     def stacks(

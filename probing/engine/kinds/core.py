@@ -67,9 +67,7 @@ class Core(Kind):
         self, locals: bool, thread: Optional[str], timeout: float, native: bool, children: bool,
         attach_children: bool,
     ) -> One:  # fmt: skip
-        for option, given in (("--native", native), ("--children", children or attach_children)):
-            if given:
-                raise self.not_for(f"backtrace {option}")
+        self.refuse_live_stacks(native, children or attach_children)
         return One(self.read(locals, thread, timeout))
 
     def query(self, sql: str, timeout: float, scan_budget: float, step_wait: float) -> One:

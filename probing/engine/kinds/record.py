@@ -41,9 +41,7 @@ class Record(Kind):
     ) -> One:  # fmt: skip
         from ..records.record import record_stacks
 
-        for option, given in (("--native", native), ("--children", children or attach_children)):
-            if given:
-                raise self.not_for(f"backtrace {option}")
+        self.refuse_live_stacks(native, children or attach_children)
         return One(FromRecord(self.record, record_stacks(self.record, locals, thread)))
 
     def query(self, sql: str, timeout: float, scan_budget: float, step_wait: float) -> One:
