@@ -80,6 +80,10 @@ int thread_state(const row_t *const *frames, size_t count, int pid, buf_t *state
 
 /* outside.c: the stacks from a py-spy dump (outside/pyspy.py rows_from_dump, gil_holder),
  * for a job stuck on its GIL; `note` gets what the Python CLI says on stderr. */
+/* outside.c: whether a thread of py-spy's dump is one of the agent's (pyspy.is_agent_thread). */
+int agent_thread(const jval *thread);
+/* gil.c: py-spy's owns_gil kept only on the thread that keeps the GIL (pyspy.checked_gil). */
+void checked_gil(int pid, const jval *threads);
 int outside_answer(int pid, const char *dump, size_t size, answer_t *answer, buf_t *note);
 
 /* render.c: cli/render/backtrace.py write_backtrace_text. */

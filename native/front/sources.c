@@ -1,9 +1,8 @@
-/* /proc reads, and lines of the job's source files read as engine/sources.py SourceLines
+/* Whole files read within bounds, and lines of the job's source files read as engine/sources.py SourceLines
  * reads them: the file's own path, else the same path under /proc/PID/root (a job in a
  * container); the whole file decoded, split as str.splitlines() does, the line stripped. Run
  * as root for a job of another user, only files that user could read (sources.py readable_as). */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -192,51 +191,6 @@ static int readable_as(const char *filename, const char *root, char *resolved, s
     if (lstat(resolved, found) < 0 || !S_ISREG(found->st_mode) || !permits(found, 4))
         return -1;
     return 0;
-}
-
-/* The state letter of a stat(5) file (after the last ')': the name may hold any), or 0. */
-static char stat_state(const char *path)
-{
-    char text[1024];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t got = read(fd, text, sizeof(text) - 1);
-    close(fd);
-    if (got <= 0)
-        return 0;
-    text[got] = '\0';
-    char *close_paren = strrchr(text, ')');
-    return close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
-}
-
-int process_alive(int pid)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    char state = stat_state(path);
-    return state != 0 && state != 'Z' && state != 'X';
-}
-
-/* procfs.running_threads: threads in state R or D; -1 when /proc does not show them. */
-int running_threads(int pid)
-{
-    char path[96];
-    snprintf(path, sizeof(path), "/proc/%d/task", pid);
-    DIR *tasks = opendir(path);
-    if (tasks == NULL)
-        return -1;
-    int running = 0;
-    struct dirent *task;
-    while ((task = readdir(tasks)) != NULL) {
-        if (task->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%d/task/%.20s/stat", pid, task->d_name);
-        char state = stat_state(path);
-        running += state == 'R' || state == 'D';
-    }
-    closedir(tasks);
-    return running;
 }
 
 typedef struct {

@@ -47,7 +47,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FRONT = ROOT / "native" / "front"
 # Every decoder of the command, none of its main() (the driver has its own).
-SOURCES = ["agent.c", "json.c", "outside.c", "render.c", "sources.c", "states.c", "table.c", "utf8.c"]
+SOURCES = [
+    "agent.c",
+    "gil.c",
+    "json.c",
+    "outside.c",
+    "proc.c",
+    "render.c",
+    "sources.c",
+    "states.c",
+    "table.c",
+    "utf8.c",
+]
 SANITIZERS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 SANITIZER_OPTIONS = {
     # The front end is a short-lived program that frees little: leaks are not the point here.

@@ -15,7 +15,7 @@ import pytest
 from probing.outside import gil
 from probing.outside.pyspy import checked_gil, gil_holder, is_agent_thread
 
-OUTSIDE_C = Path(__file__).resolve().parents[2] / "native" / "front" / "outside.c"
+GIL_C = Path(__file__).resolve().parents[2] / "native" / "front" / "gil.c"
 
 
 def thread(os_thread_id: Any, name: Optional[str] = None, owns_gil: bool = True) -> Dict[str, Any]:
@@ -27,7 +27,7 @@ def thread(os_thread_id: Any, name: Optional[str] = None, owns_gil: bool = True)
 
 
 def test_the_native_front_end_takes_the_same_looks() -> None:
-    text = OUTSIDE_C.read_text()
+    text = GIL_C.read_text()
     defined = dict(re.findall(r"^#define (HOLD_LOOK_US|HOLD_LOOKS|STILL_LOOKS) (\d+)$", text, re.M))
     assert defined == {
         "HOLD_LOOK_US": str(round(gil.HOLD_LOOK_S * 1e6)),
