@@ -84,6 +84,12 @@ class ScriptedAgent:
                     pass
 
     def close(self) -> None:
+        """Stops the serving thread before the socket closes. Closed under a thread on its way
+        into accept(), the descriptor's number goes to the next test's listener, and this
+        thread would answer that test's front ends with this test's reply (seen once in CI)."""
+        self.listener.shutdown(socket.SHUT_RDWR)  # accept() returns at once
+        self.thread.join(10)
+        assert not self.thread.is_alive()
         self.listener.close()
         os.unlink(self.path)
 
