@@ -14,6 +14,7 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 from probing.errors import ExitCode
+from tools import need
 
 from support import Target, agent_threads, find_interpreter, interpreter_params, probing, wait_until
 
@@ -218,8 +219,7 @@ def test_the_gdb_methods_attach_or_refuse_a_gdb_that_breaks_registers(method: st
     """Where gdb can call into a process and restore it, the method attaches; where it cannot
     (gdb 13.1 on Linux 6.18 fails to write the extended register state back, and the thread
     resumes broken), the method says so and leaves the job alone."""
-    if shutil.which("gdb") is None:
-        pytest.skip("gdb is not installed")
+    need("gdb")
     if method == "pyrasite":
         pytest.importorskip("pyrasite")
     broken = _broken_gdb()
@@ -238,14 +238,36 @@ def test_the_gdb_methods_attach_or_refuse_a_gdb_that_breaks_registers(method: st
         assert not [line for line in job.stderr_lines if line.strip()], job.output()
 
 
+def agent_paths() -> List[str]:
+    """The sys.path entries that would be the agent's: the installed package the CLI loads it
+    from, the directory that package is imported from, and the copy an attach puts into a job's
+    /tmp when the job cannot see ours (attach/containers.py). Not any path naming "probing": a
+    checkout cloned into a directory called probing runs its targets from there."""
+    import probing
+
+    package = os.path.dirname(os.path.realpath(probing.__file__))
+    return [package, os.path.dirname(package), f"/tmp/probing-{probing.__version__}-{os.geteuid()}"]
+
+
+# Run in the job: its sys.path entries that are one of AGENT_PATHS or inside the package or copy.
+AGENTS_ENTRIES = """
+import os, sys
+package, imported_from, copy = AGENT_PATHS
+def agents(entry):
+    real = os.path.realpath(entry or ".")
+    return real in AGENT_PATHS or real.startswith((package + "/", copy + "/"))
+print(sorted(entry for entry in sys.path if agents(entry)))
+"""
+
+
 def test_the_job_is_untouched_by_the_attach(python: str) -> None:
     """Nothing is added to sys.path, no third-party module is imported, the switch interval is back."""
     with Target("sleeper.py", python=python, via="plain") as job:
         assert inject(job.pid)["method"] == "ptrace"
         code = (
-            "import sys\n"
-            "print(sorted(p for p in sys.path if 'probing' in p or 'site-packages/probing' in p))\n"
-            "heavy = ('click', 'duckdb', 'psutil', 'numpy')\n"
+            f"AGENT_PATHS = {agent_paths()!r}\n"
+            + AGENTS_ENTRIES
+            + "heavy = ('click', 'duckdb', 'psutil', 'numpy')\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
             "print(sys.getswitchinterval())"
         )
