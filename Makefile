@@ -53,10 +53,10 @@ unit: install ## The unit and protocol layers alone, in under a minute: the suit
 	$(BIN)/pytest -n 2 -m "not serial" tests/unit tests/protocol -q -p no:cacheprovider
 	$(BIN)/pytest -m serial tests/unit tests/protocol -q -p no:cacheprovider
 
-# Integration tests spend most of their time waiting on the processes they start, so the suite
-# runs on more workers than this 2-core machine has cores (TEST_WORKERS: see the measurements in
-# the commit that chose it). A test file runs whole on one worker (--dist loadfile): the jobs a
-# module starts once (the docs' demo job, torchrun jobs) are not started again on every worker.
+# Integration tests spend much of their time waiting on the processes they start, so the suite
+# runs on more workers than this 2-core machine has cores (TEST_WORKERS=N to choose another
+# count). A test file runs whole on one worker (--dist loadfile): the jobs a module starts once
+# (the docs' demo job, torchrun jobs) are not started again on every worker.
 # Tests marked `serial` (a step-time ratio, a stall bound, a flood, CPU hogs) cannot share the
 # machine: they run after, alone. Both parts always run; either one failing fails `make test`.
 TEST_WORKERS ?= 3
