@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser test fuzz check-install lint format bench soak demo docs screenshots clean
+.PHONY: help install browser unit test fuzz check-install lint format bench soak demo docs screenshots clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-14s %s\n", $$1, $$2}'
@@ -49,8 +49,25 @@ browser: $(SPEEDSCOPE)/index.html ## Install Debian's chromium, which the tests 
 			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 		else echo "make browser: install Debian's chromium package (as root: apt-get install chromium)" >&2; exit 1; fi; }
 
-test: lint browser ## Lint, type-check, then run the whole test suite
-	$(BIN)/pytest
+unit: install ## The unit and protocol layers alone, in under a minute: the suite to run while coding
+	$(BIN)/pytest -n 2 -m "not serial" tests/unit tests/protocol -q -p no:cacheprovider
+	$(BIN)/pytest -m serial tests/unit tests/protocol -q -p no:cacheprovider
+
+# Integration tests spend much of their time waiting on the processes they start, so the suite
+# runs on more workers than this 2-core machine has cores (TEST_WORKERS=N to choose another
+# count). A test file runs whole on one worker (--dist loadfile): the jobs a module starts once
+# (the docs' demo job, torchrun jobs) are not started again on every worker.
+# Tests marked `serial` (a step-time ratio, a stall bound, a flood, CPU hogs) cannot share the
+# machine: they run after, alone. Both parts always run; either one failing fails `make test`.
+TEST_WORKERS ?= 3
+
+test: lint browser ## Lint, type-check, then the whole test suite (in parallel, then the serial tests alone)
+	@status=0; \
+	echo "$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not serial'"; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
+	echo "$(BIN)/pytest -m serial"; \
+	$(BIN)/pytest -m serial || status=$$?; \
+	exit $$status
 
 fuzz: install ## The fuzz layer alone (tests/fuzz), FUZZ_SCALE times its examples; FUZZ_SEED=N draws other inputs
 	PROBING_FUZZ_SCALE=$(or $(FUZZ_SCALE),1) $(if $(FUZZ_SEED),PROBING_FUZZ_SEED=$(FUZZ_SEED)) \

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import pytest
+from tools import need
 
 STEP_TIMEOUT_S = 30.0
 WINDOW = (1280, 900)
@@ -62,12 +62,10 @@ def chromium_path() -> Optional[str]:
 
 
 def require_chromium() -> str:
-    """Chromium's path; the test fails (not skips) without it: `make test` installs it."""
+    """Chromium's path; the test is skipped without it, naming `make browser` (tests/tools.py)."""
+    need("chromium")
     path = chromium_path()
-    if path is None:
-        pytest.fail(
-            "chromium is not installed: `make test` installs Debian's package (apt-get install chromium)"
-        )
+    assert path is not None
     return path
 
 

@@ -10,6 +10,8 @@ from typing import Iterator, List, Optional, Set
 
 import pytest
 
+from tools import need
+
 from support import Target
 
 LAYERS = ("unit", "protocol", "integration")
@@ -44,16 +46,27 @@ def new_files(before: Set[str], after: Set[str]) -> List[str]:
     return sorted(line for line in after - before if line.startswith("??"))
 
 
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """Under `pytest -n N` each worker runs a session of its own inside the controller's: the
+    controller's starts before any worker's and ends after all of them."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[TREE_AT_START] = tree_status()
+    # The controller alone looks at the tree: a worker ending early would see a file another
+    # worker's test has written and not yet removed.
+    if not is_xdist_worker(session.config):
+        session.config.stash[TREE_AT_START] = tree_status()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A test run writes nothing into the source tree (outside ignored paths such as .venv/ and
     __pycache__/): a file that appeared during the run fails the session, named."""
     before = session.config.stash.get(TREE_AT_START, None)
+    if before is None:
+        return
     after = tree_status()
-    if before is None or after is None:
+    if after is None:
         return
     written = new_files(before, after)
     if os.environ.get("PROBING_SCREENSHOTS"):  # `make screenshots` writes the docs' pictures on purpose
@@ -75,6 +88,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
         layer = Path(str(item.fspath)).resolve().relative_to(tests).parts[0]
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.needs("torch", ...)`: the test is skipped, naming what installs the tool,
+    before its fixtures start a target that could not run without it (tests/tools.py)."""
+    for marker in item.iter_markers("needs"):
+        need(*marker.args)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,19 +6,16 @@ schema, what speedscope needs to draw: frame indexes in range, one weight per sa
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any, Dict, List
 
-import pytest
+from tools import SPEEDSCOPE, need
 
-SCHEMA = Path(sys.prefix) / "share" / "speedscope-1.25.0" / "file-format-schema.json"
+SCHEMA = SPEEDSCOPE / "file-format-schema.json"
 TYPES = {"object": dict, "array": list, "string": str}
 
 
 def load_schema() -> Dict[str, Any]:
-    if not SCHEMA.exists():
-        pytest.fail(f"speedscope's schema is not in {SCHEMA}: `make browser` unpacks it")
+    need("speedscope")
     schema: Dict[str, Any] = json.loads(SCHEMA.read_text())
     return schema
 

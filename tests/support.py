@@ -22,6 +22,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
+from tools import need, need_what_a_target_missed, need_what_the_cli_missed
+
 TESTS = Path(__file__).resolve().parent
 TARGETS = TESTS / "targets"
 BIN = Path(sys.executable).parent
@@ -94,8 +96,13 @@ class Target:
         for reader in self._readers:
             reader.daemon = True
             reader.start()
-        if not self._ready.wait(ready_timeout):
+        # Set by "ready", or by the end of stdout: a target that died first (torch missing, a
+        # crash) is reported now, not after the whole ready_timeout.
+        self._ready.wait(ready_timeout)
+        if not any(line.startswith("ready") for line in self.stdout_lines):
+            self._readers[1].join(5)  # its last words, a traceback naming what it missed
             self.kill()
+            need_what_a_target_missed("\n".join(self.stderr_lines))
             raise RuntimeError(f"target {script} never said ready: {self.output()}")
         self.pid = self._target_pid(via)
 
@@ -105,6 +112,8 @@ class Target:
             lines.append(line)
             if watch and line.startswith("ready"):
                 self._ready.set()
+        if watch:
+            self._ready.set()  # stdout closed: no "ready" can come any more
 
     def _target_pid(self, via: str) -> int:
         if via != "run":
@@ -192,6 +201,7 @@ class TorchrunJob:
 
     def __init__(self, scenario: str = "healthy", ranks: int = 4, args: Optional[List[str]] = None,
                  env: Optional[Dict[str, str]] = None, ready_timeout: float = 120.0) -> None:  # fmt: skip
+        need("torch", "torchrun")
         environment = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         environment.pop("PROBING", None)
         environment.update(env or {})
@@ -268,11 +278,12 @@ def probing(
     timeout: float = 60.0,
     env: Optional[Dict[str, str]] = None,
 ) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    """Run the installed `probing` command; returns the completed process (text)."""
+    """Run the installed `probing` command; returns the completed process (text). The test is
+    skipped when the CLI says a tool it runs (py-spy, pystack, gdb) is not installed here."""
     environment = dict(os.environ)
     environment.pop("PROBING", None)
     environment.update(env or {})
-    return subprocess.run(
+    result = subprocess.run(
         [PROBING, *args],
         input=input,
         capture_output=True,
@@ -280,6 +291,9 @@ def probing(
         timeout=timeout,
         env=environment,
     )
+    if result.returncode != 0:
+        need_what_the_cli_missed(result.stderr)
+    return result
 
 
 def agent_threads(pid: int) -> List[str]:
@@ -451,6 +465,7 @@ class TwoNodeJob:
                  registered: bool = True, env: Optional[Dict[str, str]] = None,
                  listening: Tuple[bool, bool] = (True, True),
                  ready_timeout: float = 150.0) -> None:  # fmt: skip
+        need("torch", "torchrun", "unshare")
         self.world_size = 2 * ranks_per_node
         self.master_port = free_port(node_address(0))
         # Each node mounts its own tmpfs here: its agents' sockets and its files (node_path).

@@ -15,7 +15,7 @@ from support import Target, TorchrunJob, probing, wait_until
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.integration, pytest.mark.torch]
+pytestmark = [pytest.mark.integration, pytest.mark.needs("torch", "torchrun")]
 
 WAITING = "SELECT * FROM python.collectives WHERE state != 'completed'"
 # The name of torch.distributed.all_reduce's code: probing's wrapper is called `recorded`.

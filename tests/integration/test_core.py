@@ -16,6 +16,8 @@ from typing import Any, Dict, List
 
 import pytest
 
+from tools import need
+
 from support import (
     INTERPRETER_PATTERNS,
     TARGETS,
@@ -64,8 +66,7 @@ def written_core(directory: Path) -> Path:
 
 
 def gcore(pid: int, directory: Path) -> Path:
-    if shutil.which("gcore") is None:
-        pytest.skip("gcore (gdb) is not installed")
+    need("gdb")  # gcore is gdb's
     result = subprocess.run(
         ["gcore", "-o", str(directory / "gcore"), str(pid)], capture_output=True, text=True, timeout=120
     )

@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 from typing import List, Tuple
 
+import pytest
+
 from support import Target, probing, wait_until
+
+# The job's median step while sampled against its own steps before and after: other tests'
+# processes on the machine would move the steps of one window and not the other's.
+pytestmark = pytest.mark.serial
 
 
 def steps(job: Target) -> List[Tuple[float, float]]:

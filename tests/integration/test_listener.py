@@ -165,6 +165,7 @@ def fast_ms(times: List[float]) -> float:
     return statistics.quantiles(times, n=5)[0] * 1e3
 
 
+@pytest.mark.serial  # fast-step ratios and a 1 s answer: the control job evens out load, not 3 workers'
 def test_200_silent_connections_hold_neither_the_agent_nor_the_job(listening_job: Target) -> None:
     """The step-time comparison is paired with a control job (the same target, no listener)
     over the same windows: on a shared machine, whatever slows every process shows in both."""

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict
 
+import pytest
+
 from support import BIN, PROBING, TARGETS, TorchrunJob, probing
 
 HANG = ("hang", "--ranks", "all", "--duration", "2", "--samples", "4", "--format", "json")
@@ -78,6 +80,7 @@ def test_a_healthy_job_progresses() -> None:
     assert not verdict["hung"] and verdict["behind"] == [] and verdict["missing"] == []
 
 
+@pytest.mark.needs("torch", "torchrun")
 def test_the_run_watchdog_judges_the_whole_job(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     command = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -15,17 +14,16 @@ import pytest
 from browser import Browser, screenshot_path
 from test_trace_export import traced  # noqa: F401 - the traced job, a fixture shared with its tests
 
+from tools import SPEEDSCOPE
+
 from support import Target, probing
 
 pytest.importorskip("torch")
 
-SPEEDSCOPE = Path(sys.prefix) / "share" / "speedscope-1.25.0"
-
 
 @pytest.mark.pictures
+@pytest.mark.needs("speedscope", "chromium")
 def test_speedscope_draws_the_exported_steps(traced: Target, tmp_path: Path) -> None:  # noqa: F811
-    if not (SPEEDSCOPE / "index.html").exists():
-        pytest.fail(f"speedscope is not unpacked in {SPEEDSCOPE}: `make browser` does it")
     exported = tmp_path / "steps.json"
     result = probing(str(traced.pid), "trace", "export", "--steps", "5:6", "-o", str(exported))
     assert result.returncode == 0, result.stderr

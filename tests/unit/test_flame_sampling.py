@@ -186,6 +186,9 @@ def many_threads(count: int, depth: int) -> Tuple[List[threading.Thread], thread
     return threads, stop
 
 
+# The cost is wall time the sampler held the GIL for: beside other workers on two cores a sample is
+# preempted half-way and given up, and its cost share was 3 % (against the 1 % checked).
+@pytest.mark.serial
 @pytest.mark.parametrize("duration", [0.2, 8.0])
 def test_two_hundred_threads_cost_at_most_half_a_percent_answer_included(duration: float) -> None:
     threads, stop = many_threads(200, 40)

@@ -17,6 +17,7 @@ from typing import Dict, Iterator, List
 import pytest
 
 from probing.errors import ExitCode
+from tools import need
 
 from support import Target, probing, wait_until
 
@@ -86,8 +87,7 @@ def _strace(job: Target, every_thread: bool) -> Tracer:
 
 
 def _gdb(job: Target) -> Tracer:
-    if shutil.which("gdb") is None:
-        pytest.skip("gdb not found")
+    need("gdb")
     # gdb stops every thread while attached; `shell read` keeps it there until stdin closes.
     command = ["gdb", "-nx", "-batch", "-iex", "set auto-solib-add off", "-p", str(job.pid),
                "-ex", "shell read line"]  # fmt: skip

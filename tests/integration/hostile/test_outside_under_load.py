@@ -24,6 +24,10 @@ from support import PROBING, Target
 
 pytest.importorskip("torch")
 
+# It makes the load itself, CPU hogs on every core calibrated to what py-spy takes under them:
+# beside other tests the load is neither its own nor measured, and it would starve them.
+pytestmark = pytest.mark.serial
+
 HOG_SECONDS = 120
 MOST_HOGS_PER_CORE, GENTLEST_NICE = 4, 13
 

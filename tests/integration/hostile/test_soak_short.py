@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# A benchmark run as a test (benchmarks/soak.py), its commands under their timeouts: it runs alone.
+pytestmark = pytest.mark.serial
+
 SOAK = Path(__file__).resolve().parents[3] / "benchmarks" / "soak.py"
 
 

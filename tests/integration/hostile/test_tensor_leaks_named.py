@@ -79,6 +79,7 @@ def made_here(report: Dict[str, Any], device: str) -> Dict[str, Any]:
     return site
 
 
+@pytest.mark.serial  # the job's heartbeat gap is bounded (HELD_STILL_BOUND_S), as in test_job_not_stalled.py
 def test_memory_growth_gives_leaked_tensor_storage_its_line_and_holder_within_the_granted_hold(
     leaking: Leaking,
 ) -> None:
@@ -139,6 +140,7 @@ def tensor_names(page: str) -> List[str]:
     return [html.unescape(name) for name in re.findall(r'<tr><td class="name">(.*?)</td>', found.group(1))]
 
 
+@pytest.mark.serial  # the job's heartbeat gap is bounded (HELD_STILL_BOUND_S), as in test_job_not_stalled.py
 def test_the_reports_largest_tensors_are_named_by_what_holds_them_without_holding_the_job(
     leaking: Leaking, tmp_path: Path
 ) -> None:
