@@ -25,6 +25,8 @@ from ..client.replies import decode_reply_table
 from ..errors import AgentTimeout, AgentUnreachable, NoAgent, ProbingError, UsageError
 from ..procfs import command_line
 from .jobs.fanout import Gathered
+from .shown import ShownThread, shown_threads
+from .sources import SourceLines
 from .target import REMOTE_HINT, STILL_CHECK_S, Fallback, Stillness, why_from_outside
 
 TYPE_CHECKING = False
@@ -44,17 +46,34 @@ AGENT_SILENT = "PROBING_AGENT_SILENT"
 class Stacks:
     """python.backtrace rows of one process, what is known of the process (`info`: pid,
     python_version, argv, and `outside`: py-spy's threads by native id when read from
-    outside), and notes for the user (why the answer came from outside)."""
+    outside), and notes for the user (why the answer came from outside). `sources`: whose
+    files the source lines are read as (default: the process's own, engine/sources.py)."""
 
-    __slots__ = ("pid", "rows", "info", "notes")
+    __slots__ = ("pid", "rows", "info", "notes", "sources", "_threads")
 
     def __init__(
-        self, pid: Optional[int], rows: List[Dict[str, Any]], info: Dict[str, Any], notes: List[str]
-    ) -> None:
+        self, pid: Optional[int], rows: List[Dict[str, Any]], info: Dict[str, Any], notes: List[str],
+        sources: Optional[SourceLines] = None,
+    ) -> None:  # fmt: skip
         self.pid = pid  # as this side sees it: the agent's own may be another PID namespace's
         self.rows = rows
         self.info = info
         self.notes = notes
+        self.sources = sources
+        self._threads: Optional[List[ShownThread]] = None
+
+    @property
+    def threads(self) -> List[ShownThread]:
+        """The threads as a traceback shows them (engine/shown.py), worked out from `rows` on
+        first use: an answer printed as rows (JSON, CSV) reads no source file."""
+        if self._threads is None:
+            sources = self.sources
+            if sources is None:
+                # A PID given as text (a record's, a core's) may be another process's by now.
+                own = self.info.get("pid")
+                sources = SourceLines(self.pid or (own if isinstance(own, int) else None))
+            self._threads = shown_threads(self.rows, sources, self.info.get("outside"))
+        return self._threads
 
 
 def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, target: Target) -> Any:

@@ -6,13 +6,16 @@ names another table is told so (NotLive), not answered with an empty table.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import BadSQL, NotLive, ProbingError
 from ..outside.core import CoreReading, read_core
 from ..schema.tables import AGENT_TABLES, BACKTRACE
 from ..sql.session import SqlSession, referenced_tables
+from .backtrace import Stacks
 from .process_tables import LOCAL_TABLES
+from .sources import SourceLines, reader_for_owner
 
 
 def read_core_stacks(
@@ -28,6 +31,39 @@ def read_core_stacks(
     if thread is not None:
         reading.rows = only_thread(reading.rows, thread)
     return reading
+
+
+class CoreStacks:
+    """What `probing CORE backtrace` shows: the reading (how the process ended) and its stacks."""
+
+    __slots__ = ("reading", "stacks")
+
+    def __init__(self, reading: CoreReading) -> None:
+        self.reading = reading
+        info: Dict[str, Any] = {
+            # Text, not an int: no source line is looked for under /proc/PID/root, and that PID
+            # may be another process's by now.
+            "pid": str(reading.pid) if reading.pid is not None else "?",
+            "python_version": reading.python_version or "?",
+            "argv": [reading.arguments],
+            # The thread that held the GIL, in the shape of py-spy's view of threads.
+            "outside": {reading.gil: {"owns_gil": True}} if reading.gil is not None else {},
+        }
+        # A core gives no Python ident (thread_id is NULL): each thread's native id stands in
+        # for it, so that frames group by thread.
+        rows = [dict(row, thread_id=row["native_id"]) for row in reading.rows]
+        self.stacks = Stacks(None, rows, info, [], _sources(reading.path))
+
+
+def _sources(path: str) -> SourceLines:
+    """The job's source lines, read as the core's owner (the kernel writes a core as the user
+    whose process dumped it): root reading another user's core shows only what that user could
+    read, as for a record."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return SourceLines(None)
+    return SourceLines(None, reader_for_owner(status.st_uid, status.st_gid))
 
 
 def only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from ..client.replies import decode_reply_texts
 from ..errors import NoAgent
+from .sources import SourceLines
 from .target import Target
 
 # Room left, beyond an eval's own timeout, for the agent to interrupt it and reply.
@@ -32,6 +33,8 @@ class MemoryAnswer(NamedTuple):
     result: Dict[str, Any]  # what the agent answered, with "pid" (and "outside" for a summary)
     command: str  # the job's command line
     snapshot: bytes  # the CUDA allocator snapshot, for cuda_snapshot
+    # For growth: the source line at each (file, line) its sites name, read as the job's user.
+    code: Dict[Tuple[str, int], str] = {}
 
 
 def memory(
@@ -62,7 +65,24 @@ def memory(
         command = " ".join(client.info.get("argv") or [])
     if params["action"] == "summary" and not target.remote:  # a remote PID is its own node's
         result["outside"] = outside_memory(int(pid or 0))
-    return MemoryAnswer(params["action"], result, command, bytes(payload))
+    code = site_lines(result, SourceLines(int(pid))) if params["action"] == "growth" and pid else {}
+    return MemoryAnswer(params["action"], result, command, bytes(payload), code)
+
+
+def site_lines(result: Dict[str, Any], sources: SourceLines) -> Dict[Tuple[str, int], str]:
+    """The source line of every place a growth report names (where the job's line led to an
+    allocation, where a tensor was made); places the agent gave in another shape have none."""
+    code = {}
+    for site in [*(result.get("sites") or ()), *(result.get("tensor_sites") or ())]:
+        if not isinstance(site, dict):
+            continue
+        for file, line in (
+            (site.get("file"), site.get("line")),
+            (site.get("job_file"), site.get("job_line")),
+        ):
+            if isinstance(file, str) and isinstance(line, int) and (file, line) not in code:
+                code[file, line] = sources.line(file, line)
+    return code
 
 
 def outside_memory(pid: int) -> Dict[str, Any]:

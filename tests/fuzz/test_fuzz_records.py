@@ -85,9 +85,9 @@ def printed(folder: Path, path: str) -> Dict[str, Any]:
         write_records(entries, "json", [str(folder)])
         answers["listed"] = entries
         record = open_record(path)  # BadRecord: the refusal, exit 15
-        rows = record_stacks(record, True, None)
+        stacks = record_stacks(record, True, None)
         for format in ("text", "json", "csv"):
-            write_record_stacks(record, rows, format)
+            write_record_stacks(record, stacks, format)
         memory = record_memory(record)
         for format in ("text", "json"):
             write_record_memory(memory, format)
@@ -95,7 +95,7 @@ def printed(folder: Path, path: str) -> Dict[str, Any]:
         for format in ("text", "json"):
             write_record_hang(hang, format)
         write_tables(record.described(), "text")
-        answers.update(rows=rows, memory=memory, hang=hang)
+        answers.update(rows=stacks.rows, memory=memory, hang=hang)
     return answers
 
 

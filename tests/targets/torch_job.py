@@ -65,6 +65,9 @@ class Middle(nn.Module):
         return torch.tanh(x)
 
 
+# One intra-op thread: on a loaded machine, a pool of them waiting for CPUs made each tiny
+# Linear take ms (model.3 outran the 20 ms --slow module in the report test).
+torch.set_num_threads(1)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Middle(), nn.Linear(16, 4)).to(options.device)
 loss_fn = nn.MSELoss()

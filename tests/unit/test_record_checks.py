@@ -178,20 +178,20 @@ def test_a_records_backtrace_reads_no_source_under_proc_pid_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The job that wrote the record is gone; its PID (1 here) may be another process's now."""
-    from probing.cli.render import backtrace as render_backtrace
-    from probing.cli.render import record as render_record
     from probing.cli.render.record import write_record_stacks
+    from probing.engine import backtrace as engine_backtrace
+    from probing.engine.records import record as engine_record
     from probing.engine.records.record import record_stacks
 
     asked: List[Any] = []
 
-    class SpyingSourceLines(render_backtrace.SourceLines):  # type: ignore[misc,name-defined]
+    class SpyingSourceLines(engine_backtrace.SourceLines):  # type: ignore[misc]
         def __init__(self, pid: Any, *args: Any) -> None:
             asked.append(pid)
             super().__init__(pid, *args)
 
-    monkeypatch.setattr(render_backtrace, "SourceLines", SpyingSourceLines)
-    monkeypatch.setattr(render_record, "SourceLines", SpyingSourceLines)
+    monkeypatch.setattr(engine_backtrace, "SourceLines", SpyingSourceLines)
+    monkeypatch.setattr(engine_record, "SourceLines", SpyingSourceLines)
     record = open_record(write_record(str(tmp_path), "a.probing", {"pid": 1}, [good_backtrace()]))
     write_record_stacks(record, record_stacks(record, False, None), "text")
     assert asked == [None]

@@ -115,14 +115,14 @@ def test_a_record_maps_to_the_info_and_rows_of_a_live_process(tmp_path: Path) ->
     assert record.info() == {"pid": 7, "python_version": "3.11.7", "argv": ["train.py", "--steps", "9"]}
     assert record.reason()["kind"] == "exception" and record.exception()["type"] == "ValueError"  # type: ignore[index]
     assert record.rank() == {"rank": 3, "local_rank": 1, "world_size": 8, "node": 1}
-    rows = record_stacks(record, locals=False, thread=None)
+    rows = record_stacks(record, locals=False, thread=None).rows
     assert [(row["func"], row["depth"], row["locals"]) for row in rows] == [
         ("inner", 0, None),
         ("<module>", 1, None),
     ]
     # Columns the file left out are there, empty: the renderers read every one.
     assert rows[0]["native_id"] is None and rows[0]["frame_type"] is None
-    assert record_stacks(record, locals=True, thread="MainThread")[0]["locals"] == '{"x": "1"}'
+    assert record_stacks(record, locals=True, thread="MainThread").rows[0]["locals"] == '{"x": "1"}'
     with pytest.raises(ProbingError, match="no thread named"):
         record_stacks(record, locals=False, thread="nope")
 

@@ -2,87 +2,60 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
-from ...engine.sources import SourceLines
-from ...protocol import json_loads
 from . import inert, note
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Dict, List, Optional, Tuple
+    from typing import IO, Any, Dict
 
     from ...engine.backtrace import Stacks, TreeStacks
+    from ...engine.shown import ShownThread
 
 
-def write_backtrace_text(
-    rows: List[Dict[str, Any]],
-    info: Dict[str, Any],
-    out: IO[str],
-    host_pid: Optional[int] = None,
-    outside: Optional[Dict[Any, Dict[str, Any]]] = None,
-    sources: Optional[SourceLines] = None,
-) -> None:
+def write_backtrace_text(stacks: Stacks, out: IO[str]) -> None:
     """Threads grouped, main thread first, each read like a Python traceback and headed by
-    what it is doing. `outside`: py-spy's view of each thread (by native id), if it read them."""
-    from ...analysis.states import thread_state
+    what it is doing (the engine worked all of it out: engine/shown.py)."""
+    write_heading(stacks.pid, stacks.info, out)
+    for thread in stacks.threads:
+        out.write("\n")
+        write_thread(thread, out)
+    if not stacks.threads:
+        out.write("\n(no Python threads)\n")
 
+
+def write_heading(host_pid: Any, info: Dict[str, Any], out: IO[str]) -> None:
+    """The process's line: its PID (and the one it has in its own namespace), Python, argv."""
     pid = info.get("pid")
     shown = f"{host_pid} (PID {pid} in its namespace)" if host_pid and host_pid != pid else pid
     argv = " ".join(str(arg) for arg in info.get("argv") or [])
     out.write(f"Process {inert(shown)} (Python {inert(info.get('python_version'))}): {inert(argv)}\n")
-    if sources is None:
-        sources = SourceLines(host_pid or (pid if isinstance(pid, int) else None))
-    threads: Dict[Tuple[Any, Any], List[Dict[str, Any]]] = {}
-    for row in rows:
-        threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
-    for frames in threads.values():
-        frames.sort(key=lambda row: row["depth"])
-        first = frames[0]
-        native = first["native_id"] if first["native_id"] is not None else first["thread_id"]
-        state = thread_state(
-            frames, lambda frame: sources.line(frame["file"], frame["lineno"]), (outside or {}).get(native)
-        )
-        main = ", main thread" if first["is_main"] else ""
-        out.write(
-            f'\nThread {inert(native)} "{inert(first["thread_name"])}"{main}: {inert(state)} '
-            "(most recent call last):\n"
-        )
-        for frame in reversed(frames):
-            lineno = frame["lineno"]
-            if frame["frame_type"] == "Native":
-                out.write(
-                    f"  [native] {inert(frame['func'])} in {inert(os.path.basename(str(frame['file'])))}\n"
-                )
-                continue
-            shown_line = lineno if lineno is not None else "?"
-            out.write(
-                f'  File "{inert(frame["file"])}", line {inert(shown_line)}, in {inert(frame["func"])}\n'
-            )
-            code = sources.line(frame["file"], lineno)
-            if code:
-                out.write(f"    {inert(code)}\n")
-            if frame.get("locals"):
-                for name, value in _locals(frame["locals"]):
-                    out.write(f"      {inert(name)} = {inert(value)}\n")
-    if not threads:
-        out.write("\n(no Python threads)\n")
 
 
-def _locals(text: Any) -> List[Tuple[Any, Any]]:
-    """The (name, repr) pairs of a frame's `locals` column; what does not parse is shown as is."""
-    try:
-        values = json_loads(str(text))
-    except ValueError:
-        return [("locals", text)]
-    return list(values.items()) if isinstance(values, dict) else [("locals", text)]
+def write_thread(thread: ShownThread, out: IO[str], numbered: bool = True) -> None:
+    """One thread: its heading (without its number: the same thread of several ranks), then its
+    frames, outermost first."""
+    main = ", main thread" if thread.is_main else ""
+    number = f"{inert(thread.native_id)} " if numbered else ""
+    out.write(
+        f'Thread {number}"{inert(thread.name)}"{main}: {inert(thread.state)} (most recent call last):\n'
+    )
+    for frame in thread.frames:
+        if frame.native:
+            out.write(f"  [native] {inert(frame.func)} in {inert(frame.file)}\n")
+            continue
+        lineno = frame.lineno if frame.lineno is not None else "?"
+        out.write(f'  File "{inert(frame.file)}", line {inert(lineno)}, in {inert(frame.func)}\n')
+        if frame.code:
+            out.write(f"    {inert(frame.code)}\n")
+        for name, value in frame.locals:
+            out.write(f"      {inert(name)} = {inert(value)}\n")
 
 
-def write_tree(tree: TreeStacks, format: str, sources: Optional[SourceLines] = None) -> None:
+def write_tree(tree: TreeStacks, format: str) -> None:
     """`probing PID backtrace [--children]`: what could not be read and why the answer came
-    from outside (stderr), then every process's stacks (stdout). `sources`: where the source
-    lines come from (a record's: read as its owner), else each process's own files."""
+    from outside (stderr), then every process's stacks (stdout)."""
     for pid, command, error in tree.failed:
         note(f"PID {pid} ({command}): {error.message}")
     for stacks in tree.processes:
@@ -94,9 +67,7 @@ def write_tree(tree: TreeStacks, format: str, sources: Optional[SourceLines] = N
         for index, stacks in enumerate(tree.processes):
             if index:
                 out.write("\n")
-            write_backtrace_text(
-                stacks.rows, stacks.info, out, stacks.pid, stacks.info.get("outside"), sources
-            )
+            write_backtrace_text(stacks, out)
         return
     from ...schema.tables import BACKTRACE
     from .rows import write_rows
@@ -110,4 +81,4 @@ def write_tree(tree: TreeStacks, format: str, sources: Optional[SourceLines] = N
 def write_stacks_to_stderr(stacks: Stacks) -> None:
     """One process's stacks on stderr (the run watchdog's dump of a hung job)."""
     sys.stderr.write("\n")
-    write_backtrace_text(stacks.rows, stacks.info, sys.stderr, stacks.pid, stacks.info.get("outside"))
+    write_backtrace_text(stacks, sys.stderr)

@@ -3,17 +3,16 @@ traceback (the renderer of `probing PID backtrace`), or its python.backtrace row
 
 from __future__ import annotations
 
-import os
 import sys
 
-from ...engine.sources import SourceLines, reader_for_owner
 from . import inert, note
 from .backtrace import write_backtrace_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Dict, List, Optional
+    from typing import IO, Optional
 
+    from ...engine.core import CoreStacks
     from ...outside.core import CoreReading
 
 SIGSTOP = 19
@@ -45,8 +44,9 @@ def how_it_ended(reading: CoreReading) -> str:
     return f"ended by {signal_name(number)}{where}"
 
 
-def write_core(reading: CoreReading, format: str, out: Optional[IO[str]] = None) -> None:
+def write_core(answer: CoreStacks, format: str, out: Optional[IO[str]] = None) -> None:
     out = out or sys.stdout
+    reading = answer.reading
     if reading.cut_short:
         note(f"{reading.path}: more threads or frames than probing shows; the outermost frames are left out")
     sys.stderr.flush()
@@ -59,35 +59,4 @@ def write_core(reading: CoreReading, format: str, out: Optional[IO[str]] = None)
         write_rows(names, types, [tuple(row[name] for name in names) for row in reading.rows], format, out)
         return
     out.write(f"Core file {inert(reading.path)}: {how_it_ended(reading)}\n")
-    info: Dict[str, Any] = {
-        # Text, not an int: the renderer would look for the job's files under /proc/PID/root,
-        # and that PID may be another process's by now.
-        "pid": str(reading.pid) if reading.pid is not None else "?",
-        "python_version": reading.python_version or "?",
-        "argv": [reading.arguments],
-    }
-    write_backtrace_text(
-        _grouped_by_native_id(reading.rows), info, out, None, _gil_view(reading), _sources(reading.path)
-    )
-
-
-def _sources(path: str) -> SourceLines:
-    """The job's source lines, read as the core's owner (the kernel writes a core as the user
-    whose process dumped it): root reading another user's core shows only what that user could
-    read, as for a record."""
-    try:
-        status = os.stat(path)
-    except OSError:
-        return SourceLines(None)
-    return SourceLines(None, reader_for_owner(status.st_uid, status.st_gid))
-
-
-def _grouped_by_native_id(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The renderer groups frames by (pid, thread_id); a core gives no Python ident (thread_id
-    is NULL), so each thread's native id stands in for it here."""
-    return [dict(row, thread_id=row["native_id"]) for row in rows]
-
-
-def _gil_view(reading: CoreReading) -> Dict[Any, Dict[str, Any]]:
-    """The thread that held the GIL, in the shape the renderer takes py-spy's view of threads."""
-    return {reading.gil: {"owns_gil": True}} if reading.gil is not None else {}
+    write_backtrace_text(answer.stacks, out)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ...engine.sources import SourceLines
 from . import inert_stream, notes
 from .json_writer import write_json
+
+# The source line at each (file, line) of a growth report, as the engine read them.
+Code = Dict[Tuple[str, int], str]
 
 
 def size(mb: Optional[float], signed: bool = False) -> str:
@@ -114,18 +116,18 @@ def _write_torch(torch: Optional[Dict[str, Any]], out: IO[str]) -> None:
         )
 
 
-def _where(sources: SourceLines, file: Optional[str], line: Optional[int]) -> str:
+def _where(code: Code, file: Optional[str], line: Optional[int]) -> str:
     if file is None:
         return "?"
-    text = sources.line(file, line)
+    text = code.get((file, line), "") if line is not None else ""
     return f"{file}:{line}" + (f"  {text}" if text else "")
 
 
-def write_growth(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+def write_growth(result: Dict[str, Any], code: Code, out: IO[str]) -> None:
     _write_growth_summary(result, out)
     if result.get("tensor_sites") is not None:  # an agent from before tensor sites has none
-        _write_tensor_sites(result, sources, out)
-    _write_allocation_sites(result, sources, out)
+        _write_tensor_sites(result, code, out)
+    _write_allocation_sites(result, code, out)
     out.write("\nObject types that grew:\n")
     rows = [
         [
@@ -167,7 +169,7 @@ def _write_growth_summary(result: Dict[str, Any], out: IO[str]) -> None:
         )
 
 
-def _write_allocation_sites(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+def _write_allocation_sites(result: Dict[str, Any], code: Code, out: IO[str]) -> None:
     """tracemalloc's sites that grew, each at the job's own line that led there."""
     sites = result["sites"]
     out.write(f"\nAllocation sites that grew (tracemalloc, {result['overhead']['frames']} frames):\n")
@@ -178,11 +180,11 @@ def _write_allocation_sites(result: Dict[str, Any], sources: SourceLines, out: I
         job = (site["job_file"], site["job_line"])
         allocated = (site["file"], site["line"])
         if job[0] is None:
-            out.write(f"{_where(sources, *allocated)}\n")
+            out.write(f"{_where(code, *allocated)}\n")
             continue
-        out.write(f"{_where(sources, *job)}\n")
+        out.write(f"{_where(code, *job)}\n")
         if job != allocated:
-            out.write(f"{'':>33}allocated at {_where(sources, *allocated)}\n")
+            out.write(f"{'':>33}allocated at {_where(code, *allocated)}\n")
     if result["site_count"] > len(sites):
         out.write(f"  ... and {result['site_count'] - len(sites):,} more sites\n")
 
@@ -217,7 +219,7 @@ TENSOR_HEADING = (
 )
 
 
-def _write_tensor_sites(result: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+def _write_tensor_sites(result: Dict[str, Any], code: Code, out: IO[str]) -> None:
     """The tensor storage new at the window's end by the line that made its tensors, and what
     holds it: the leak's line and its holder, which Python's allocations alone cannot show."""
     sites = result["tensor_sites"]
@@ -231,13 +233,13 @@ def _write_tensor_sites(result: Dict[str, Any], sources: SourceLines, out: IO[st
         return
     out.write(f"\n{TENSOR_HEADING}\n")
     for site in sites:
-        _write_tensor_site(site, sources, out)
+        _write_tensor_site(site, code, out)
     if result["tensor_site_count"] > len(sites):
         more = result["tensor_site_count"] - len(sites)
         out.write(f"  ... and {more:,} more {'line' if more == 1 else 'lines'}\n")
 
 
-def _write_tensor_site(site: Dict[str, Any], sources: SourceLines, out: IO[str]) -> None:
+def _write_tensor_site(site: Dict[str, Any], code: Code, out: IO[str]) -> None:
     storages = f"{site['storages']:,} {'storage' if site['storages'] == 1 else 'storages'}"
     out.write(f"  {size(site['size_mb'], True):>10}  {storages} on {site['device']}  ")
     job = (site["job_file"], site["job_line"])
@@ -248,11 +250,11 @@ def _write_tensor_site(site: Dict[str, Any], sources: SourceLines, out: IO[str])
             "others torch makes in C++ get a Python object later, or none)\n"
         )
     elif job[0] is None:
-        out.write(f"{_where(sources, *made)}\n")
+        out.write(f"{_where(code, *made)}\n")
     else:
-        out.write(f"{_where(sources, *job)}\n")
+        out.write(f"{_where(code, *job)}\n")
         if job != made:
-            out.write(f"{TENSOR_INDENT}made at {_where(sources, *made)}\n")
+            out.write(f"{TENSOR_INDENT}made at {_where(code, *made)}\n")
     for holder in site["holders"]:
         if holder["storages"] == 1:
             out.write(f"{TENSOR_INDENT}held by {holder['example']}\n")
@@ -311,7 +313,7 @@ def write_memory_answer(
     if format == "json":
         write_json(result)
     elif answer.action == "growth":
-        write_growth(result, SourceLines(int(result["pid"])), out)
+        write_growth(result, answer.code, out)
     elif answer.action == "interval":
         write_sampler(result, out)
     else:

@@ -126,22 +126,17 @@ def fold(answers: List[Tuple[Rank, str]]) -> List[Tuple[List[Rank], str]]:
 # --- backtrace --------------------------------------------------------------------------------
 
 
-def _thread_blocks(rank: Rank, stacks: Stacks) -> List[Tuple[Tuple[Any, ...], str]]:
-    """Each thread of one rank as (what makes it the same as another rank's, its text)."""
-    from .backtrace import write_backtrace_text
+def _thread_blocks(stacks: Stacks) -> List[Tuple[Tuple[Any, ...], str]]:
+    """Each thread of one rank as (what makes it the same as another rank's, its text): the
+    text without the thread's number, which differs from rank to rank."""
+    from .backtrace import write_thread
 
-    threads: Dict[Any, List[Dict[str, Any]]] = {}
-    for row in stacks.rows:
-        threads.setdefault(row["thread_id"], []).append(row)
     blocks = []
-    for frames in threads.values():
+    for thread in stacks.threads:
         buffer = io.StringIO()
-        write_backtrace_text(frames, stacks.info, buffer, stacks.pid, stacks.info.get("outside"))
-        # The first line names the process; the thread's own text follows a blank line.
-        text = buffer.getvalue().split("\n", 2)[2]
-        text = text.replace(f'Thread {inert(frames[0]["native_id"])} "', 'Thread "', 1)
-        key = (not frames[0]["is_main"], text)
-        blocks.append((key, text))
+        write_thread(thread, buffer, numbered=False)
+        text = buffer.getvalue()
+        blocks.append(((not thread.is_main, text), text))
     return blocks
 
 
@@ -170,7 +165,7 @@ def write_job_stacks(job: Job, gathered: Gathered, format: str) -> None:
     by_key: Dict[Tuple[Any, ...], List[Rank]] = {}
     texts: Dict[Tuple[Any, ...], str] = {}
     for rank, stacks in sorted(gathered.answers, key=lambda pair: pair[0].rank):
-        for key, text in _thread_blocks(rank, stacks):
+        for key, text in _thread_blocks(stacks):
             by_key.setdefault(key, []).append(rank)
             texts[key] = text
     order = sorted(by_key, key=lambda key: (key[0], min(rank.rank for rank in by_key[key])))

@@ -13,7 +13,6 @@ import time
 from typing import IO, Any, Dict, List, Optional, Sequence
 
 from ...engine.backtrace import Stacks, TreeStacks
-from ...engine.sources import SourceLines, reader_for_owner
 from ...errors import ProbingError
 from . import inert, inert_lines, inert_stream, notes
 from .backtrace import write_tree
@@ -92,13 +91,9 @@ def write_heading(record: Record, out: IO[str]) -> None:
         out.write(f"  note: {inert(message)}\n")
 
 
-def write_record_stacks(record: Record, rows: List[Dict[str, Any]], format: str) -> None:
+def write_record_stacks(record: Record, stacks: Stacks, format: str) -> None:
     """`probing FILE backtrace`: the heading and the exception with its traceback (text), then
     the stacks at the end as the live command prints them."""
-    # No PID for the renderer to look up source lines under /proc/PID/root: the job that wrote
-    # the record is gone, and its PID (from the untrusted header) may be another process's by now.
-    info = dict(record.info(), pid=str(record.pid) if record.pid is not None else "?")
-    stacks = Stacks(None, rows, info, [])
     tree = TreeStacks()
     tree.processes.append(stacks)
     if format != "text":
@@ -113,7 +108,7 @@ def write_record_stacks(record: Record, rows: List[Dict[str, Any]], format: str)
         text = exception["text"] or f"{exception['type']}: {exception['message']}\n"
         out.write(inert_lines(text if text.endswith("\n") else text + "\n", out))
     out.write("\nThe stacks when it was written:\n")
-    write_tree(tree, "text", SourceLines(None, reader_for_owner(*record.owner)))
+    write_tree(tree, "text")
 
 
 def write_record_memory(report: Dict[str, Any], format: str) -> None:

@@ -70,8 +70,7 @@ def write_hang(answer: Any, format: str) -> None:
     out = sys.stdout
     _write_verdict(answer.report, out)
     if answer.worker is not None:
-        worker = answer.worker
-        write_backtrace_text(worker.rows, worker.info, out, worker.pid)
+        write_backtrace_text(answer.worker, out)
 
 
 def _write_verdict(report: Any, out: IO[str]) -> None:

@@ -67,8 +67,10 @@ class Core(Kind):
         self, locals: bool, thread: Optional[str], timeout: float, native: bool, children: bool,
         attach_children: bool,
     ) -> One:  # fmt: skip
+        from ..core import CoreStacks
+
         self.refuse_live_stacks(native, children or attach_children)
-        return One(self.read(locals, thread, timeout))
+        return One(CoreStacks(self.read(locals, thread, timeout)))
 
     def query(self, sql: str, timeout: float, scan_budget: float, step_wait: float) -> One:
         from ..core import query_core

@@ -27,7 +27,9 @@ from ...protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
 from ...schema.column_check import mismatched_column
 from ...schema.tables import AGENT_TABLES, BACKTRACE
 from ...sql.session import table_problem
+from ..backtrace import Stacks
 from ..fatal_text import parse_faulthandler
+from ..sources import SourceLines, reader_for_owner
 from .fields import integer, text, texts, timestamp
 from .path import FATAL_MAGIC, FATAL_SUFFIX, is_temporary_record, open_regular
 
@@ -347,9 +349,17 @@ def _read_fatal(path: str, handle: Any, text_bytes: int) -> Record:
     return Record(path, "fatal", header, [], rows, notes, status.st_size, status.st_mtime, owner)
 
 
-def record_stacks(record: Record, locals: bool, thread: Optional[str]) -> List[Dict[str, Any]]:
-    """python.backtrace of the record as `probing PID backtrace` takes it: one thread (by name,
-    Python ident or native id) if asked, the locals it holds only with `locals`."""
+def record_stacks(record: Record, locals: bool, thread: Optional[str]) -> Stacks:
+    """The record's stacks as `probing PID backtrace` takes them: one thread (by name, Python
+    ident or native id) if asked, the locals it holds only with `locals`. Source lines are read
+    as the record's owner, and under no PID: the job that wrote it is gone, and its PID (from
+    the untrusted header) may be another process's by now."""
+    rows = _chosen_rows(record, locals, thread)
+    info = dict(record.info(), pid=str(record.pid) if record.pid is not None else "?")
+    return Stacks(None, rows, info, [], SourceLines(None, reader_for_owner(*record.owner)))
+
+
+def _chosen_rows(record: Record, locals: bool, thread: Optional[str]) -> List[Dict[str, Any]]:
     rows = backtrace_rows(record)
     if thread is not None:
         chosen = [

@@ -1,0 +1,92 @@
+"""Stacks made ready to be shown: threads grouped, each with what it is doing (its state) and
+each Python frame with its source line and its locals, all worked out here, so that the
+renderer (cli/render/backtrace.py) only lays out what it is given.
+
+Source lines are read where the rows are made, with the reader that fits where they came from:
+the live process's own files (`SourceLines(pid)`), a record's or a core file's owner's
+(engine/records, engine/kinds/core.py), nobody's for a PID that may be another process's now.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..analysis.states import thread_state
+from ..protocol.frames import json_loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # on the way of `probing PID backtrace` (docs/decisions.md: start-up)
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from .sources import SourceLines
+
+
+class ShownFrame:
+    """One frame as a traceback shows it. `code`: its source line ("" when none could be read);
+    `locals`: (name, repr) pairs, empty unless asked for."""
+
+    __slots__ = ("native", "func", "file", "lineno", "code", "locals")
+
+    def __init__(
+        self, native: bool, func: Any, file: Any, lineno: Any, code: str, locals: List[Tuple[Any, Any]]
+    ) -> None:
+        self.native = native
+        self.func = func
+        self.file = file
+        self.lineno = lineno
+        self.code = code
+        self.locals = locals
+
+
+class ShownThread:
+    """One thread: its native id (its Python ident when the OS's is unknown), name, whether it
+    is the main thread, its state in words, and its frames outermost first."""
+
+    __slots__ = ("native_id", "name", "is_main", "state", "frames")
+
+    def __init__(self, native_id: Any, name: Any, is_main: Any, state: str, frames: List[ShownFrame]) -> None:
+        self.native_id = native_id
+        self.name = name
+        self.is_main = is_main
+        self.state = state
+        self.frames = frames
+
+
+def shown_threads(
+    rows: List[Dict[str, Any]], sources: SourceLines, outside: Optional[Dict[Any, Dict[str, Any]]] = None
+) -> List[ShownThread]:
+    """The threads of python.backtrace `rows` in the order they first appear. `outside`: py-spy's
+    view of each thread (by native id), when the stacks were read from outside; it knows which
+    thread holds the GIL."""
+    threads: Dict[Tuple[Any, Any], List[Dict[str, Any]]] = {}
+    for row in rows:
+        threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
+    shown = []
+    for frames in threads.values():
+        frames.sort(key=lambda row: row["depth"])
+        first = frames[0]
+        native_id = first["native_id"] if first["native_id"] is not None else first["thread_id"]
+        state = thread_state(
+            frames, lambda frame: sources.line(frame["file"], frame["lineno"]), (outside or {}).get(native_id)
+        )
+        outermost_first = [_frame(frame, sources) for frame in reversed(frames)]
+        shown.append(ShownThread(native_id, first["thread_name"], first["is_main"], state, outermost_first))
+    return shown
+
+
+def _frame(row: Dict[str, Any], sources: SourceLines) -> ShownFrame:
+    if row["frame_type"] == "Native":
+        return ShownFrame(True, row["func"], os.path.basename(str(row["file"])), row["lineno"], "", [])
+    code = sources.line(row["file"], row["lineno"])
+    return ShownFrame(False, row["func"], row["file"], row["lineno"], code, _locals(row.get("locals")))
+
+
+def _locals(text: Any) -> List[Tuple[Any, Any]]:
+    """The (name, repr) pairs of a frame's `locals` column; what does not parse is shown as is."""
+    if not text:
+        return []
+    try:
+        values = json_loads(str(text))
+    except ValueError:
+        return [("locals", text)]
+    return list(values.items()) if isinstance(values, dict) else [("locals", text)]
