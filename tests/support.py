@@ -587,3 +587,22 @@ def recv_exactly(sock: socket.socket, size: int) -> bytes:
             break
         data += chunk
     return data
+
+
+def listener_of(pid: int) -> Dict[str, object]:
+    """The agent's own word on its listener (its hello), read over its Unix socket."""
+    from probing.client.connection import Client
+    from probing.client.discovery import locate_socket
+
+    with Client(locate_socket(pid), 10.0, pid=pid) as client:
+        client.call("ping")
+        listener = client.info.get("listener")
+    assert isinstance(listener, dict), client.info
+    return listener
+
+
+def listening_endpoint(target: Target) -> str:
+    """HOST:PORT of the target's agent's TCP listener (PROBING_LISTEN=127.0.0.1:0 chose it)."""
+    endpoint = listener_of(target.pid)["endpoint"]
+    assert isinstance(endpoint, str) and endpoint.startswith("127.0.0.1:")
+    return endpoint

@@ -134,7 +134,10 @@ def _from_agent(target: Target, params: Dict[str, Any], timeout: float) -> Stack
         remaining = max(0.5, timeout - (time.monotonic() - started))
         result, payload = ask(client, "backtrace", params, remaining, target)
         rows = decode_reply_table(result, payload).to_rows()
-        return Stacks(target.pid or client.info.get("pid"), rows, dict(client.info), [])
+        # An endpoint's PID is its own machine's: here it may be any process's, root's too, and
+        # the job names the files. Its source lines are read as nobody's (world-readable only).
+        sources = SourceLines(None) if target.remote else None
+        return Stacks(target.pid or client.info.get("pid"), rows, dict(client.info), [], sources)
 
 
 def _only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]:

@@ -65,7 +65,9 @@ def memory(
         command = " ".join(client.info.get("argv") or [])
     if params["action"] == "summary" and not target.remote:  # a remote PID is its own node's
         result["outside"] = outside_memory(int(pid or 0))
-    code = site_lines(result, SourceLines(int(pid))) if params["action"] == "growth" and pid else {}
+    code = {}
+    if params["action"] == "growth":  # a remote PID is its own node's: read as nobody's here
+        code = site_lines(result, SourceLines(None if target.remote or not pid else int(pid)))
     return MemoryAnswer(params["action"], result, command, bytes(payload), code)
 
 

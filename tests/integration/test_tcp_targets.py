@@ -14,29 +14,29 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Iterator
 
 import pytest
 
-from probing.client.connection import Client
-from probing.client.discovery import locate_socket
 from probing.engine.jobs.remote import JOIN_SLACK_S
 from probing.engine.kinds.job import REGISTRY_TIMEOUT_S
 from probing.errors import ExitCode
 
-from support import PROBING, TARGETS, VENV_PYTHON, Target, TorchrunJob, free_port, probing, wait_until
+from support import (
+    PROBING,
+    TARGETS,
+    VENV_PYTHON,
+    Target,
+    TorchrunJob,
+    free_port,
+    listener_of,
+    listening_endpoint,
+    probing,
+    wait_until,
+)  # fmt: skip
 
 TOKEN = secrets.token_hex(16)
 TOKEN_ENV = {"PROBING_TOKEN": TOKEN}
-
-
-def listener_of(pid: int) -> Dict[str, object]:
-    """The agent's own word on its listener (its hello), read over its Unix socket."""
-    with Client(locate_socket(pid), 10.0, pid=pid) as client:
-        client.call("ping")
-        listener = client.info.get("listener")
-    assert isinstance(listener, dict), client.info
-    return listener
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +49,6 @@ def listening() -> Iterator[Target]:
 @pytest.fixture(scope="module")
 def url(listening: Target) -> str:
     return f"tcp://{listening_endpoint(listening)}"
-
-
-def listening_endpoint(target: Target) -> str:
-    endpoint = listener_of(target.pid)["endpoint"]
-    assert isinstance(endpoint, str) and endpoint.startswith("127.0.0.1:")
-    return endpoint
 
 
 def test_backtrace_query_and_eval_over_tcp(listening: Target, url: str) -> None:

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from support import BIN, probing, wait_until
+from support import BIN, Target, listening_endpoint, probing, wait_until
 
 SECRET = "SECRET-ROOT-ONLY-LINE"
 VISIBLE = "VISIBLE-TO-ANYONE-LINE"
@@ -106,6 +106,36 @@ def test_root_shows_no_line_of_a_file_the_jobs_user_could_not_read(
     stacks = probing(str(record), "backtrace")
     assert stacks.returncode == 0, stacks.stderr
     _shows_only_what_nobody_may_read(stacks.stdout)
+
+
+def test_an_endpoints_files_are_read_as_nobodys(tmp_path: Path) -> None:
+    """An agent reached over TCP runs on its own machine: the PID it gives is that machine's,
+    and here it may be any process's, root's too. A job that names this machine's root-only
+    file (or claims PID 1) must not have root's CLI print it: an endpoint's files are read as
+    nobody's, the world-readable ones only. Here the "other machine" is this one and the job
+    root's, so reading as the job's PID would show the secret."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a CLI that is not root reads only what the kernel lets it")
+    shared = Path(tempfile.mkdtemp(prefix="probing-sources-"))
+    try:
+        shared.chmod(0o755)
+        secret = shared / "secret.py"
+        secret.write_text(SECRET + "\n")
+        secret.chmod(0o600)
+        visible = shared / "visible.py"
+        visible.write_text(VISIBLE + "\n")
+        visible.chmod(0o644)
+        token = {"PROBING_TOKEN": "a" * 32}
+        env = dict(token, PROBING_LISTEN="127.0.0.1:0")
+        with Target("named_files.py", via="env", args=[str(secret), str(visible)], env=env) as job:
+            url = f"tcp://{listening_endpoint(job)}"
+            stacks = probing(url, "backtrace", env=token)
+            assert stacks.returncode == 0, stacks.stderr
+            _shows_only_what_nobody_may_read(stacks.stdout)
+            growth = probing(url, "memory", "--growth", "0.5", env=token)
+            assert SECRET not in growth.stdout + growth.stderr
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_a_symlink_the_job_planted_leads_nowhere_it_could_not_go() -> None:
