@@ -57,15 +57,15 @@ def main() -> None:
         f"static const struct column_type COLUMN_TYPES[] = {{\n    {pairs},\n    {{NULL, NULL}}}};\n"
     )
     # Native function names: one list per meaning, in the order thread_state tries them.
-    lines.append(strings("NATIVE_MEANINGS", [meaning for _, meaning in states._NATIVE]))
-    for index, (names, _) in enumerate(states._NATIVE):
+    lines.append(strings("NATIVE_MEANINGS", [meaning for _, meaning in states.NATIVE_CALLS]))
+    for index, (names, _) in enumerate(states.NATIVE_CALLS):
         lines.append(strings(f"NATIVE_NAMES_{index}", names))
-    groups = ", ".join(f"NATIVE_NAMES_{index}" for index in range(len(states._NATIVE)))
+    groups = ", ".join(f"NATIVE_NAMES_{index}" for index in range(len(states.NATIVE_CALLS)))
     lines.append(f"static const char *const *const NATIVE_NAMES[] = {{{groups}, NULL}};\n")
-    lines.append(strings("STANDARD_LIBRARY", states._STANDARD_LIBRARY))
-    lines.append(strings("TORCH_LIBRARY", states._TORCH))
-    lines.append(strings("WRAPPERS", states._WRAPPERS))
-    for index, (_, funcs, _) in enumerate(states._LIBRARY_CALLS):
+    lines.append(strings("STANDARD_LIBRARY", states.STANDARD_LIBRARY))
+    lines.append(strings("TORCH_LIBRARY", states.TORCH_LIBRARY))
+    lines.append(strings("WRAPPERS", states.WRAPPERS))
+    for index, (_, funcs, _) in enumerate(states.LIBRARY_CALLS):
         lines.append(
             strings(f"CALL_FUNCS_{index}", funcs)
             if funcs
@@ -76,12 +76,12 @@ def main() -> None:
     )
     calls = ",\n    ".join(
         f"{{{c_string(part)}, CALL_FUNCS_{index}, {c_string(meaning)}}}"
-        for index, (part, _, meaning) in enumerate(states._LIBRARY_CALLS)
+        for index, (part, _, meaning) in enumerate(states.LIBRARY_CALLS)
     )
     lines.append(
         f"static const struct library_call LIBRARY_CALLS[] = {{\n    {calls},\n    {{NULL, NULL, NULL}}}};\n"
     )
-    escapes = sorted(render._ESCAPED.items())
+    escapes = sorted(render.ESCAPED.items())
     lines.append("struct escape { unsigned code; const char *text; };\n")
     body = ",\n    ".join(f"{{0x{code:x}, {c_string(text)}}}" for code, text in escapes)
     lines.append(f"static const struct escape ESCAPES[] = {{\n    {body}}};\n")

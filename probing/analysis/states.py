@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # typing costs `probing PID backtrace` ~12 ms of start-up (do
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Innermost native function names (from --native) and what they mean.
-_NATIVE = (
+NATIVE_CALLS = (
     (("clock_nanosleep", "nanosleep", "usleep"), "sleeping"),
     (("pthread_cond_wait", "pthread_cond_timedwait", "sem_wait", "sem_timedwait", "__futex", "futex",
       "lll_lock", "pthread_mutex_lock"), "waiting on a lock (native)"),
@@ -27,23 +27,23 @@ _NATIVE = (
 
 # Library files a wait passes through: the chain of innermost frames in them is read as one call.
 # The standard library's only where it lives (lib/pythonX.Y): a job's own threading.py is not it.
-_STANDARD_LIBRARY = (
+STANDARD_LIBRARY = (
     "/threading.py", "/queue.py", "multiprocessing/", "/selectors.py", "/socket.py", "/ssl.py",
     "/subprocess.py", "concurrent/futures/",
 )  # fmt: skip
-_TORCH = ("torch/utils/data/", "torch/distributed/")
+TORCH_LIBRARY = ("torch/utils/data/", "torch/distributed/")
 
 
 def in_library(path: str) -> bool:
     """Whether a frame of this file is the standard library's or torch's machinery of a wait
     (or of a collective), rather than the job's own code."""
-    if any(part in path for part in _TORCH):
+    if any(part in path for part in TORCH_LIBRARY):
         return True
-    return "/lib/python" in path and any(part in path for part in _STANDARD_LIBRARY)
+    return "/lib/python" in path and any(part in path for part in STANDARD_LIBRARY)
 
 
 # (part of the file's path, function names or () for any) -> state; the outermost match wins.
-_LIBRARY_CALLS = (
+LIBRARY_CALLS = (
     ("torch/utils/data/dataloader.py", ("_get_data", "_try_get_data"), "waiting for a DataLoader worker"),
     ("torch/utils/data/_utils/worker.py", ("_worker_loop",),
      "DataLoader worker waiting for work (an index from its queue)"),
@@ -90,10 +90,10 @@ def _native_state(frames: List[Dict[str, Any]]) -> str:
         return "waiting for the GIL"
     # An address py-spy could not name (inside libc's syscall stubs) says nothing: the first name does.
     named = next((name for name in native if name and not name.startswith("0x")), "")
-    return next((meaning for names, meaning in _NATIVE if named in names), "in native code")
+    return next((meaning for names, meaning in NATIVE_CALLS if named in names), "in native code")
 
 
-_WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn", "decorated", "wrapped")
+WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn", "decorated", "wrapped")
 
 
 def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
@@ -104,12 +104,12 @@ def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
         func = str(frame.get("func") or "")
         if not in_library(path):
             break
-        if path.endswith("torch/distributed/distributed_c10d.py") and func not in _WRAPPERS:
+        if path.endswith("torch/distributed/distributed_c10d.py") and func not in WRAPPERS:
             # The outermost collective call (all_reduce, barrier, all_gather_object), not the
             # logging wrapper around it. The rest of torch.distributed (torchrun's elastic
             # agent, its rendezvous) is named by what its innermost line does.
             state = f"in torch.distributed.{func}"
-        for part, funcs, meaning in _LIBRARY_CALLS:
+        for part, funcs, meaning in LIBRARY_CALLS:
             if part in path and (not funcs or func in funcs):
                 state = meaning
                 break

@@ -8,6 +8,7 @@ process's agent ($PROBING_SOCKET_DIR/PID.sock): the peer checks pass, and the re
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+from record_files import header
 
 from probing import protocol
 from probing.agent.columns import TableBuilder
+from probing.protocol.records import write_record
 from probing.schema.tables import BACKTRACE
 
 from support import BIN, PROBING, wait_until
@@ -304,3 +307,55 @@ def test_a_silent_agent_of_a_running_job_is_not_waited_for_twice(
         env=dict(os.environ, PROBING_AGENT_SILENT="1"),
     )
     assert beside_other.stdout == b"silent=\n", beside_other.stderr
+
+
+# --- the golden corpus ---------------------------------------------------------------------------
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "backtrace"
+
+
+def golden_rows(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A corpus case's rows, each over ROW in this process's PID."""
+    return [
+        {**ROW, "pid": os.getpid(), "locals": None, "frame_type": "Python", **row} for row in spec["rows"]
+    ]
+
+
+def golden_reply(case: Path) -> Tuple[bytes, bool]:
+    """The scripted reply of a corpus case and whether the native front end answers it alone."""
+    spec = json.loads(case.read_text())
+    return hello(spec["argv"]) + backtrace(golden_rows(spec)), spec["native_alone"]
+
+
+def golden_record(case: Path, directory: Path) -> str:
+    """A record holding the corpus case's rows, as an agent would have written them."""
+    spec = json.loads(case.read_text())
+    builder = TableBuilder(BACKTRACE.name, [(column.name, column.type) for column in BACKTRACE.columns])
+    for row in golden_rows(spec):
+        builder.append([row[column.name] for column in BACKTRACE.columns])
+    written = header(os.getpid(), spec["argv"], {"kind": "request"}, tables=[BACKTRACE.name])
+    written["python_version"] = "3.11"
+    return write_record(str(directory), f"{case.stem}.probing", written, [builder.encode()])
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN.glob("*.json")), ids=lambda case: case.stem)
+def test_the_golden_corpus(agent: ScriptedAgent, front_alone: str, case: Path, tmp_path: Path) -> None:
+    """What `probing PID backtrace` prints for each reply of tests/golden/backtrace, byte for
+    byte: the native front end's, the Python CLI's, and a record's stacks holding the same rows
+    (engine/shown.py and cli/render/backtrace.py are the rules; the C is checked against them
+    here, not against a second description). `{pid}` in the expected text is this process's."""
+    reply, native_alone = golden_reply(case)
+    agent.reply = reply
+    native, python = both(str(BIN / "probing"))
+    if os.environ.get("PROBING_WRITE_GOLDEN"):  # a new case: its text as the Python CLI prints it
+        case.with_suffix(".txt").write_bytes(python.stdout.replace(str(os.getpid()).encode(), b"{pid}"))
+    expected = case.with_suffix(".txt").read_text().replace("{pid}", str(os.getpid())).encode()
+    assert (native.returncode, native.stdout, native.stderr) == (0, expected, b""), native.stderr
+    assert (python.returncode, python.stdout, python.stderr) == (0, expected, b""), python.stderr
+    alone = subprocess.run([front_alone, str(os.getpid()), "backtrace"], capture_output=True, timeout=60)
+    assert (alone.returncode == 0 and alone.stdout == expected) is native_alone, alone.stderr
+    # --locals: a record keeps them, and shows them when asked, as an agent does.
+    record_command = [PROBING, golden_record(case, tmp_path), "backtrace", "--locals"]
+    record = subprocess.run(record_command, capture_output=True, timeout=60)
+    assert record.returncode == 0, record.stderr
+    assert record.stdout.endswith(b"\nThe stacks when it was written:\n" + expected), record.stdout

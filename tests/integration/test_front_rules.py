@@ -19,7 +19,7 @@ import pytest
 
 from probing.analysis import states
 from probing.analysis.states import thread_state
-from probing.cli.render import _ESCAPED, inert
+from probing.cli.render import ESCAPED, inert
 from probing.engine.sources import SourceLines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def answers(driver: Path, cases: List[Dict[str, Any]]) -> List[str]:
 
 
 def test_inert(driver: Path) -> None:
-    texts = [chr(code) for code in _ESCAPED] + [
+    texts = [chr(code) for code in ESCAPED] + [
         "plain", "tab\there", "é and 漢字 and 😀", "\x1b]0;title\x07", "\u202eevil\u2066", "a\udcffb\udc80",
         "MainThread\r\nThread 1", "\x9b31m", "",
     ]  # fmt: skip
@@ -69,7 +69,7 @@ LIB = "/usr/lib/python3.11"
 def state_cases(sources: Path) -> List[List[Dict[str, Any]]]:
     cases: List[List[Dict[str, Any]]] = []
     mine = frame(str(sources), "main", 1)
-    for part, funcs, _ in states._LIBRARY_CALLS:
+    for part, funcs, _ in states.LIBRARY_CALLS:
         path = (
             f"{LIB}{part}x.py"
             if part.endswith("/")
@@ -82,10 +82,10 @@ def state_cases(sources: Path) -> List[List[Dict[str, Any]]]:
             cases.append([frame(f"/home/me{part}", func), mine])  # not the standard library's
     cases.append([frame(f"{LIB}/threading.py", "wait"), frame(f"{LIB}/threading.py", "wait"), mine])
     cases.append([frame(f"{LIB}/threading.py", "acquire"), frame(f"{LIB}\\threading.py", "wait"), mine])
-    for func in ("all_reduce", "barrier", *states._WRAPPERS):
+    for func in ("all_reduce", "barrier", *states.WRAPPERS):
         path = "/site-packages/torch/distributed/distributed_c10d.py"
         cases.append([frame(path, "wrapper"), frame(path, func), mine])
-    for names, _ in states._NATIVE:
+    for names, _ in states.NATIVE_CALLS:
         for name in names:
             cases.append([frame("libc.so.6", name, None, "Native"), mine])
             cases.append(

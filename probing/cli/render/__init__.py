@@ -28,24 +28,24 @@ if TYPE_CHECKING:
 # (\x1b, \r, \n), as Python's repr writes them. JSON and CSV keep the exact values (their
 # writers escape them correctly).
 
-_ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
-_ESCAPED.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+ESCAPED.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 # Line and paragraph separators, and bidirectional overrides that reorder what is shown.
-_ESCAPED.update(
+ESCAPED.update(
     {code: f"\\u{code:04x}" for code in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 )
 # Bytes that are not UTF-8 in what the job wrote (/proc/PID/environ, file names) decode to lone
 # surrogates, which a stream with surrogateescape writes back as those bytes: 0x9b starts a
 # terminal sequence as ESC [ does.
-_ESCAPED.update({code: f"\\udc{code - 0xDC00:02x}" for code in range(0xDC80, 0xDD00)})
-_ESCAPED_KEEPING_LINES = {code: text for code, text in _ESCAPED.items() if code not in (0x0A, 0x09)}
+ESCAPED.update({code: f"\\udc{code - 0xDC00:02x}" for code in range(0xDC80, 0xDD00)})
+_ESCAPED_KEEPING_LINES = {code: text for code, text in ESCAPED.items() if code not in (0x0A, 0x09)}
 # Every other lone surrogate (a job that decoded half an emoji from JSON, or built a name with
 # chr(0xD83D)) has no UTF-8 form at all: written as is, it fails the write with
 # UnicodeEncodeError whatever the stream's error handler. It shows as its escape too, as
-# `flamegraph -o -` and render/files.py write it. Kept out of _ESCAPED, the table the native front
+# `flamegraph -o -` and render/files.py write it. Kept out of ESCAPED, the table the native front
 # end shares (native/front/gen_tables.py): the front end hands such text to this CLI instead.
 _SURROGATES = {code: f"\\u{code:04x}" for code in range(0xD800, 0xE000)}
-_INERT = {**_SURROGATES, **_ESCAPED}
+_INERT = {**_SURROGATES, **ESCAPED}
 _INERT_KEEPING_LINES = {**_SURROGATES, **_ESCAPED_KEEPING_LINES}
 
 
