@@ -19,6 +19,11 @@ from probing.errors import ExitCode
 
 from support import PROBING, TARGETS, Target, agent_threads, interpreter_params, probing, wait_until
 
+# Serial: python.gc and the growth report list the job's objects only when the scan fits its
+# GIL bound (--scan-budget), and the agent's estimate of it grows with the machine's load: beside
+# the parallel workers (load 6-13) generation 2 was left out and these tests failed.
+pytestmark = pytest.mark.serial
+
 
 def _line_of(marker: str) -> int:
     lines = (TARGETS / "leaky_job.py").read_text().splitlines()
@@ -339,6 +344,7 @@ def test_a_process_forked_during_growth_does_not_inherit_tracemalloc(tmp_path: P
 STOP_HOOKS = """
 from probing.agent import lifecycle
 from probing.agent.memory import census, sampler
+
 own = set()
 running = sampler.start_sampling(own, 0.1)
 print(running.running(), census.current() is running)
