@@ -119,7 +119,7 @@ def _write_torch(torch: Optional[Dict[str, Any]], out: IO[str]) -> None:
 def _where(code: Code, file: Optional[str], line: Optional[int]) -> str:
     if file is None:
         return "?"
-    text = code.get((file, line), "") if line is not None else ""
+    text = code.get((file, line), "") if isinstance(file, str) and isinstance(line, int) else ""
     return f"{file}:{line}" + (f"  {text}" if text else "")
 
 
