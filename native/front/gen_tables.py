@@ -46,6 +46,7 @@ def main() -> None:
     lines.append(f"#define STILL_CHECKS {target.STILL_CHECKS}\n")
     lines.append(f"#define MAX_SOURCE_BYTES {sources.MAX_SOURCE_BYTES}u\n")
     lines.append(f"#define OUTSIDE_FLOOR_MS {round(pyspy.OUTSIDE_FLOOR_S * 1000)}\n")
+    lines.append(f"#define HELPER_SCRIPT {c_string(pyspy.HELPER_SCRIPT)}\n")
     timeout = next(option.default for option in BACKTRACE_OPTIONS if option.name == "--timeout")
     lines.append(f"#define BACKTRACE_TIMEOUT_US {round(timeout * 1e6)}\n")
     # The column types a table may have, each with its one encoding (table.c decode_column).

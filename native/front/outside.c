@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "front.h"
+#include "front_tables.h"
 
 static int is_text(const jval *value)
 {
@@ -34,10 +35,18 @@ static int is_dummy(str_t name)
     return 1;
 }
 
-/* pyspy.is_agent_thread, without --native: its threading name (but Dummy-N), else its OS name,
- * is probing-*. */
+/* pyspy.is_agent_thread, without --native: its outermost frame is the attach helper's script,
+ * or its threading name (but Dummy-N), else its OS name, is probing-*. */
 int agent_thread(const jval *thread)
 {
+    const jval *frames = json_get(thread, "frames");
+    if (frames && frames->type == J_ARR && frames->count > 0) {
+        const jval *file = json_get(&frames->items[frames->count - 1], "filename");
+        size_t suffix = strlen(HELPER_SCRIPT);
+        if (is_text(file) && file->str.n >= suffix &&
+            memcmp(file->str.p + file->str.n - suffix, HELPER_SCRIPT, suffix) == 0)
+            return 1;
+    }
     const jval *name = json_get(thread, "thread_name"), *tid = json_get(thread, "os_thread_id");
     if (is_text(name) && name->str.n > 0 && !is_dummy(name->str))
         return starts_probing(name->str.p, name->str.n);

@@ -241,6 +241,12 @@ def _is_dummy(name: str) -> bool:
     return name.startswith("Dummy-") and number.isascii() and number.isdigit()
 
 
+# The attach helper's thread starts in this script (native/helper.c runs it from the package's
+# directory): a thread whose outermost frame is its code is that thread, even when it has ended,
+# and so has no OS name left to tell, by the time its py-spy dump is read.
+HELPER_SCRIPT = "/probing/bootstrap/attach.py"
+
+
 def is_agent_thread(thread: Dict[str, Any]) -> bool:
     """The agent's threads, and the attach helper's thread (native frames only, in our library).
 
@@ -251,6 +257,10 @@ def is_agent_thread(thread: Dict[str, Any]) -> bool:
     But "Dummy-N", threading's name for a thread it did not start, is told by the OS name too:
     code run in an agent thread may make threading name it so (threading.current_thread()), and
     py-spy showed such a thread holding the GIL while the agent answered, taken for the job's."""
+    frames = thread.get("frames") or []
+    outermost = frames[-1] if frames else None
+    if isinstance(outermost, dict) and str(outermost.get("filename") or "").endswith(HELPER_SCRIPT):
+        return True
     name = thread.get("thread_name")
     if name and not _is_dummy(str(name)):
         return str(name).startswith("probing-")
@@ -258,10 +268,7 @@ def is_agent_thread(thread: Dict[str, Any]) -> bool:
     if isinstance(tid, int) and tid > 0:
         if (thread_name(tid) or "").startswith("probing-"):
             return True
-    return any(
-        str(frame.get("module") or "").endswith("libprobing-helper.so")
-        for frame in thread.get("frames") or []
-    )
+    return any(str(frame.get("module") or "").endswith("libprobing-helper.so") for frame in frames)
 
 
 def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -105,3 +105,18 @@ def test_probings_own_threads_lose_the_flag_unlooked_at(named_thread: int) -> No
     threads = checked_gil(os.getpid(), [thread(named_thread), thread(named_thread, "Dummy-2")])
     assert [each["owns_gil"] for each in threads] == [False, False]
     assert gil_holder(threads) is None
+
+
+def test_the_attach_helpers_thread_is_told_by_its_script_when_it_is_gone() -> None:
+    """The helper's thread, py-spy read loading the agent (in install_records: _high_descriptor),
+    had ended by the time the CLI looked for its OS name, and showed in the job's backtrace as a
+    thread of the job (seen in CI under load). Its outermost frame is the helper's script."""
+    helper = thread(1 << 62, "Dummy-3")
+    helper["frames"] = [
+        dict(helper["frames"][0], name="_high_descriptor", filename="/x/probing/agent/records/fatal.py"),
+        dict(helper["frames"][0], name="<module>", filename="/venv/lib/probing/bootstrap/attach.py"),
+    ]
+    assert is_agent_thread(helper)
+    job = thread(1 << 62, None)  # a job's thread that ran the script's code lower down is the job's
+    job["frames"] = [dict(helper["frames"][1], name="_attach"), dict(helper["frames"][0], name="main")]
+    assert not is_agent_thread(job)
