@@ -6,13 +6,17 @@ names another table is told so (NotLive), not answered with an empty table.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..errors import BadSQL, NotLive, ProbingError
 from ..outside.core import CoreReading, read_core
+from ..schema.rows import backtrace_values_of
 from ..schema.tables import AGENT_TABLES, BACKTRACE
 from ..sql.session import SqlSession, referenced_tables
 from .process_tables import LOCAL_TABLES
+
+if TYPE_CHECKING:
+    from ..schema.rows import BacktraceRow
 
 
 def read_core_stacks(
@@ -30,7 +34,7 @@ def read_core_stacks(
     return reading
 
 
-def only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]:
+def only_thread(rows: List[BacktraceRow], thread: str) -> List[BacktraceRow]:
     chosen = [row for row in rows if thread in (row["thread_name"], str(row["native_id"]))]
     if not chosen:
         names = ", ".join(dict.fromkeys(f"{row['thread_name']} ({row['native_id']})" for row in rows))
@@ -41,8 +45,7 @@ def only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]
 def core_session(reading: CoreReading) -> SqlSession:
     """A session holding python.backtrace, the one table a core gives."""
     session = SqlSession([BACKTRACE.describe()])
-    names = BACKTRACE.column_names()
-    session.load_rows(BACKTRACE, [tuple(row[name] for name in names) for row in reading.rows])
+    session.load_rows(BACKTRACE, [backtrace_values_of(row) for row in reading.rows])
     return session
 
 

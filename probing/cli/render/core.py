@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import IO, Any, Dict, List, Optional
 
     from ...outside.core import CoreReading
+    from ...schema.rows import BacktraceRow
 
 SIGSTOP = 19
 # Signals whose fault address says where the process failed.
@@ -51,12 +52,13 @@ def write_core(reading: CoreReading, format: str, out: Optional[IO[str]] = None)
         note(f"{reading.path}: more threads or frames than probing shows; the outermost frames are left out")
     sys.stderr.flush()
     if format != "text":
+        from ...schema.rows import backtrace_values_of
         from ...schema.tables import BACKTRACE
         from .rows import write_rows
 
         names = BACKTRACE.column_names()
         types = [column.type for column in BACKTRACE.columns]
-        write_rows(names, types, [tuple(row[name] for name in names) for row in reading.rows], format, out)
+        write_rows(names, types, [backtrace_values_of(row) for row in reading.rows], format, out)
         return
     out.write(f"Core file {inert(reading.path)}: {how_it_ended(reading)}\n")
     info: Dict[str, Any] = {
@@ -67,8 +69,9 @@ def write_core(reading: CoreReading, format: str, out: Optional[IO[str]] = None)
         "argv": [reading.arguments],
     }
     write_backtrace_text(
-        _grouped_by_native_id(reading.rows), info, out, None, _gil_view(reading), _sources(reading.path)
-    )
+        _grouped_by_native_id(reading.rows),  # type: ignore[arg-type]  # untyped rows there (27.3)
+        info, out, None, _gil_view(reading), _sources(reading.path),
+    )  # fmt: skip
 
 
 def _sources(path: str) -> SourceLines:
@@ -82,10 +85,10 @@ def _sources(path: str) -> SourceLines:
     return SourceLines(None, reader_for_owner(status.st_uid, status.st_gid))
 
 
-def _grouped_by_native_id(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _grouped_by_native_id(rows: List[BacktraceRow]) -> List[BacktraceRow]:
     """The renderer groups frames by (pid, thread_id); a core gives no Python ident (thread_id
     is NULL), so each thread's native id stands in for it here."""
-    return [dict(row, thread_id=row["native_id"]) for row in rows]
+    return [{**row, "thread_id": row["native_id"]} for row in rows]
 
 
 def _gil_view(reading: CoreReading) -> Dict[Any, Dict[str, Any]]:
