@@ -12,7 +12,12 @@ from types import FrameType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..originals import get_ident, get_native_id, json_dumps
+from ..schema.rows import backtrace_values
 from .requests import ErrorKind, RequestError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..schema.rows import BacktraceValues
 
 # How many locals of one frame are shown; the rest are counted.
 MAX_LOCALS_PER_FRAME = 40
@@ -246,7 +251,7 @@ def frame_locals_json(frame: FrameType, render: Callable[[Any], str]) -> str:
 
 def backtrace_rows(
     exclude: Set[int], selector: Optional[str], with_locals: bool, repr_limit: int
-) -> Iterable[Tuple[Any, ...]]:
+) -> Iterable[BacktraceValues]:
     """python.backtrace rows, in table column order."""
     render: Optional[Callable[[Any], str]] = None
     if with_locals:
@@ -260,7 +265,8 @@ def backtrace_rows(
             code = frame.f_code
             # f_lineno is what traceback.extract_stack reports for the same frame.
             local_values = frame_locals_json(frame, render) if render is not None else None
-            yield (
-                pid, stack.ident, native_id, name, stack.is_main, depth,
-                code.co_name, code.co_filename, frame.f_lineno, "Python", local_values, "agent",
+            yield backtrace_values(
+                pid=pid, thread_id=stack.ident, native_id=native_id, thread_name=name, is_main=stack.is_main,
+                depth=depth, func=code.co_name, file=code.co_filename, lineno=frame.f_lineno,
+                frame_type="Python", locals=local_values, source="agent",
             )  # fmt: skip

@@ -11,9 +11,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # progress.py imports this module; its types are only named here
+    from ..schema.rows import BacktraceRow
     from .progress import ThreadReport
 
-Rows = List[Dict[str, Any]]
+Rows = List["BacktraceRow"]
 
 # While the main thread is in one of these, the process is carried by its other threads.
 _WAITS_FOR_THREADS = ("waiting in Thread.join", "waiting for a new thread to start")

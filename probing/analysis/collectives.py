@@ -34,12 +34,13 @@ analyzer first.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .mismatches import Mismatch, call_text, decoded, mismatches, ranks_text
+from .mismatches import Mismatch, call_text, decoded, mismatches, ranks_text, sequence_number
 from .progress import HangReport, ThreadReport
 
-Rows = List[Dict[str, Any]]
+if TYPE_CHECKING:
+    from ..schema.rows import CollectivesRow, ProcessGroupsRow
 
 
 class RankView(NamedTuple):
@@ -51,8 +52,8 @@ class RankView(NamedTuple):
     pid: Optional[int]
     report: Optional[HangReport]  # None: the rank could not be sampled (`missing_reason` says why)
     missing_reason: str = ""
-    collectives: Optional[Rows] = None  # python.collectives rows; None: the rank could not give them
-    process_groups: Optional[Rows] = None  # python.process_groups rows, likewise
+    collectives: Optional[List[CollectivesRow]] = None  # None: the rank could not give them
+    process_groups: Optional[List[ProcessGroupsRow]] = None  # likewise
     host: Optional[str] = None  # a rank on another node: its hostname (its PID is that node's)
 
 
@@ -177,7 +178,7 @@ class _Group(NamedTuple):
     members: List[int]
     enqueued: Dict[int, int]  # rank -> last sequence number it enqueued
     completed: Dict[int, int]  # rank -> last sequence number it completed
-    pending: Dict[int, Dict[int, Dict[str, Any]]]  # sequence number -> rank -> its row
+    pending: Dict[int, Dict[int, CollectivesRow]]  # sequence number -> rank -> its row
 
 
 def _groups(views: Sequence[RankView]) -> Dict[Any, _Group]:
@@ -188,19 +189,20 @@ def _groups(views: Sequence[RankView]) -> Dict[Any, _Group]:
         status = {row["pg_id"]: row for row in view.process_groups or []}
         for pg_id in {*(row["pg_id"] for row in rows), *status}:
             mine = [row for row in rows if row["pg_id"] == pg_id]
-            known = status.get(pg_id, {})
+            known = status.get(pg_id)
             first = mine[0] if mine else known
-            members = decoded(first.get("pg_ranks")) or every
-            group = groups.setdefault(
-                pg_id, _Group(str(first.get("pg_desc") or ""), list(members), {}, {}, {})
-            )
-            completed = max([known.get("last_completed") or 0]
-                            + [row["seq"] for row in mine if row.get("state") == "completed"])  # fmt: skip
+            members = decoded(first.get("pg_ranks") if first else None) or every
+            desc = (first.get("pg_desc") if first else None) or ""
+            group = groups.setdefault(pg_id, _Group(str(desc), list(members), {}, {}, {}))
+            last_completed = (known.get("last_completed") if known else None) or 0
+            done = [sequence_number(row) for row in mine if row.get("state") == "completed"]
+            completed = max([last_completed, *done])
             group.completed[view.rank] = completed
-            group.enqueued[view.rank] = max([known.get("last_enqueued") or 0] + [row["seq"] for row in mine])
+            last_enqueued = (known.get("last_enqueued") if known else None) or 0
+            group.enqueued[view.rank] = max([last_enqueued] + [sequence_number(row) for row in mine])
             for row in mine:
-                if row["seq"] > completed and row.get("state") != "completed":
-                    group.pending.setdefault(row["seq"], {})[view.rank] = row
+                if sequence_number(row) > completed and row.get("state") != "completed":
+                    group.pending.setdefault(sequence_number(row), {})[view.rank] = row
     return groups
 
 
@@ -269,9 +271,9 @@ def job_verdict(
     return verdict(True, _reason(behind, waiting, found, missing, views), behind, waiting)
 
 
-def _waiting(op: str, pg_id: Any, desc: str, seq: int, rows: Dict[int, Dict[str, Any]]) -> Waiting:
-    created = [row["time_created"] for row in rows.values() if row.get("time_created") is not None]
-    waited = [row["waited"] for row in rows.values() if row.get("waited") is not None]
+def _waiting(op: str, pg_id: Any, desc: str, seq: int, rows: Dict[int, CollectivesRow]) -> Waiting:
+    created = [when for when in (row.get("time_created") for row in rows.values()) if when is not None]
+    waited = [seconds for seconds in (row.get("waited") for row in rows.values()) if seconds is not None]
     return Waiting(sorted(rows), op, pg_id, desc, seq, min(created, default=None), max(waited, default=None))
 
 
@@ -290,7 +292,7 @@ def _where_each_is(views: List[RankView], informed: List[RankView]) -> Tuple[Lis
         if not open_seqs:
             continue
         seq = min(open_seqs)
-        by_op: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        by_op: Dict[str, Dict[int, CollectivesRow]] = {}
         for rank, row in sorted(group.pending[seq].items()):
             by_op.setdefault(str(row.get("op")), {})[rank] = row
         for op, rows in sorted(by_op.items(), key=lambda item: -len(item[1])):

@@ -39,9 +39,12 @@ import importlib
 import io
 import json
 import logging
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-Rows = List[Dict[str, Any]]
+if TYPE_CHECKING:
+    from ..schema.rows import CollectivesRow
+
+Rows = List["CollectivesRow"]
 
 # The dump format the analyzer is told it reads: what torch 2.13's recorder writes ("2.10").
 FLIGHT_RECORDER_VERSION = "2.10"
@@ -101,6 +104,12 @@ def _collective_rows(rows: Rows) -> Rows:
     return [row for row in rows if not row.get("is_p2p") and row.get("seq") is not None]
 
 
+def sequence_number(row: CollectivesRow) -> int:
+    """The seq of a row _collective_rows kept: it has one (-1, before any, for one without)."""
+    seq = row["seq"]
+    return -1 if seq is None else seq
+
+
 def _comparable(by_rank: Dict[int, Rows]) -> Dict[int, Rows]:
     """Each rank's rows cut, per process group, to the sequence numbers every rank still holds,
     and to the last COMPARED_SEQUENCE_NUMBERS of them."""
@@ -108,14 +117,15 @@ def _comparable(by_rank: Dict[int, Rows]) -> Dict[int, Rows]:
     for rows in by_rank.values():
         lowest: Dict[Any, int] = {}
         for row in rows:
-            lowest[row["pg_id"]] = min(lowest.get(row["pg_id"], row["seq"]), row["seq"])
-            first[row["pg_id"]] = max(first.get(row["pg_id"], 0), row["seq"] - COMPARED_SEQUENCE_NUMBERS + 1)
+            seq = sequence_number(row)
+            lowest[row["pg_id"]] = min(lowest.get(row["pg_id"], seq), seq)
+            first[row["pg_id"]] = max(first.get(row["pg_id"], 0), seq - COMPARED_SEQUENCE_NUMBERS + 1)
         for pg_id, seq in lowest.items():
             first[pg_id] = max(first[pg_id], seq)
     return {
         rank: sorted(
-            (row for row in rows if row["seq"] >= first[row["pg_id"]]),
-            key=lambda row: (row.get("record_id") or 0, row["seq"]),
+            (row for row in rows if sequence_number(row) >= first[row["pg_id"]]),
+            key=lambda row: (row.get("record_id") or 0, sequence_number(row)),
         )
         for rank, rows in by_rank.items()
     }
@@ -126,18 +136,18 @@ def _in_order(rows: Rows) -> bool:
     (they repeat for coalesced ops, and a job could write anything)."""
     last: Dict[Any, int] = {}
     for row in rows:
-        if row["seq"] <= last.get(row["pg_id"], -1):
+        if sequence_number(row) <= last.get(row["pg_id"], -1):
             return False
-        last[row["pg_id"]] = row["seq"]
+        last[row["pg_id"]] = sequence_number(row)
     return True
 
 
-def _signature(row: Dict[str, Any], with_tensors: bool) -> Tuple[str, ...]:
+def _signature(row: CollectivesRow, with_tensors: bool) -> Tuple[str, ...]:
     tensors = ("input_sizes", "input_dtypes", "output_sizes", "output_dtypes") if with_tensors else ()
     return (str(row.get("op")), *(json.dumps(decoded(row.get(name))) for name in tensors))
 
 
-def _calls(rows_at: Dict[int, Dict[str, Any]]) -> List[Call]:
+def _calls(rows_at: Dict[int, CollectivesRow]) -> List[Call]:
     groups: Dict[Tuple[str, ...], List[int]] = {}
     for rank, row in sorted(rows_at.items()):
         groups.setdefault(_signature(row, True), []).append(rank)
@@ -151,7 +161,7 @@ def _calls(rows_at: Dict[int, Dict[str, Any]]) -> List[Call]:
     return sorted(calls, key=lambda call: (-len(call.ranks), call.ranks))
 
 
-def _kind(rows: List[Dict[str, Any]]) -> Optional[str]:
+def _kind(rows: Rows) -> Optional[str]:
     if len({row.get("op") for row in rows}) > 1:
         return "op"
     if str(rows[0].get("op")) not in _SAME_TENSORS:
@@ -163,12 +173,12 @@ def _kind(rows: List[Dict[str, Any]]) -> Optional[str]:
     return None
 
 
-def _at(by_rank: Dict[int, Rows]) -> Dict[Tuple[Any, int], Dict[int, Dict[str, Any]]]:
+def _at(by_rank: Dict[int, Rows]) -> Dict[Tuple[Any, int], Dict[int, CollectivesRow]]:
     """(process group, sequence number) -> rank -> its row."""
-    at: Dict[Tuple[Any, int], Dict[int, Dict[str, Any]]] = {}
+    at: Dict[Tuple[Any, int], Dict[int, CollectivesRow]] = {}
     for rank, rows in by_rank.items():
         for row in rows:
-            at.setdefault((row["pg_id"], row["seq"]), {})[rank] = row
+            at.setdefault((row["pg_id"], sequence_number(row)), {})[rank] = row
     return at
 
 
@@ -198,7 +208,7 @@ def call_text(call: Call, kind: str) -> str:
     return f"{call.op} of dtypes {json.dumps(call.input_dtypes)}"
 
 
-def _entry(row: Dict[str, Any], index: int) -> Dict[str, Any]:
+def _entry(row: CollectivesRow, index: int) -> Dict[str, Any]:
     """A row as the analyzer's dump entry (torch's _dump_fr_trace format)."""
     op = str(row.get("op"))
     backend = str(row.get("backend") or "nccl")

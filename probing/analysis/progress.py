@@ -46,12 +46,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from .carriers import carriers_of, thread_list, thread_options
 from .states import is_waiting, thread_state
 
-Rows = List[Dict[str, Any]]
+if TYPE_CHECKING:
+    from ..schema.rows import BacktraceRow
+
+Rows = List["BacktraceRow"]
+CodeLine = Callable[["BacktraceRow"], str]  # a frame's source line (engine/sources.py reads it)
 Sampler = Callable[[], Rows]
 
 # A main thread that used at least this share of one CPU over the window is busy, not hung.
@@ -120,7 +124,7 @@ def _by_thread(rows: Rows) -> Dict[Tuple[Any, Any], Rows]:
     for row in rows:
         threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
     for frames in threads.values():
-        frames.sort(key=lambda frame: frame["depth"])
+        frames.sort(key=lambda frame: frame["depth"] or 0)
     return threads
 
 
@@ -183,7 +187,7 @@ def _wakeups(native: Any, first: Sample, final: Sample) -> Tuple[Optional[int], 
 def verdict(
     pid: int,
     samples: List[Sample],
-    code_line: Callable[[Dict[str, Any]], str],
+    code_line: CodeLine,
     carriers: Sequence[str] = (),
 ) -> HangReport:
     """Whether the process progressed over `samples` (at least two), and what each thread did,
@@ -215,17 +219,17 @@ def verdict(
         # only where the agent gave a run of samples.
         woke, wakeups = _wakeups(native, *(span or (first, final)))
         moved = any(len(seen) > 1 for (p, t, _), seen in signatures.items() if (p, t) == key)
-        state = thread_state(frames, code_line)
+        state = thread_state(frames, code_line)  # type: ignore[arg-type]  # untyped rows there (27.3)
         counted = span is not None
         activity = _activity(
             moved, cpu, wakeups if counted else None, woke if counted else None, is_waiting(state)
         )
         holds_gil = holder is not None and native == holder
         if holds_gil:
-            state = thread_state(frames, code_line, {"owns_gil": True})
+            state = thread_state(frames, code_line, {"owns_gil": True})  # type: ignore[arg-type]  # untyped rows there (27.3)
         threads.append(
             ThreadReport(
-                pid, top["thread_id"], native, top["thread_name"], bool(top["is_main"]),
+                pid, top["thread_id"], native, top["thread_name"] or "", bool(top["is_main"]),
                 activity == "moved", wakeups, cpu, state, _where(frames), activity, holds_gil,
             )
         )  # fmt: skip
@@ -274,9 +278,7 @@ class ProgressTracker:
     """The same definition of progress over a rolling window, for `probing run --hang-timeout`:
     each new sample is judged against the last one that showed progress."""
 
-    def __init__(
-        self, pid: int, code_line: Callable[[Dict[str, Any]], str], carriers: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, pid: int, code_line: CodeLine, carriers: Sequence[str] = ()) -> None:
         self.pid = pid
         self.code_line = code_line
         self.carriers = carriers  # --thread: the names of the threads that carry the process
@@ -306,7 +308,7 @@ def stuck_dataloader_worker(worker_rows: Dict[int, Rows]) -> Optional[Dict[str, 
         for frames in _by_thread(rows).values():
             for frame in frames:
                 if frame["func"] == "__getitem__":
-                    local_values = json.loads(frame["locals"]) if frame.get("locals") else {}
+                    local_values = json.loads(frame["locals"]) if frame["locals"] else {}
                     index = next(
                         (
                             local_values[name]

@@ -7,15 +7,19 @@ names another table is told so (NotLive), not answered with an empty table.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from ..errors import BadSQL, NotLive, ProbingError
 from ..outside.core import CoreReading, read_core
+from ..schema.rows import backtrace_values_of
 from ..schema.tables import AGENT_TABLES, BACKTRACE
 from ..sql.session import SqlSession, referenced_tables
 from .backtrace import Stacks
 from .process_tables import LOCAL_TABLES
 from .sources import SourceLines, reader_for_owner
+
+if TYPE_CHECKING:
+    from ..schema.rows import BacktraceRow
 
 
 def read_core_stacks(
@@ -51,7 +55,7 @@ class CoreStacks:
         }
         # A core gives no Python ident (thread_id is NULL): each thread's native id stands in
         # for it, so that frames group by thread.
-        rows = [dict(row, thread_id=row["native_id"]) for row in reading.rows]
+        rows: List[BacktraceRow] = [{**row, "thread_id": row["native_id"]} for row in reading.rows]
         self.stacks = Stacks(None, rows, info, [], _sources(reading.path))
 
 
@@ -66,7 +70,7 @@ def _sources(path: str) -> SourceLines:
     return SourceLines(None, reader_for_owner(status.st_uid, status.st_gid))
 
 
-def only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]:
+def only_thread(rows: List[BacktraceRow], thread: str) -> List[BacktraceRow]:
     chosen = [row for row in rows if thread in (row["thread_name"], str(row["native_id"]))]
     if not chosen:
         names = ", ".join(dict.fromkeys(f"{row['thread_name']} ({row['native_id']})" for row in rows))
@@ -77,8 +81,7 @@ def only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]
 def core_session(reading: CoreReading) -> SqlSession:
     """A session holding python.backtrace, the one table a core gives."""
     session = SqlSession([BACKTRACE.describe()])
-    names = BACKTRACE.column_names()
-    session.load_rows(BACKTRACE, [tuple(row[name] for name in names) for row in reading.rows])
+    session.load_rows(BACKTRACE, [backtrace_values_of(row) for row in reading.rows])
     return session
 
 

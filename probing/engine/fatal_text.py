@@ -29,7 +29,9 @@ from ..schema.rows import backtrace_row
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import List, Optional, Tuple
+
+    from ..schema.rows import BacktraceRow
 
 # faulthandler names a thread by its pthread id, which is threading.get_ident(); it has no
 # thread names. The faulting thread is "Current thread"; "Stack" is the only one (all_threads off).
@@ -57,7 +59,7 @@ def _agent_thread(stack: List[Tuple[str, Optional[int], str]]) -> bool:
     return False
 
 
-def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
+def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], List[BacktraceRow]]:
     """(the fatal error's message, python.backtrace rows) of faulthandler's text.
 
     The faulting thread is named FAULTING_THREAD (SIGNALLED_THREAD in a dump with no fatal
@@ -89,7 +91,7 @@ def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], Li
             continue
         if not line.startswith("  "):
             frames = None  # a blank line or another section ends the thread's frames
-    rows: List[Dict[str, Any]] = []
+    rows: List[BacktraceRow] = []
     current_name = FAULTING_THREAD if message is not None else SIGNALLED_THREAD
     # faulthandler lists the agent's own threads too, which a live backtrace leaves out.
     threads = [thread for thread in threads if thread[1] or not _agent_thread(thread[2])]

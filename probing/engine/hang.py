@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 from ..analysis.carriers import unmatched
-from ..analysis.progress import HangReport, Rows, Sample, stuck_dataloader_worker, verdict
+from ..analysis.progress import CodeLine, HangReport, Rows, Sample, stuck_dataloader_worker, verdict
 from ..errors import ProbingError, UsageError
 from ..procfs import thread_cpu_ticks, thread_wakeups
+from ..schema.tables import THREADS
 from .backtrace import Stacks, read_stacks
 from .processes import descendants
 from .target import Target
+
+if TYPE_CHECKING:
+    from ..schema.rows import ThreadsRow
 
 # Sampling is here, judging in analysis.progress (pure: no /proc, no clock, no sleep).
 
@@ -37,7 +41,7 @@ def watch(
     sample: Callable[[], Sample],
     duration: float,
     samples: int,
-    code_line: Callable[[Dict[str, Any]], str],
+    code_line: CodeLine,
     carriers: Sequence[str] = (),
 ) -> HangReport:
     """Take `samples` samples spread over `duration` seconds and judge them (`verdict`). Samples
@@ -64,7 +68,8 @@ def remote_counters(target: Target, timeout: float) -> Dict[Any, Tuple[Optional[
     clock = os.sysconf("SC_CLK_TCK")
     try:
         with target.connect(timeout) as client:
-            rows = client.fetch_table("python.threads", timeout=timeout).to_rows()
+            # Typed as the schema has them: decoding refused other column types (client/replies.py).
+            rows = cast("List[ThreadsRow]", client.fetch_table(THREADS.name, timeout=timeout).to_rows())
     except ProbingError as error:
         target.log(f"no CPU times of its threads from the agent: {error.message}")
         return {}
@@ -76,7 +81,7 @@ def remote_counters(target: Target, timeout: float) -> Dict[Any, Tuple[Optional[
     return counters
 
 
-def _check_names(carriers: Sequence[str], rows: List[Dict[str, Any]], pid: int) -> None:
+def _check_names(carriers: Sequence[str], rows: Rows, pid: int) -> None:
     """A --thread that names no thread is a typo or another job: said at the first sample, not
     after the whole window, with the names there are."""
     names = list(dict.fromkeys(str(row["thread_name"]) for row in rows))
@@ -100,7 +105,7 @@ def sample_hang(
     duration: float,
     samples: int,
     timeout: float,
-    code_line: Callable[[Dict[str, Any]], str],
+    code_line: CodeLine,
     carriers: Sequence[str] = (),
 ) -> HangAnswer:
     """`carriers`: the names (or globs) of the threads that carry the process (--thread); each
@@ -118,19 +123,19 @@ def sample_hang(
         stacks = read_stacks(target, False, None, timeout)
         notes.extend(note for note in stacks.notes if note not in notes)
         if not names_checked:
-            _check_names(carriers, stacks.rows, pid)
+            _check_names(carriers, stacks.rows, pid)  # type: ignore[arg-type]  # untyped rows there (27.3)
             names_checked = True
         if target.remote:
             # Its threads' counters are in its own node's /proc: here the same PID is another
             # process, or none. Its agent reads their CPU time there (python.threads).
-            return Sample(time.monotonic(), stacks.rows, remote_counters(target, timeout), None)
-        return take_sample(pid, stacks.rows, stacks.info)
+            return Sample(time.monotonic(), stacks.rows, remote_counters(target, timeout), None)  # type: ignore[arg-type]  # untyped rows there (27.3)
+        return take_sample(pid, stacks.rows, stacks.info)  # type: ignore[arg-type]  # untyped rows there (27.3)
 
     report = watch(pid, sample, duration, samples, code_line, carriers)
     main = next((thread for thread in report.threads if thread.is_main), None)
     if main is None or main.state != "waiting for a DataLoader worker" or target.remote:
         return HangAnswer(report, None, notes)
-    worker_rows: Dict[int, List[Dict[str, Any]]] = {}
+    worker_rows: Dict[int, Rows] = {}
     commands: Dict[int, str] = {}
     for child, command in descendants(pid):
         commands[child] = command
@@ -144,10 +149,10 @@ def sample_hang(
     worker = int(report.worker["pid"])
     # Locals of the innermost frames and of __getitem__ only (the index, the path being read),
     # as the CI watchdog shows them: every frame's locals would bury them.
-    rows = [
-        dict(row, locals=row["locals"] if row["depth"] == 0 or row["func"] == "__getitem__" else None)
+    rows: Rows = [
+        {**row, "locals": row["locals"] if row["depth"] == 0 or row["func"] == "__getitem__" else None}
         for row in worker_rows[worker]
     ]
     info = {"pid": worker, "python_version": python_version_of(worker),
             "argv": commands.get(worker, "").split()[1:]}  # fmt: skip
-    return HangAnswer(report, Stacks(worker, rows, info, []), notes)
+    return HangAnswer(report, Stacks(worker, rows, info, []), notes)  # type: ignore[arg-type]  # untyped rows there (27.3)

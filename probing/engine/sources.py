@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     FileIdentity = Tuple[int, int]  # (st_dev, st_ino)
 
+    from ..schema.rows import BacktraceRow
+
 
 # A bigger "source file" shows no lines (the native front end reads the same rule from here).
 MAX_SOURCE_BYTES = 64 << 20
@@ -93,6 +95,10 @@ class SourceLines:
         if lines is None:
             lines = self._files[filename] = self._read(filename)
         return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+
+    def frame_line(self, frame: BacktraceRow) -> str:
+        """The source line a python.backtrace row stands at."""
+        return self.line(str(frame["file"]), frame["lineno"])
 
     def _read(self, filename: str) -> List[str]:
         for path, identity in candidate_paths(filename, self.pid, self.reader):

@@ -31,7 +31,7 @@ from ..analysis.progress import HangReport, ProgressTracker
 from ..engine.backtrace import Stacks, read_stacks, stacks_deadline
 from ..engine.hang import take_sample
 from ..engine.jobs.fanout import gather
-from ..engine.jobs.hang import collectives_of, judge
+from ..engine.jobs.hang import RankCollectives, collectives_of, judge
 from ..engine.jobs.job import Job, NotAJob, Rank, find_job
 from ..engine.processes import descendants, first_python
 from ..engine.sources import SourceLines
@@ -118,7 +118,7 @@ class Watchdog:
     def _tracker(self, pid: int) -> ProgressTracker:
         # Source lines tell a wait line (time.sleep in a polling loop) from work, as in `hang`.
         sources = SourceLines(pid)
-        return ProgressTracker(pid, lambda frame: sources.line(frame["file"], frame["lineno"]), self.carriers)
+        return ProgressTracker(pid, sources.frame_line, self.carriers)
 
     def tick(self) -> Optional[int]:
         """Take one sample; ExitCode.HUNG once the job has been stalled for the timeout (the
@@ -133,7 +133,7 @@ class Watchdog:
             return None  # not started yet, or between processes: no verdict
         if self.tracker is None or self.tracker.pid != pid:
             self.tracker = self._tracker(pid)
-        report = self.tracker.add(take_sample(pid, stacks.rows, stacks.info))
+        report = self.tracker.add(take_sample(pid, stacks.rows, stacks.info))  # type: ignore[arg-type]  # untyped rows there (27.3)
         stalled = self.tracker.stalled_s(time.monotonic())
         if not report.hung or stalled < self.timeout:
             return None
@@ -172,8 +172,8 @@ class Watchdog:
                 rank.pid,
                 report,
                 "",
-                found.get(rank.rank, {}).get("python.collectives"),
-                found.get(rank.rank, {}).get("python.process_groups"),
+                found.get(rank.rank, RankCollectives()).collectives,
+                found.get(rank.rank, RankCollectives()).process_groups,
             )  # fmt: skip
             for rank, report in reports.values()
         ]

@@ -23,6 +23,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from ..schema.rows import BacktraceRow
+
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_reader.py")
 SOURCE = "pystack"
 # The reader bounds what it prints (core_reader.MAX_OUTPUT bytes, and the JSON around them); past
@@ -49,7 +51,7 @@ class CoreReading:
         self.signal: Optional[int] = None
         self.fault_address: Optional[int] = None
         self.python_version: Optional[str] = None
-        self.rows: List[Dict[str, Any]] = []
+        self.rows: List[BacktraceRow] = []
         self.gil: Optional[int] = None
         self.cut_short = False
         # (uid, gid) the reader ran as, as it says.
@@ -220,7 +222,7 @@ def _thread_name(thread: Dict[str, Any], tid: Optional[int], pid: Optional[int],
 
 def _thread_rows(
     pid: Optional[int], tid: Optional[int], name: str, thread: Dict[str, Any]
-) -> List[Dict[str, Any]]:
+) -> List[BacktraceRow]:
     listed = thread.get("frames")
     frames = [frame for frame in listed if isinstance(frame, dict)] if isinstance(listed, list) else []
     rows = []

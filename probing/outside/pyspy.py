@@ -24,6 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from ..schema.rows import BacktraceRow
+
 # py-spy sometimes cannot read a process that is starting up; one retry settles it, within
 # the same deadline (a read that ran out of time is not tried again).
 _ATTEMPTS = 2
@@ -64,8 +66,9 @@ class OutsideView:
 
     __slots__ = ("rows", "gil_holder", "threads")
 
-    def __init__(self, rows: List[Dict[str, Any]], gil_holder: Optional[str], threads: List[Dict[str, Any]]):
-        self.rows = rows
+    def __init__(self, rows: List[BacktraceRow], gil_holder: Optional[str], threads: List[Dict[str, Any]]):
+        # Read as untyped dicts by engine/backtrace.py's Stacks, until it takes BacktraceRow.
+        self.rows: List[Dict[str, Any]] = rows  # type: ignore[assignment]  # untyped rows there (27.3)
         self.gil_holder = gil_holder
         self.threads = threads
 
@@ -271,7 +274,7 @@ def is_agent_thread(thread: Dict[str, Any]) -> bool:
     return any(str(frame.get("module") or "").endswith("libprobing-helper.so") for frame in frames)
 
 
-def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def rows_from_dump(pid: int, threads: List[Dict[str, Any]]) -> List[BacktraceRow]:
     """python.backtrace rows, main thread first, the agent's own threads left out. `threads`:
     py-spy's, as it printed them or as `threads_of` checked them."""
     checked = [_thread(thread) for thread in threads if isinstance(thread, dict)]

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ...originals import allocate_lock, get_ident, monotonic, wall_time
 from ...protocol.records import write_record
+from ...schema.rows import backtrace_values
 from ...schema.tables import BACKTRACE
 from ..reprs import BoundedRepr
 from ..ring import Ring
@@ -109,9 +110,10 @@ def backtrace_table(own_threads: Set[int], trigger: Trigger) -> Any:
             except Exception as error:  # noqa: BLE001 - a local whose repr fails must not cost the record
                 local_values = None
                 builder.notes.append(f"python.backtrace: locals of {code.co_name}: {type(error).__name__}")
-            builder.append((
-                pid, stack.ident, stack.native_id, stack.name, stack.is_main, depth,
-                code.co_name, code.co_filename, lineno, "Python", local_values, "agent",
+            builder.append(backtrace_values(
+                pid=pid, thread_id=stack.ident, native_id=stack.native_id, thread_name=stack.name,
+                is_main=stack.is_main, depth=depth, func=code.co_name, file=code.co_filename, lineno=lineno,
+                frame_type="Python", locals=local_values, source="agent",
             ))  # fmt: skip
     return builder
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from ...engine.core import CoreStacks
     from ...outside.core import CoreReading
+    from ...schema.rows import BacktraceRow
 
 SIGSTOP = 19
 # Signals whose fault address says where the process failed.
@@ -51,12 +52,13 @@ def write_core(answer: CoreStacks, format: str, out: Optional[IO[str]] = None) -
         note(f"{reading.path}: more threads or frames than probing shows; the outermost frames are left out")
     sys.stderr.flush()
     if format != "text":
+        from ...schema.rows import backtrace_values_of
         from ...schema.tables import BACKTRACE
         from .rows import write_rows
 
         names = BACKTRACE.column_names()
         types = [column.type for column in BACKTRACE.columns]
-        write_rows(names, types, [tuple(row[name] for name in names) for row in reading.rows], format, out)
+        write_rows(names, types, [backtrace_values_of(row) for row in reading.rows], format, out)
         return
     out.write(f"Core file {inert(reading.path)}: {how_it_ended(reading)}\n")
     write_backtrace_text(answer.stacks, out)

@@ -5,17 +5,21 @@ through its agent or from outside), then each rank's collectives from its Flight
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Sequence, cast
 
 from ...analysis.collectives import JobVerdict, RankView, job_verdict
 from ...analysis.mismatches import flight_recorder_analyzer
 from ...errors import ProbingError
+from ...schema.tables import COLLECTIVES, PROCESS_GROUPS
 from ..hang import sample_hang
 from ..query import fetch_tables
 from ..sources import SourceLines
 from ..target import Target
 from .fanout import gather
 from .job import Rank
+
+if TYPE_CHECKING:
+    from ...schema.rows import CollectivesRow, ProcessGroupsRow
 
 COLLECTIVES_SQL = "SELECT * FROM python.collectives, python.process_groups"
 # What one sample may take beyond the window: the agent's silence before a look from outside.
@@ -24,10 +28,17 @@ SAMPLE_SLACK_S = 1.5
 ANALYZER_IMPORT_S = 10.0
 
 
+class RankCollectives(NamedTuple):
+    """A rank's python.collectives and python.process_groups rows; None for each it could not give."""
+
+    collectives: Optional[List[CollectivesRow]] = None
+    process_groups: Optional[List[ProcessGroupsRow]] = None
+
+
 class RankHang(NamedTuple):
     report: Any  # analysis.progress.HangReport
-    collectives: Optional[List[Dict[str, Any]]]
-    process_groups: Optional[List[Dict[str, Any]]]
+    collectives: Optional[List[CollectivesRow]]
+    process_groups: Optional[List[ProcessGroupsRow]]
     notes: List[str]
 
 
@@ -38,22 +49,22 @@ class JobHang(NamedTuple):
     failure_code: Optional[int] = None
 
 
-def collectives_of(target: Target, timeout: float) -> Dict[str, Optional[List[Dict[str, Any]]]]:
+def collectives_of(target: Target, timeout: float) -> RankCollectives:
     """The rank's python.collectives and python.process_groups rows; None for each it could not
     give (its agent cannot answer while a thread holds the GIL, or its torch has no recorder)."""
-    found: Dict[str, Optional[List[Dict[str, Any]]]] = {
-        "python.collectives": None,
-        "python.process_groups": None,
-    }
     try:
         fetched = fetch_tables(target, COLLECTIVES_SQL, timeout, scan_budget=0.5, step_wait=0.0)
     except ProbingError as error:
         target.log(f"no collectives: {error.message}")
-        return found
-    for table in fetched.tables:
-        if table.name in found:
-            found[table.name] = table.to_rows()
-    return found
+        return RankCollectives()
+    # The rows as the schema types them: client/replies.py refused a table whose columns have
+    # other types than the schema's.
+    tables = {table.name: table.to_rows() for table in fetched.tables}
+    collectives, groups = tables.get(COLLECTIVES.name), tables.get(PROCESS_GROUPS.name)
+    return RankCollectives(
+        None if collectives is None else cast("List[CollectivesRow]", collectives),
+        None if groups is None else cast("List[ProcessGroupsRow]", groups),
+    )
 
 
 def _watch_rank(
@@ -62,14 +73,9 @@ def _watch_rank(
     # A remote rank's files are read here, where a shared file system usually has them too.
     sources = SourceLines(None if target.remote else target.require_pid("hang"))
 
-    def code_line(frame: Dict[str, Any]) -> str:
-        return sources.line(frame["file"], frame["lineno"])
-
-    answer = sample_hang(target, duration, samples, timeout, code_line, carriers)
+    answer = sample_hang(target, duration, samples, timeout, sources.frame_line, carriers)
     tables = collectives_of(target, timeout)
-    return RankHang(
-        answer.report, tables["python.collectives"], tables["python.process_groups"], answer.notes
-    )
+    return RankHang(answer.report, tables.collectives, tables.process_groups, answer.notes)
 
 
 def watch_job(

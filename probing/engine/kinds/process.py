@@ -11,7 +11,7 @@ from .base import Kind, One, Rows
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Sequence
+    from typing import Any, Callable, Optional, Sequence
 
     from ..target import Target
 
@@ -56,10 +56,7 @@ class Process(Kind):
         pid = None if self.target.remote else self.target.require_pid("hang")
         sources = SourceLines(pid)
 
-        def code_line(frame: Dict[str, Any]) -> str:
-            return sources.line(frame["file"], frame["lineno"])
-
-        answer = sample_hang(self.target, duration, samples, timeout, code_line, carriers)
+        answer = sample_hang(self.target, duration, samples, timeout, sources.frame_line, carriers)
         return One(answer, ExitCode.HUNG if answer.report.hung else ExitCode.OK)
 
     def memory(

@@ -11,7 +11,7 @@ from .base import Kind, One, Rows
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Sequence
+    from typing import Any, Optional, Sequence
 
     from ..records.record import Record as RecordFile
 
@@ -61,10 +61,7 @@ class Record(Kind):
             raise self.not_for("hang --thread")
         sources = SourceLines(None, reader_for_owner(*self.record.owner))
 
-        def code_line(frame: Dict[str, Any]) -> str:
-            return sources.line(str(frame.get("file")), frame.get("lineno"))
-
-        report = record_hang(self.record, code_line)
+        report = record_hang(self.record, sources.frame_line)
         return One(FromRecord(self.record, report), ExitCode.HUNG if report["hung"] else ExitCode.OK)
 
     def memory(

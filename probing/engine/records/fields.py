@@ -6,7 +6,35 @@ finite, and a time is one a clock could show."""
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
+
+if TYPE_CHECKING:  # what a record's header says of the job's end and rank (records/record.py)
+    from typing import TypedDict
+
+    class Reason(TypedDict):
+        """Why a record was written; each None where the header does not say."""
+
+        kind: Optional[str]
+        message: str
+        signal: Optional[int]
+        exit_status: Optional[int]
+
+    class EndingException(TypedDict):
+        """The exception that ended the job, as the header holds it."""
+
+        type: Optional[str]
+        message: Optional[str]
+        text: Optional[str]
+        thread: Optional[str]
+
+    class RankOf(TypedDict):
+        """The rank the job's process was, as the header holds it."""
+
+        rank: Optional[int]
+        local_rank: Optional[int]
+        world_size: Optional[int]
+        node: Optional[int]
+
 
 # 9999-12-31 23:59:59 UTC: the last second datetime (and so DuckDB's results in Python) can hold.
 LATEST_TIME_S = 253402300799.0

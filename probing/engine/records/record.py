@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ...errors import BadRecord, ProbingError
 from ...protocol import DecodedTable, FrameError, decode_table
 from ...protocol.frames import MAX_HEADER_BYTES
 from ...protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
 from ...schema.column_check import mismatched_column
+from ...schema.rows import backtrace_row
 from ...schema.tables import AGENT_TABLES, BACKTRACE
 from ...sql.session import table_problem
 from ..backtrace import Stacks
@@ -32,6 +33,11 @@ from ..fatal_text import parse_faulthandler
 from ..sources import SourceLines, reader_for_owner
 from .fields import integer, text, texts, timestamp
 from .path import FATAL_MAGIC, FATAL_SUFFIX, is_temporary_record, open_regular
+
+if TYPE_CHECKING:
+    from ...schema.rows import BacktraceRow
+    from .fields import EndingException, RankOf, Reason
+
 
 # A .fatal file is a header line and faulthandler's text (at most 100 threads of 100 frames):
 # anything past this is not faulthandler's, and is left unread.
@@ -89,7 +95,7 @@ class Record:
         kind: str,
         header: Dict[str, Any],
         tables: List[DecodedTable],
-        backtrace_rows: List[Dict[str, Any]],
+        backtrace_rows: List[BacktraceRow],
         notes: List[str],
         size: int,
         modified: float,
@@ -126,7 +132,7 @@ class Record:
             return self.modified
         return timestamp(self.header.get("written_at"))
 
-    def reason(self) -> Dict[str, Any]:
+    def reason(self) -> Reason:
         """Why it was written: kind, message, signal, exit_status (each None where unknown)."""
         reason = self.header.get("reason")
         reason = reason if isinstance(reason, dict) else {}
@@ -137,18 +143,28 @@ class Record:
             "exit_status": integer(reason.get("exit_status")),
         }
 
-    def exception(self) -> Optional[Dict[str, Any]]:
+    def exception(self) -> Optional[EndingException]:
         """The exception that ended the job (type, message, text, thread), if it holds one."""
         exception = self.header.get("exception")
         if not isinstance(exception, dict):
             return None
-        return {key: text(exception.get(key)) for key in ("type", "message", "text", "thread")}
+        return {
+            "type": text(exception.get("type")),
+            "message": text(exception.get("message")),
+            "text": text(exception.get("text")),
+            "thread": text(exception.get("thread")),
+        }
 
-    def rank(self) -> Optional[Dict[str, Any]]:
+    def rank(self) -> Optional[RankOf]:
         rank = self.header.get("rank")
         if not isinstance(rank, dict):
             return None
-        return {key: integer(rank.get(key)) for key in ("rank", "local_rank", "world_size", "node")}
+        return {
+            "rank": integer(rank.get("rank")),
+            "local_rank": integer(rank.get("local_rank")),
+            "world_size": integer(rank.get("world_size")),
+            "node": integer(rank.get("node")),
+        }
 
     def table_names(self) -> List[str]:
         names = [table.name for table in self.tables]
@@ -169,7 +185,7 @@ class Record:
     def rows(self, name: str) -> List[Dict[str, Any]]:
         """The rows of table `name` as dicts (empty when the record does not hold it)."""
         if name == BACKTRACE.name and self.kind == "fatal":
-            return list(self.backtrace_rows)
+            return [dict(row) for row in self.backtrace_rows]
         table = self.table(name)
         return table.to_rows() if table is not None else []
 
@@ -359,7 +375,7 @@ def record_stacks(record: Record, locals: bool, thread: Optional[str]) -> Stacks
     return Stacks(None, rows, info, [], SourceLines(None, reader_for_owner(*record.owner)))
 
 
-def _chosen_rows(record: Record, locals: bool, thread: Optional[str]) -> List[Dict[str, Any]]:
+def _chosen_rows(record: Record, locals: bool, thread: Optional[str]) -> List[BacktraceRow]:
     rows = backtrace_rows(record)
     if thread is not None:
         chosen = [
@@ -371,21 +387,24 @@ def _chosen_rows(record: Record, locals: bool, thread: Optional[str]) -> List[Di
             names = ", ".join(dict.fromkeys(f"{row['thread_name']} ({row['thread_id']})" for row in rows))
             raise ProbingError(f"the record holds no thread named or numbered {thread!r}; threads: {names}")
         rows = chosen
-    return rows if locals else [dict(row, locals=None) for row in rows]
+    return rows if locals else [{**row, "locals": None} for row in rows]
 
 
-def backtrace_rows(record: Record) -> List[Dict[str, Any]]:
+def backtrace_rows(record: Record) -> List[BacktraceRow]:
     """python.backtrace of the record with every column the renderers read, whatever the file
     held: a column left out is None, a depth that is not a number sorts as the innermost."""
-    names = BACKTRACE.column_names()
     rows = []
+    # A decoded table's columns have the schema's types (mismatched_column refused it otherwise);
+    # a column the file left out is None.
     for row in record.rows(BACKTRACE.name):
-        row = {name: row.get(name) for name in names}
-        row["depth"] = integer(row["depth"]) or 0
-        row["lineno"] = integer(row["lineno"])
-        # Read as names (a source file is looked up by it): `<...>` as Python names what has no
-        # file, so that nothing is looked up for a frame whose record left the column out.
-        row["file"] = text(row["file"]) or UNKNOWN_NAME
-        row["func"] = text(row["func"]) or UNKNOWN_NAME
-        rows.append(row)
+        rows.append(backtrace_row(
+            pid=row.get("pid"), thread_id=row.get("thread_id"), native_id=row.get("native_id"),
+            thread_name=row.get("thread_name"), is_main=row.get("is_main"),
+            depth=integer(row.get("depth")) or 0,
+            # Read as names (a source file is looked up by it): `<...>` as Python names what has no
+            # file, so that nothing is looked up for a frame whose record left the column out.
+            func=text(row.get("func")) or UNKNOWN_NAME, file=text(row.get("file")) or UNKNOWN_NAME,
+            lineno=integer(row.get("lineno")), frame_type=row.get("frame_type"), locals=row.get("locals"),
+            source=row.get("source"),
+        ))  # fmt: skip
     return rows

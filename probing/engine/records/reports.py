@@ -11,12 +11,15 @@ when it was written.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from ...analysis.states import thread_state
 from ..fatal_text import FAULTING_THREAD
 from .fields import number, timestamp
 from .record import Record, backtrace_rows
+
+if TYPE_CHECKING:
+    from ...schema.rows import BacktraceRow
 
 # How many of the last memory samples the report lists.
 LAST_SAMPLES = 10
@@ -87,25 +90,25 @@ def _torch_memory(record: Record) -> Optional[Dict[str, Any]]:
     return answer
 
 
-def record_hang(record: Record, code_line: Callable[[Dict[str, Any]], str]) -> Dict[str, Any]:
+def record_hang(record: Record, code_line: Callable[[BacktraceRow], str]) -> Dict[str, Any]:
     """Each thread's state in the record's snapshot, and what can honestly be said of progress:
     `hung` is True when the record was written because the job was found stuck, else None."""
-    threads: Dict[Any, List[Dict[str, Any]]] = {}
+    threads: Dict[Optional[int], List[BacktraceRow]] = {}
     for row in backtrace_rows(record):
-        threads.setdefault(row.get("thread_id"), []).append(row)
+        threads.setdefault(row["thread_id"], []).append(row)
     described = []
     for frames in threads.values():
-        frames.sort(key=lambda row: row.get("depth") or 0)
+        frames.sort(key=lambda row: row["depth"] or 0)
         first = frames[0]
-        where = next((frame for frame in frames if frame.get("frame_type") != "Native"), first)
+        where = next((frame for frame in frames if frame["frame_type"] != "Native"), first)
         described.append(
             {
-                "thread_id": first.get("thread_id"),
-                "native_id": first.get("native_id"),
-                "name": first.get("thread_name"),
-                "is_main": bool(first.get("is_main")),
+                "thread_id": first["thread_id"],
+                "native_id": first["native_id"],
+                "name": first["thread_name"],
+                "is_main": bool(first["is_main"]),
                 "state": _state(record, frames, code_line),
-                "where": f"{where.get('func')} ({where.get('file')}:{where.get('lineno')})",
+                "where": f"{where['func']} ({where['file']}:{where['lineno']})",
             }
         )
     described.sort(key=lambda thread: not thread["is_main"])
@@ -124,8 +127,8 @@ def record_hang(record: Record, code_line: Callable[[Dict[str, Any]], str]) -> D
     }
 
 
-def _state(record: Record, frames: List[Dict[str, Any]], code_line: Callable[[Dict[str, Any]], str]) -> str:
+def _state(record: Record, frames: List[BacktraceRow], code_line: Callable[[BacktraceRow], str]) -> str:
     """What the thread was doing; in a .fatal file, the faulting thread died where it stands."""
-    if record.kind == "fatal" and frames[0].get("thread_name") == FAULTING_THREAD:
+    if record.kind == "fatal" and frames[0]["thread_name"] == FAULTING_THREAD:
         return f"died of {record.reason()['message'] or 'a fatal signal'}"
-    return thread_state(frames, code_line)
+    return thread_state(frames, code_line)  # type: ignore[arg-type]  # untyped rows there (27.3)

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, NamedTuple, Sequence
 import duckdb
 
 from ...errors import BadSQL, ProbingError
+from ...schema.rows import backtrace_values_of
 from ...schema.tables import AGENT_TABLES, BACKTRACE, CLI_TABLES
 from ...sql.session import SqlSession, notes_on_what_is_read, referenced_tables
 from .record import Record
@@ -40,8 +41,7 @@ def record_session(record: Record) -> SqlSession:
     for table in record.tables:
         session.load(table)
     if record.kind == "fatal" and record.backtrace_rows:
-        names = BACKTRACE.column_names()
-        session.load_rows(BACKTRACE, [tuple(row[name] for name in names) for row in record.backtrace_rows])
+        session.load_rows(BACKTRACE, [backtrace_values_of(row) for row in record.backtrace_rows])
     return session
 
 

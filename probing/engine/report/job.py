@@ -17,7 +17,7 @@ across ranks, at most THREADS_SHOWN entries drawn.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ...analysis.collectives import JobVerdict, main_thread
 from ...errors import ProbingError
@@ -32,6 +32,9 @@ from .live import judged_threads
 from .sources import ReportSources
 from .tables import held_tables, memory_history, step_times
 from .threads import THREADS_SHOWN, fold_threads, stack_key
+
+if TYPE_CHECKING:
+    from ...schema.rows import BacktraceRow
 
 JOB_TABLES_SQL = "SELECT 1 FROM python.process_groups, process.memory, python.torch_trace"
 # The charts' points for the whole job: 64 ranks get 100 steps and 120 memory points each, a
@@ -214,7 +217,7 @@ def _threads_and_rows(
     local = next((rank.pid for rank, _ in answered if not rank.remote and rank.pid), None)
     sources = ReportSources(local)  # every rank runs the same code: one reader of its files
 
-    def code_line(frame: Dict[str, Any]) -> str:
+    def code_line(frame: BacktraceRow) -> str:
         return sources.line(str(frame.get("file")), frame.get("lineno"))
 
     per_rank = []

@@ -10,9 +10,9 @@ then the hang verdict over a short window (engine/hang.py, the one `probing PID 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ...analysis.progress import HangReport, ThreadReport
+from ...analysis.progress import CodeLine, HangReport, ThreadReport
 from ...analysis.states import thread_state
 from ...errors import ProbingError
 from ...procfs import process_alive, start_time
@@ -32,6 +32,15 @@ from .tables import (
     thread_details,
 )
 from .threads import fold_threads
+
+if TYPE_CHECKING:
+    from ...schema.rows import BacktraceRow
+
+    class CodedFrame(BacktraceRow):
+        """A python.backtrace row with the source line it stands at (None for a native frame)."""
+
+        code: Optional[str]
+
 
 # Every table the page reads from a live agent, fetched in one connection.
 REPORT_TABLES_SQL = "SELECT 1 FROM python.threads, process.memory, python.torch_trace, python.nan_events"
@@ -71,12 +80,12 @@ class Report(NamedTuple):
 
 
 def describe_threads(
-    rows: List[Dict[str, Any]],
-    state_of: Callable[[List[Dict[str, Any]]], str],
+    rows: List[CodedFrame],
+    state_of: Callable[[List[CodedFrame]], str],
     details: Optional[Dict[Any, Dict[str, Any]]] = None,
 ) -> List[Dict[str, Any]]:
     """python.backtrace rows as one entry per thread, the main thread first, with its state."""
-    by_thread: Dict[Any, List[Dict[str, Any]]] = {}
+    by_thread: Dict[Any, List[CodedFrame]] = {}
     for row in rows:
         by_thread.setdefault((row.get("pid"), row.get("thread_id")), []).append(row)
     threads = []
@@ -107,7 +116,7 @@ def describe_threads(
 
 def judged_threads(
     stacks: Stacks,
-    code_line: Callable[[Dict[str, Any]], str],
+    code_line: CodeLine,
     judged: Dict[Tuple[Any, Any], ThreadReport],
     details: Optional[Dict[Any, Dict[str, Any]]] = None,
 ) -> List[Dict[str, Any]]:
@@ -115,15 +124,17 @@ def judged_threads(
     hang check judged them where it did (`judged`, by thread and native id), else from its stack."""
     outside = stacks.info.get("outside") or {}
 
-    def state_of(frames: List[Dict[str, Any]]) -> str:
+    def state_of(frames: List[CodedFrame]) -> str:
         first = frames[0]
         known = judged.get((first.get("thread_id"), first.get("native_id")))
         if known is not None:
             return known.state
-        return thread_state(frames, code_line, outside.get(first.get("native_id")))
+        return thread_state(frames, code_line, outside.get(first.get("native_id")))  # type: ignore[arg-type]  # untyped rows there (27.3)
 
-    rows = [dict(row, code=code_line(row) if row.get("frame_type") != "Native" else None)
-            for row in stacks.rows]  # fmt: skip
+    rows: List[CodedFrame] = [
+        {**row, "code": code_line(row) if row.get("frame_type") != "Native" else None}  # type: ignore[typeddict-item]  # untyped rows there (27.3)
+        for row in stacks.rows
+    ]
     threads = describe_threads(rows, state_of, details)
     for thread in threads:
         known = judged.get((thread["thread_id"], thread["native_id"]))
@@ -291,7 +302,7 @@ def _ask_agent(
 
 def _check_hang(
     target: Target, hang_duration: float, hang_samples: int, timeout: float,
-    code_line: Callable[[Dict[str, Any]], str], progress: _Progress,
+    code_line: CodeLine, progress: _Progress,
 ) -> Tuple[Optional[Dict[str, Any]], Dict[Tuple[Any, Any], ThreadReport]]:  # fmt: skip
     """The hang verdict over `hang_duration` (0: none) as the page shows it, and each thread as
     the check judged it (by thread and native id)."""
@@ -335,7 +346,7 @@ def gather_live(
     progress.notes.extend(stacks.notes)
     sources = ReportSources(pid)
 
-    def code_line(frame: Dict[str, Any]) -> str:
+    def code_line(frame: BacktraceRow) -> str:
         return sources.line(str(frame.get("file")), frame.get("lineno"))
 
     from_outside = any(row.get("source") == "py-spy" for row in stacks.rows)

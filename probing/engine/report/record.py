@@ -5,8 +5,9 @@ hang verdict: that takes samples over time of a live process (record_reports.py 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Set
+from typing import TYPE_CHECKING, Any, Dict, List, Set, cast
 
+from ...schema.tables import PYTHON_GC
 from ..records.fields import integer, number, text
 from ..records.record import Record, backtrace_rows
 from ..records.reports import record_hang
@@ -25,13 +26,23 @@ from .tables import (
 )
 from .threads import fold_threads
 
+if TYPE_CHECKING:
+    from ...schema.rows import BacktraceRow, GcRow
+    from .live import CodedFrame
+
 OBJECT_TYPES_SHOWN = 15
+
+
+def gc_rows(record: Record) -> List[GcRow]:
+    """python.gc as the record holds it, typed as the schema has it: reading the record refused a
+    table whose columns have other types (records/record.py)."""
+    return cast("List[GcRow]", record.rows(PYTHON_GC.name))
 
 
 def _object_types(record: Record) -> List[Dict[str, Any]]:
     """python.gc as the record holds it, largest first (most records hold none: it is counted
     at the time of a query, not kept)."""
-    rows = [row for row in record.rows("python.gc") if isinstance(row.get("type"), str)]
+    rows = [row for row in gc_rows(record) if isinstance(row.get("type"), str)]
     rows.sort(key=lambda row: -(number(row.get("size_mb")) or 0.0))
     return [
         {"type": row["type"], "count": integer(row.get("count")), "size_mb": number(row.get("size_mb")),
@@ -43,7 +54,7 @@ def _object_types(record: Record) -> List[Dict[str, Any]]:
 def _process(record: Record) -> Dict[str, Any]:
     """The page's process section, from the record's header."""
     info = record.info()
-    rank = record.rank() or {}
+    rank = record.rank()
     header_started = number(record.header.get("started_at"))
     written = record.written_at
     return {
@@ -56,9 +67,9 @@ def _process(record: Record) -> Dict[str, Any]:
         "torch_version": text(record.header.get("torch_version")),
         "started_at": header_started,
         "uptime_s": written - header_started if written is not None and header_started is not None else None,
-        "rank": rank.get("rank"),
-        "local_rank": rank.get("local_rank"),
-        "world_size": rank.get("world_size"),
+        "rank": rank["rank"] if rank else None,
+        "local_rank": rank["local_rank"] if rank else None,
+        "world_size": rank["world_size"] if rank else None,
         "node": record.header.get("hostname") if rank else None,
     }
 
@@ -86,28 +97,27 @@ def gather_record(record: Record) -> Report:
     started = time.monotonic()
     sources = ReportSources(None, reader_for_owner(*record.owner))
 
-    def code_line(frame: Dict[str, Any]) -> str:
-        return sources.line(str(frame.get("file")), frame.get("lineno"))
+    def code_line(frame: BacktraceRow) -> str:
+        return sources.line(str(frame["file"]), frame["lineno"])
 
     session = record_session(record)
     held = held_tables(session, TORCH_TABLES)
     nans, nan_steps, nan_count = nan_events(session)
     snapshot = record_hang(record, code_line)
     states = {(thread["thread_id"], thread["native_id"]): thread["state"] for thread in snapshot["threads"]}
-    rows = [
-        dict(row, code=code_line(row) if row.get("frame_type") != "Native" else None)
+    rows: List[CodedFrame] = [
+        {**row, "code": code_line(row) if row["frame_type"] != "Native" else None}
         for row in backtrace_rows(record)
     ]
     threads = describe_threads(
         rows,
-        lambda frames: states.get((frames[0].get("thread_id"), frames[0].get("native_id")), ""),
+        lambda frames: states.get((frames[0]["thread_id"], frames[0]["native_id"]), ""),
         thread_details(session),
     )
     written = record.written_at
     types = _object_types(record)
     # A torch object's type is named from its module: torch.Tensor, torch.nn.Parameter...
-    gc_rows = record.rows("python.gc")
-    torch_seen = bool(held) or any(str(row.get("type")).startswith("torch.") for row in gc_rows)
+    torch_seen = bool(held) or any(str(row.get("type")).startswith("torch.") for row in gc_rows(record))
     absent = _absent(types, held, torch_seen)
     process = _process(record)
     shown, left_out = fold_threads(threads)
