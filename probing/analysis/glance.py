@@ -88,7 +88,7 @@ def glance(
         return "no Python threads"
     views = outside or {}
     view = views.get(frames[0].get("native_id"))
-    state = thread_state(frames, code_line, view)  # type: ignore[arg-type]  # untyped rows there (27.3)
+    state = thread_state(frames, code_line, view)
     mine = job_frame(frames)
     if state == "running Python":
         # py-spy tells a thread asleep in the kernel (a C call that waits: DDP's backward

@@ -219,14 +219,14 @@ def verdict(
         # only where the agent gave a run of samples.
         woke, wakeups = _wakeups(native, *(span or (first, final)))
         moved = any(len(seen) > 1 for (p, t, _), seen in signatures.items() if (p, t) == key)
-        state = thread_state(frames, code_line)  # type: ignore[arg-type]  # untyped rows there (27.3)
+        state = thread_state(frames, code_line)
         counted = span is not None
         activity = _activity(
             moved, cpu, wakeups if counted else None, woke if counted else None, is_waiting(state)
         )
         holds_gil = holder is not None and native == holder
         if holds_gil:
-            state = thread_state(frames, code_line, {"owns_gil": True})  # type: ignore[arg-type]  # untyped rows there (27.3)
+            state = thread_state(frames, code_line, {"owns_gil": True})
         threads.append(
             ThreadReport(
                 pid, top["thread_id"], native, top["thread_name"] or "", bool(top["is_main"]),

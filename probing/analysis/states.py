@@ -12,7 +12,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs `probing PID backtrace` ~12 ms of start-up (docs/decisions.md)
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+    from ..schema.rows import BacktraceRow
 
 # Innermost native function names (from --native) and what they mean.
 NATIVE_CALLS = (
@@ -79,7 +81,7 @@ def is_waiting(state: str) -> bool:
     return state.startswith(_WAITING_PREFIXES)
 
 
-def _native_state(frames: List[Dict[str, Any]]) -> str:
+def _native_state(frames: Sequence[BacktraceRow]) -> str:
     native = []
     for frame in frames:
         if frame.get("frame_type") != "Native":
@@ -96,7 +98,7 @@ def _native_state(frames: List[Dict[str, Any]]) -> str:
 WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn", "decorated", "wrapped")
 
 
-def _library_state(python: List[Dict[str, Any]]) -> Optional[str]:
+def _library_state(python: Sequence[BacktraceRow]) -> Optional[str]:
     state = None
     previous: Optional[Tuple[str, str]] = None
     for frame in python[:16]:
@@ -151,8 +153,8 @@ def _line_state(line: str) -> Optional[str]:
 
 
 def thread_state(
-    frames: List[Dict[str, Any]],
-    code_line: Callable[[Dict[str, Any]], str],
+    frames: Sequence[BacktraceRow],
+    code_line: Callable[[BacktraceRow], str],
     outside: Optional[Dict[str, Any]] = None,
 ) -> str:
     """`frames` innermost first; `code_line(frame)` the source line of a Python frame;

@@ -33,6 +33,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from ..schema.rows import BacktraceRow
     from .jobs.job import Rank
     from .target import Target
 
@@ -52,7 +53,7 @@ class Stacks:
     __slots__ = ("pid", "rows", "info", "notes", "sources", "_threads")
 
     def __init__(
-        self, pid: Optional[int], rows: List[Dict[str, Any]], info: Dict[str, Any], notes: List[str],
+        self, pid: Optional[int], rows: List[BacktraceRow], info: Dict[str, Any], notes: List[str],
         sources: Optional[SourceLines] = None,
     ) -> None:  # fmt: skip
         self.pid = pid  # as this side sees it: the agent's own may be another PID namespace's
@@ -74,6 +75,12 @@ class Stacks:
                 sources = SourceLines(self.pid or (own if isinstance(own, int) else None))
             self._threads = shown_threads(self.rows, sources, self.info.get("outside"))
         return self._threads
+
+
+def backtrace_reply_rows(result: Any, payload: Any) -> List[BacktraceRow]:
+    """The python.backtrace rows of an agent's reply, typed as the schema has them: decoding
+    refused a table whose columns have other types (client/replies.py)."""
+    return decode_reply_table(result, payload).to_rows()  # type: ignore[return-value]
 
 
 def ask(client: Client, method: str, params: Dict[str, Any], timeout: float, target: Target) -> Any:
@@ -133,14 +140,14 @@ def _from_agent(target: Target, params: Dict[str, Any], timeout: float) -> Stack
     with client:
         remaining = max(0.5, timeout - (time.monotonic() - started))
         result, payload = ask(client, "backtrace", params, remaining, target)
-        rows = decode_reply_table(result, payload).to_rows()
+        rows = backtrace_reply_rows(result, payload)
         # An endpoint's PID is its own machine's: here it may be any process's, root's too, and
         # the job names the files. Its source lines are read as nobody's (world-readable only).
         sources = SourceLines(None) if target.remote else None
         return Stacks(target.pid or client.info.get("pid"), rows, dict(client.info), [], sources)
 
 
-def _only_thread(rows: List[Dict[str, Any]], thread: str) -> List[Dict[str, Any]]:
+def _only_thread(rows: List[BacktraceRow], thread: str) -> List[BacktraceRow]:
     chosen = [
         row for row in rows if thread in (row["thread_name"], str(row["thread_id"]), str(row["native_id"]))
     ]
@@ -254,7 +261,7 @@ def read_stacks_of_ranks(
                     if time.monotonic() >= end or stillness.check() is not None:
                         raise Fallback("not quick")
                 result, payload = client.receive("backtrace", timeout)
-                rows = decode_reply_table(result, payload).to_rows()
+                rows = backtrace_reply_rows(result, payload)
             except (ProbingError, Fallback):
                 full.append(rank)
                 continue

@@ -123,13 +123,13 @@ def sample_hang(
         stacks = read_stacks(target, False, None, timeout)
         notes.extend(note for note in stacks.notes if note not in notes)
         if not names_checked:
-            _check_names(carriers, stacks.rows, pid)  # type: ignore[arg-type]  # untyped rows there (27.3)
+            _check_names(carriers, stacks.rows, pid)
             names_checked = True
         if target.remote:
             # Its threads' counters are in its own node's /proc: here the same PID is another
             # process, or none. Its agent reads their CPU time there (python.threads).
-            return Sample(time.monotonic(), stacks.rows, remote_counters(target, timeout), None)  # type: ignore[arg-type]  # untyped rows there (27.3)
-        return take_sample(pid, stacks.rows, stacks.info)  # type: ignore[arg-type]  # untyped rows there (27.3)
+            return Sample(time.monotonic(), stacks.rows, remote_counters(target, timeout), None)
+        return take_sample(pid, stacks.rows, stacks.info)
 
     report = watch(pid, sample, duration, samples, code_line, carriers)
     main = next((thread for thread in report.threads if thread.is_main), None)
@@ -155,4 +155,4 @@ def sample_hang(
     ]
     info = {"pid": worker, "python_version": python_version_of(worker),
             "argv": commands.get(worker, "").split()[1:]}  # fmt: skip
-    return HangAnswer(report, Stacks(worker, rows, info, []), notes)  # type: ignore[arg-type]  # untyped rows there (27.3)
+    return HangAnswer(report, Stacks(worker, rows, info, []), notes)

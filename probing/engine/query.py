@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 from ..outside.pyspy import outside_budget
 from ..protocol import DecodedTable
+from ..schema.rows import backtrace_values_of
 from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
 from ..sql.session import SqlSession, notes_on_what_is_read, referenced_tables
 from .backtrace import ask, from_outside
@@ -129,8 +130,7 @@ def _from_outside(
             why, hint="only queries over python.backtrace (and process.stats) can be answered from outside"
         )
     stacks = from_outside(target, False, None, why, timeout)
-    names = BACKTRACE.column_names()
-    rows: List[Any] = [tuple(row[name] for name in names) for row in stacks.rows]
+    rows: List[Any] = [backtrace_values_of(row) for row in stacks.rows]
     notes.append(f"{why}; python.backtrace read from outside the process (py-spy)")
     return BACKTRACE, rows
 

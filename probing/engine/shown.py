@@ -18,6 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # on the way of `probing PID backtrace` (docs/decisions.md: start-up)
     from typing import Any, Dict, List, Optional, Tuple
 
+    from ..schema.rows import BacktraceRow
     from .sources import SourceLines
 
 
@@ -53,32 +54,37 @@ class ShownThread:
 
 
 def shown_threads(
-    rows: List[Dict[str, Any]], sources: SourceLines, outside: Optional[Dict[Any, Dict[str, Any]]] = None
+    rows: List[BacktraceRow], sources: SourceLines, outside: Optional[Dict[Any, Dict[str, Any]]] = None
 ) -> List[ShownThread]:
     """The threads of python.backtrace `rows` in the order they first appear. `outside`: py-spy's
     view of each thread (by native id), when the stacks were read from outside; it knows which
     thread holds the GIL."""
-    threads: Dict[Tuple[Any, Any], List[Dict[str, Any]]] = {}
+    threads: Dict[Tuple[Any, Any], List[BacktraceRow]] = {}
     for row in rows:
         threads.setdefault((row["pid"], row["thread_id"]), []).append(row)
     shown = []
     for frames in threads.values():
-        frames.sort(key=lambda row: row["depth"])
+        # A depth that is no number (a hostile agent's) sorts as the innermost, as a record's does.
+        frames.sort(key=lambda row: row["depth"] if isinstance(row["depth"], int) else 0)
         first = frames[0]
         native_id = first["native_id"] if first["native_id"] is not None else first["thread_id"]
-        state = thread_state(
-            frames, lambda frame: sources.line(frame["file"], frame["lineno"]), (outside or {}).get(native_id)
-        )
+        state = thread_state(frames, lambda frame: _code(frame, sources), (outside or {}).get(native_id))
         outermost_first = [_frame(frame, sources) for frame in reversed(frames)]
         shown.append(ShownThread(native_id, first["thread_name"], first["is_main"], state, outermost_first))
     return shown
 
 
-def _frame(row: Dict[str, Any], sources: SourceLines) -> ShownFrame:
+def _frame(row: BacktraceRow, sources: SourceLines) -> ShownFrame:
     if row["frame_type"] == "Native":
         return ShownFrame(True, row["func"], os.path.basename(str(row["file"])), row["lineno"], "", [])
-    code = sources.line(row["file"], row["lineno"])
-    return ShownFrame(False, row["func"], row["file"], row["lineno"], code, _locals(row.get("locals")))
+    return ShownFrame(
+        False, row["func"], row["file"], row["lineno"], _code(row, sources), _locals(row.get("locals"))
+    )
+
+
+def _code(row: BacktraceRow, sources: SourceLines) -> str:
+    file = row["file"]
+    return sources.line(file, row["lineno"]) if isinstance(file, str) else ""
 
 
 def _locals(text: Any) -> List[Tuple[Any, Any]]:

@@ -133,7 +133,7 @@ class Watchdog:
             return None  # not started yet, or between processes: no verdict
         if self.tracker is None or self.tracker.pid != pid:
             self.tracker = self._tracker(pid)
-        report = self.tracker.add(take_sample(pid, stacks.rows, stacks.info))  # type: ignore[arg-type]  # untyped rows there (27.3)
+        report = self.tracker.add(take_sample(pid, stacks.rows, stacks.info))
         stalled = self.tracker.stalled_s(time.monotonic())
         if not report.hung or stalled < self.timeout:
             return None
@@ -212,7 +212,7 @@ class Watchdog:
         except ProbingError as error:
             return pid, None, error
         # Locals of the innermost frame of each thread only: what it is stuck on.
-        stacks.rows = [dict(row, locals=row["locals"] if row["depth"] == 0 else None) for row in stacks.rows]
+        stacks.rows = [{**row, "locals": row["locals"] if row["depth"] == 0 else None} for row in stacks.rows]
         return pid, stacks, None
 
     def _records(self, tree: List[int], stalled: float) -> Tuple[RecordOutcome, ...]:

@@ -67,8 +67,7 @@ class OutsideView:
     __slots__ = ("rows", "gil_holder", "threads")
 
     def __init__(self, rows: List[BacktraceRow], gil_holder: Optional[str], threads: List[Dict[str, Any]]):
-        # Read as untyped dicts by engine/backtrace.py's Stacks, until it takes BacktraceRow.
-        self.rows: List[Dict[str, Any]] = rows  # type: ignore[assignment]  # untyped rows there (27.3)
+        self.rows = rows
         self.gil_holder = gil_holder
         self.threads = threads
 

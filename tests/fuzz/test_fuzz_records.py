@@ -41,9 +41,10 @@ from probing.cli.render.reports import write_tables
 from probing.cli.render.rows import write_rows
 from probing.engine.fatal_text import parse_faulthandler
 from probing.engine.records.listing import list_records
-from probing.engine.records.record import open_record, record_stacks
+from probing.engine.records.record import open_record
 from probing.engine.records.reports import record_hang, record_memory
 from probing.engine.records.sql import export_record, query_record
+from probing.engine.records.stacks import record_stacks
 from probing.engine.report.record import gather_record
 
 # What every record answers to: SQL over the tables the agent writes, as the docs show it.

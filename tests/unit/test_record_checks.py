@@ -180,8 +180,8 @@ def test_a_records_backtrace_reads_no_source_under_proc_pid_root(
     """The job that wrote the record is gone; its PID (1 here) may be another process's now."""
     from probing.cli.render.record import write_record_stacks
     from probing.engine import backtrace as engine_backtrace
-    from probing.engine.records import record as engine_record
-    from probing.engine.records.record import record_stacks
+    from probing.engine.records import stacks as engine_record
+    from probing.engine.records.stacks import record_stacks
 
     asked: List[Any] = []
 

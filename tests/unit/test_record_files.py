@@ -10,7 +10,8 @@ import pytest
 
 from probing.engine.fatal_text import FAULTING_THREAD, parse_faulthandler
 from probing.engine.records.path import is_record_path
-from probing.engine.records.record import open_record, read_any, record_stacks
+from probing.engine.records.record import open_record, read_any
+from probing.engine.records.stacks import record_stacks
 from probing.errors import BadRecord, ProbingError
 from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record

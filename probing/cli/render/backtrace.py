@@ -69,12 +69,13 @@ def write_tree(tree: TreeStacks, format: str) -> None:
                 out.write("\n")
             write_backtrace_text(stacks, out)
         return
+    from ...schema.rows import backtrace_values_of
     from ...schema.tables import BACKTRACE
     from .rows import write_rows
 
     names = BACKTRACE.column_names()
     types = [column.type for column in BACKTRACE.columns]
-    every = [tuple(row[name] for name in names) for stacks in tree.processes for row in stacks.rows]
+    every = [backtrace_values_of(row) for stacks in tree.processes for row in stacks.rows]
     write_rows(names, types, every, format, out)
 
 

@@ -14,7 +14,6 @@ if TYPE_CHECKING:
 
     from ...engine.core import CoreStacks
     from ...outside.core import CoreReading
-    from ...schema.rows import BacktraceRow
 
 SIGSTOP = 19
 # Signals whose fault address says where the process failed.

@@ -147,13 +147,14 @@ def write_job_stacks(job: Job, gathered: Gathered, format: str) -> None:
         for message in stacks.notes:
             sys.stderr.write(f"probing: {heading([rank])}: {inert(message)}\n")
     if format != "text":
+        from ...schema.rows import backtrace_values_of
         from ...schema.tables import BACKTRACE, RANK_COLUMNS
         from .rows import write_rows
 
         names = BACKTRACE.column_names()
         types = [column.type for column in BACKTRACE.columns + RANK_COLUMNS]
         every = [
-            (*(row[name] for name in names), rank.rank, rank.local_rank, rank.node)
+            (*backtrace_values_of(row), rank.rank, rank.local_rank, rank.node)
             for rank, stacks in sorted(gathered.answers, key=lambda pair: pair[0].rank)
             for row in stacks.rows
         ]

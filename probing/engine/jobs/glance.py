@@ -52,7 +52,7 @@ class _Look(NamedTuple):
 def _look(target: Target, timeout: float) -> _Look:
     stacks = read_stacks(target, False, None, timeout)
     sources = SourceLines(target.pid)
-    state = glance(stacks.rows, sources.frame_line, stacks.info.get("outside"))  # type: ignore[arg-type]  # untyped rows there (27.3)
+    state = glance(stacks.rows, sources.frame_line, stacks.info.get("outside"))
     source = stacks.rows[0].get("source") if stacks.rows else None
     listener = stacks.info.get("listener")
     endpoint = listener.get("endpoint") if isinstance(listener, dict) else None

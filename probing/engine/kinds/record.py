@@ -39,7 +39,7 @@ class Record(Kind):
         self, locals: bool, thread: Optional[str], timeout: float, native: bool, children: bool,
         attach_children: bool,
     ) -> One:  # fmt: skip
-        from ..records.record import record_stacks
+        from ..records.stacks import record_stacks
 
         self.refuse_live_stacks(native, children or attach_children)
         return One(FromRecord(self.record, record_stacks(self.record, locals, thread)))

@@ -20,7 +20,7 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from ...errors import BadRecord, ProbingError
+from ...errors import BadRecord
 from ...protocol import DecodedTable, FrameError, decode_table
 from ...protocol.frames import MAX_HEADER_BYTES
 from ...protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
@@ -28,9 +28,7 @@ from ...schema.column_check import mismatched_column
 from ...schema.rows import backtrace_row
 from ...schema.tables import AGENT_TABLES, BACKTRACE
 from ...sql.session import table_problem
-from ..backtrace import Stacks
 from ..fatal_text import parse_faulthandler
-from ..sources import SourceLines, reader_for_owner
 from .fields import integer, text, texts, timestamp
 from .path import FATAL_MAGIC, FATAL_SUFFIX, is_temporary_record, open_regular
 
@@ -363,31 +361,6 @@ def _read_fatal(path: str, handle: Any, text_bytes: int) -> Record:
     header = dict(header, reason=reason, tables=[BACKTRACE.name] if rows else [])
     owner = (status.st_uid, status.st_gid)
     return Record(path, "fatal", header, [], rows, notes, status.st_size, status.st_mtime, owner)
-
-
-def record_stacks(record: Record, locals: bool, thread: Optional[str]) -> Stacks:
-    """The record's stacks as `probing PID backtrace` takes them: one thread (by name, Python
-    ident or native id) if asked, the locals it holds only with `locals`. Source lines are read
-    as the record's owner, and under no PID: the job that wrote it is gone, and its PID (from
-    the untrusted header) may be another process's by now."""
-    rows = _chosen_rows(record, locals, thread)
-    info = dict(record.info(), pid=str(record.pid) if record.pid is not None else "?")
-    return Stacks(None, rows, info, [], SourceLines(None, reader_for_owner(*record.owner)))
-
-
-def _chosen_rows(record: Record, locals: bool, thread: Optional[str]) -> List[BacktraceRow]:
-    rows = backtrace_rows(record)
-    if thread is not None:
-        chosen = [
-            row
-            for row in rows
-            if thread in (str(row["thread_name"]), str(row["thread_id"]), str(row["native_id"]))
-        ]
-        if not chosen:
-            names = ", ".join(dict.fromkeys(f"{row['thread_name']} ({row['thread_id']})" for row in rows))
-            raise ProbingError(f"the record holds no thread named or numbered {thread!r}; threads: {names}")
-        rows = chosen
-    return rows if locals else [{**row, "locals": None} for row in rows]
 
 
 def backtrace_rows(record: Record) -> List[BacktraceRow]:

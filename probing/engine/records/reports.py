@@ -131,4 +131,4 @@ def _state(record: Record, frames: List[BacktraceRow], code_line: Callable[[Back
     """What the thread was doing; in a .fatal file, the faulting thread died where it stands."""
     if record.kind == "fatal" and frames[0]["thread_name"] == FAULTING_THREAD:
         return f"died of {record.reason()['message'] or 'a fatal signal'}"
-    return thread_state(frames, code_line)  # type: ignore[arg-type]  # untyped rows there (27.3)
+    return thread_state(frames, code_line)

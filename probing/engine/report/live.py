@@ -129,11 +129,10 @@ def judged_threads(
         known = judged.get((first.get("thread_id"), first.get("native_id")))
         if known is not None:
             return known.state
-        return thread_state(frames, code_line, outside.get(first.get("native_id")))  # type: ignore[arg-type]  # untyped rows there (27.3)
+        return thread_state(frames, code_line, outside.get(first.get("native_id")))
 
     rows: List[CodedFrame] = [
-        {**row, "code": code_line(row) if row.get("frame_type") != "Native" else None}  # type: ignore[typeddict-item]  # untyped rows there (27.3)
-        for row in stacks.rows
+        {**row, "code": code_line(row) if row.get("frame_type") != "Native" else None} for row in stacks.rows
     ]
     threads = describe_threads(rows, state_of, details)
     for thread in threads:
