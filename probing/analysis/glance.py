@@ -15,14 +15,11 @@ loop, and `hang` is what watches over time.
 from __future__ import annotations
 
 import os
+from typing import Any, Callable, Dict, List, Optional
 
 from .states import in_library, thread_state
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
-
-    Frame = Dict[str, Any]
+Frame = Dict[str, Any]
 
 
 def main_thread(rows: List[Frame]) -> List[Frame]:

@@ -24,12 +24,9 @@ Standard library only.
 from __future__ import annotations
 
 import re
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..schema.rows import backtrace_row
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
 
 # faulthandler names a thread by its pthread id, which is threading.get_ident(); it has no
 # thread names. The faulting thread is "Current thread"; "Stack" is the only one (all_threads off).

@@ -10,7 +10,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from ..analysis.carriers import unmatched
 from ..analysis.progress import HangReport, Rows, Sample, stuck_dataloader_worker, verdict
+from ..client.discovery import python_version_of
 from ..errors import ProbingError, UsageError
+from ..outside.pyspy import dump, rows_from_dump
 from ..procfs import thread_cpu_ticks, thread_wakeups
 from .backtrace import Stacks, read_stacks
 from .processes import descendants
@@ -105,9 +107,6 @@ def sample_hang(
 ) -> HangAnswer:
     """`carriers`: the names (or globs) of the threads that carry the process (--thread); each
     must name a thread of the first sample, or the watch ends there (UsageError)."""
-    from ..client.discovery import python_version_of
-    from ..outside.pyspy import dump, rows_from_dump
-
     # A remote agent's samples are all there is: its PID (on its node) only names it.
     pid = target.agent_pid(timeout) if target.remote else target.require_pid("hang")
     notes: List[str] = []

@@ -20,8 +20,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from probing import protocol
 from probing.agent.columns import TableBuilder
+from probing.protocol.frames import frame_buffers
 from probing.schema.tables import BACKTRACE
 
 from support import BIN, PROBING, wait_until
@@ -31,7 +31,7 @@ HERE = str(Path(__file__).resolve())
 
 
 def frame(header: Dict[str, Any], payload: bytes = b"") -> bytes:
-    return b"".join(bytes(chunk) for chunk in protocol.frame_buffers(header, [payload] if payload else []))
+    return b"".join(bytes(chunk) for chunk in frame_buffers(header, [payload] if payload else []))
 
 
 def hello(argv: Optional[List[str]] = None) -> bytes:

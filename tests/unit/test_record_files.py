@@ -12,8 +12,8 @@ from probing.engine.fatal_text import FAULTING_THREAD, parse_faulthandler
 from probing.engine.records.path import is_record_path
 from probing.engine.records.record import open_record, read_any, record_stacks
 from probing.errors import BadRecord, ProbingError
-from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record
+from probing.protocol.tables import ColumnBuffers, encode_table
 
 FAULTHANDLER_TEXT = """Fatal Python error: Segmentation fault
 

@@ -4,6 +4,7 @@ through its agent or from outside), then each rank's collectives from its Flight
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
@@ -129,8 +130,7 @@ class _AnalyzerLoader:
     import of torch (about 1 s) then costs no wait. Only where torch is installed here."""
 
     def __init__(self) -> None:
-        import importlib.util
-        import threading
+        import importlib.util  # not at the top: every command loads this module (cli/group.py)
 
         self.build_db: Optional[Any] = None
         self.thread: Optional[threading.Thread] = None
