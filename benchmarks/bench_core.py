@@ -177,10 +177,11 @@ def heartbeat(count: int, busy: bool) -> None:
         # How long the agent itself holds the GIL for one backtrace: its handler makes no
         # system call, so it holds the GIL from start to end (unless preempted).
         held = (
-            "import time, probing.agent as agent\nfrom probing import protocol\n"
+            "import time, probing.agent as agent\nfrom probing.protocol.frames import Frame\n"
+            "from probing.protocol.messages import request\n"
             "from probing.agent.handlers import Dispatcher\n"
             "dispatcher = Dispatcher(agent._server)\n"
-            "frame = protocol.Frame(protocol.request(1, 'backtrace', {}), bytearray())\n"
+            "frame = Frame(request(1, 'backtrace', {}), bytearray())\n"
             "times = []\nfor _ in range(COUNT):\n    started = time.perf_counter()\n"
             "    dispatcher.handle(frame)\n    times.append(time.perf_counter() - started)\n"
             "times.sort()\nprint(times[len(times) // 2] * 1000, times[-1] * 1000)"

@@ -29,9 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from probing import protocol  # noqa: E402
 from probing.client.replies import ReplyReader  # noqa: E402
 from probing.protocol import auth, sealed  # noqa: E402
+from probing.protocol.frames import MAX_REPLY_BYTES, send_frame  # noqa: E402
 
 TOKEN = "bench-sealed-token-0123456789abcdef"
 
@@ -48,9 +48,9 @@ def one_transfer(payload: List[bytes], seal: Optional[Tuple[Any, Any]]) -> float
         b = sealed.SealedSocket(b, key, sealed.CLIENT, sha256=seal[1])
     try:
         started = time.perf_counter()
-        sender = threading.Thread(target=protocol.send_frame, args=(a, {"id": 1, "ok": True}, payload))
+        sender = threading.Thread(target=send_frame, args=(a, {"id": 1, "ok": True}, payload))
         sender.start()
-        frame = ReplyReader(b, protocol.MAX_REPLY_BYTES).read(120.0)
+        frame = ReplyReader(b, MAX_REPLY_BYTES).read(120.0)
         sender.join()
         elapsed = time.perf_counter() - started
         assert frame is not None and len(frame.payload) == sum(len(chunk) for chunk in payload)

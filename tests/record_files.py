@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from probing import __version__
 from probing.client.connection import Client
 from probing.client.discovery import locate_socket
-from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record
+from probing.protocol.tables import ColumnBuffers, encode_table
 
 from support import TARGETS, VENV_PYTHON
 

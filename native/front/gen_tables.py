@@ -31,7 +31,7 @@ def main() -> None:
     from probing import __version__
     from probing.analysis import states
     from probing.cli import render
-    from probing.cli.spec import BACKTRACE_OPTIONS
+    from probing.cli.spec import BACKTRACE_OPTIONS, TARGET
     from probing.engine import backtrace, sources, target
     from probing.outside import pyspy
     from probing.protocol import frames, messages, tables
@@ -49,6 +49,8 @@ def main() -> None:
     lines.append(f"#define HELPER_SCRIPT {c_string(pyspy.HELPER_SCRIPT)}\n")
     timeout = next(option.default for option in BACKTRACE_OPTIONS if option.name == "--timeout")
     lines.append(f"#define BACKTRACE_TIMEOUT_US {round(timeout * 1e6)}\n")
+    # How a command line may name its target (main.c plain_backtrace): -t, --target.
+    lines.append(strings("TARGET_OPTIONS", [TARGET.short, TARGET.name]))
     # The column types a table may have, each with its one encoding (table.c decode_column).
     lines.append("struct column_type { const char *type; const char *encoding; };\n")
     pairs = ",\n    ".join(

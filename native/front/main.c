@@ -60,18 +60,26 @@ static void run_python(const place_t *place, char **argv)
     exit(1);
 }
 
-/* The PID of `probing PID backtrace`, `probing -t PID backtrace`, `probing --target PID
- * backtrace` or `probing --target=PID backtrace`; 0 for any other command line. */
+/* The PID of `probing PID backtrace`, or of `probing OPTION PID backtrace` and `probing
+ * --target=PID backtrace` for each spelling of the target option in TARGET_OPTIONS (cli/spec.py
+ * TARGET); 0 for any other command line: every other option is the Python CLI's to read. */
 static int plain_backtrace(int argc, char **argv)
 {
     const char *text = NULL;
-    if (argc == 3 && strcmp(argv[2], "backtrace") == 0)
+    if (argc == 3 && strcmp(argv[2], "backtrace") == 0) {
         text = argv[1];
-    else if (argc == 4 && strcmp(argv[3], "backtrace") == 0 &&
-             (strcmp(argv[1], "-t") == 0 || strcmp(argv[1], "--target") == 0))
-        text = argv[2];
-    if (argc == 3 && strncmp(argv[1], "--target=", 9) == 0 && strcmp(argv[2], "backtrace") == 0)
-        text = argv[1] + 9;
+        for (const char *const *name = TARGET_OPTIONS; *name; name++) {
+            size_t length = strlen(*name);
+            if ((*name)[1] == '-' && strncmp(text, *name, length) == 0 && text[length] == '=') {
+                text += length + 1;
+                break;
+            }
+        }
+    } else if (argc == 4 && strcmp(argv[3], "backtrace") == 0) {
+        for (const char *const *name = TARGET_OPTIONS; *name; name++)
+            if (strcmp(argv[1], *name) == 0)
+                text = argv[2];
+    }
     if (text == NULL || text[0] < '1' || text[0] > '9' || strlen(text) > 9)
         return 0;
     for (const char *c = text; *c; c++)

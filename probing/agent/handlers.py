@@ -8,8 +8,10 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from .. import __version__, protocol
+from .. import __version__
 from ..originals import get_ident
+from ..protocol.frames import MAX_HEADER_BYTES, PREFIX, Frame, FrameError, frame_buffers
+from ..protocol.messages import PROTOCOL_VERSION, error_reply, ok_reply, parse_request
 from ..schema.tables import AGENT_TABLES as TABLES
 from .identity import python_version, working_directory
 from .listener.rank import rank_identity
@@ -18,7 +20,9 @@ from .tables import BUILDERS
 from .threads import errors as thread_errors
 
 if TYPE_CHECKING:
-    Reply = Tuple[Dict[str, Any], List[protocol.ByteChunk]]
+    from ..protocol.frames import ByteChunk
+
+    Reply = Tuple[Dict[str, Any], List[ByteChunk]]
 
 
 # What an error reply's header carries of a message or a traceback: a message can quote what
@@ -42,19 +46,19 @@ def _hello(server: Any, params: Dict[str, Any]) -> Any:
         # Said as it is: "the agent speaks protocol 1, the client 1" for a "1" helped nobody.
         raise RequestError(
             ErrorKind.BAD_REQUEST,
-            f"hello 'protocol' must be an integer (this agent speaks {protocol.PROTOCOL_VERSION}), "
+            f"hello 'protocol' must be an integer (this agent speaks {PROTOCOL_VERSION}), "
             f"not {type_name(client_version)} {client_version!r:.80}",
-            protocol=protocol.PROTOCOL_VERSION,
+            protocol=PROTOCOL_VERSION,
         )
     str_param(params, "client")
-    if client_version is not None and client_version != protocol.PROTOCOL_VERSION:
+    if client_version is not None and client_version != PROTOCOL_VERSION:
         raise RequestError(
             ErrorKind.PROTOCOL_MISMATCH,
-            f"the agent speaks protocol {protocol.PROTOCOL_VERSION}, the client {client_version}",
-            protocol=protocol.PROTOCOL_VERSION,
+            f"the agent speaks protocol {PROTOCOL_VERSION}, the client {client_version}",
+            protocol=PROTOCOL_VERSION,
         )
     return {
-        "protocol": protocol.PROTOCOL_VERSION,
+        "protocol": PROTOCOL_VERSION,
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "python_version": python_version(),
@@ -323,17 +327,17 @@ class Dispatcher:
         self.server = server
         self.refused: Optional[str] = None
 
-    def handle(self, frame: protocol.Frame) -> Reply:
+    def handle(self, frame: Frame) -> Reply:
         try:
-            request_id, method, params = protocol.parse_request(frame.header)
-        except protocol.FrameError as error:
-            return protocol.error_reply(error.request_id, ErrorKind.BAD_REQUEST, str(error)), []
+            request_id, method, params = parse_request(frame.header)
+        except FrameError as error:
+            return error_reply(error.request_id, ErrorKind.BAD_REQUEST, str(error)), []
         if self.refused is not None:
-            return protocol.error_reply(request_id, ErrorKind.PROTOCOL_MISMATCH, self.refused), []
+            return error_reply(request_id, ErrorKind.PROTOCOL_MISMATCH, self.refused), []
         handler = METHODS.get(method)
         if handler is None:
             message = f"unknown method {method!r}; methods: {', '.join(sorted(METHODS))}"
-            return protocol.error_reply(request_id, ErrorKind.UNKNOWN_METHOD, message), []
+            return error_reply(request_id, ErrorKind.UNKNOWN_METHOD, message), []
         try:
             result = handler(self.server, params)
         except RequestError as error:
@@ -343,16 +347,16 @@ class Dispatcher:
             # An error's texts (eval's output and traceback) travel in the payload.
             payload = details.pop("payload", [])
             message = _cut(error.message, MAX_MESSAGE_CHARS)
-            return protocol.error_reply(request_id, error.error_type, message, **details), payload
+            return error_reply(request_id, error.error_type, message, **details), payload
         except Exception as error:  # noqa: BLE001 - a failing handler must not kill the agent
-            return protocol.error_reply(
+            return error_reply(
                 request_id, ErrorKind.INTERNAL_ERROR,
                 _cut(f"{type(error).__name__}: {error}", MAX_MESSAGE_CHARS),
                 traceback=_cut(traceback.format_exc(), MAX_TRACEBACK_CHARS),
             ), []  # fmt: skip
         if isinstance(result, tuple):
-            return protocol.ok_reply(request_id, result[0]), result[1]
-        return protocol.ok_reply(request_id, result), []
+            return ok_reply(request_id, result[0]), result[1]
+        return ok_reply(request_id, result), []
 
     def close(self) -> None:
         """The connection is gone (its client may have been killed): a repl statement it was
@@ -365,9 +369,9 @@ class Dispatcher:
 def reply_buffers(reply: Dict[str, Any], payload: Any) -> List[Any]:
     """The frame of a reply; one whose header would pass the cap that every reader enforces
     becomes an error reply that says so (the client would otherwise refuse the whole frame)."""
-    buffers = protocol.frame_buffers(reply, payload)
-    size = len(buffers[0]) - protocol.PREFIX.size
-    if size <= protocol.MAX_HEADER_BYTES:
+    buffers = frame_buffers(reply, payload)
+    size = len(buffers[0]) - PREFIX.size
+    if size <= MAX_HEADER_BYTES:
         return buffers
-    message = f"the reply's header of {size} bytes exceeds the cap of {protocol.MAX_HEADER_BYTES}"
-    return protocol.frame_buffers(protocol.error_reply(reply.get("id"), ErrorKind.REPLY_TOO_LARGE, message))
+    message = f"the reply's header of {size} bytes exceeds the cap of {MAX_HEADER_BYTES}"
+    return frame_buffers(error_reply(reply.get("id"), ErrorKind.REPLY_TOO_LARGE, message))

@@ -15,7 +15,7 @@ import socket
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
 
 from ..originals import Socket, allocate_lock, get_ident, monotonic, sleep, wall_time
-from ..protocol.messages import ErrorKind
+from ..protocol.messages import ErrorKind, error_reply
 from .connections import Connection, busy_message, serve_on_this_thread
 from .lifecycle import run_stop_hooks
 from .sockets import (
@@ -31,7 +31,7 @@ from .sockets import (
 from .threads import AgentThread
 
 if TYPE_CHECKING:
-    from .. import protocol
+    from ..protocol.frames import ByteChunk
     from .listener.acceptor import TcpListener
     from .listener.registry import Registry
 
@@ -186,12 +186,12 @@ class AgentServer:
         release(record.sock, record.identity, socket.SHUT_RDWR)
 
     def _refuse(self, conn: Socket, error_type: str, message: str, **details: Any) -> None:
-        from .. import protocol
+        from ..protocol.frames import send_frame
 
         identity = descriptor_identity(conn)
         try:
             conn.settimeout(1.0)
-            protocol.send_frame(conn, protocol.error_reply(None, error_type, message, **details))
+            send_frame(conn, error_reply(None, error_type, message, **details))
             # Closed at once, the client's send of its first request (right after connect())
             # could fail with EPIPE before it reads why: let that request arrive first. One
             # recv, which returns as soon as anything is there, for at most REFUSAL_LINGER_S.
@@ -241,7 +241,7 @@ class AgentServer:
                 self._connections[conn] = record
         dispatcher: Any = None
         try:
-            from .. import protocol
+            from ..protocol.frames import frame_buffers
 
             try:
                 from .handlers import Dispatcher, reply_buffers
@@ -249,7 +249,7 @@ class AgentServer:
                 message = f"the agent cannot load its request handlers: {type(error).__name__}: {error}"
                 self._send(
                     conn,
-                    protocol.frame_buffers(protocol.error_reply(None, ErrorKind.INTERNAL_ERROR, message)),
+                    frame_buffers(error_reply(None, ErrorKind.INTERNAL_ERROR, message)),
                 )
                 return
             dispatcher = Dispatcher(self)
@@ -272,12 +272,12 @@ class AgentServer:
     def _serve_requests(self, conn: Socket, record: Connection, dispatcher: Any, reply_buffers: Any) -> None:
         """Read requests and send replies until the client leaves, a frame is bad past
         repair, the connection is evicted or the agent stops."""
-        from .. import protocol
+        from ..protocol import frames
 
-        reader = protocol.FrameReader(conn, protocol.MAX_REQUEST_BYTES)
+        reader = frames.FrameReader(conn, frames.MAX_REQUEST_BYTES)
         # Replies to pipelined requests (hello + backtrace) leave in one send: in a busy
         # process every socket call costs up to a GIL switch interval to come back from.
-        outgoing: List[protocol.ByteChunk] = []
+        outgoing: List[ByteChunk] = []
         while not self._stopping:
             first = record.requests == 0
             deadline = record.connected_at + HELLO_TIMEOUT_S if first else None
@@ -289,19 +289,19 @@ class AgentServer:
                 if not outgoing:
                     conn.settimeout(IDLE_TIMEOUT_S)  # read each time: a test shortens it
                 frame = reader.read(deadline, FRAME_TIMEOUT_S)
-            except protocol.FrameTimeout as error:
+            except frames.FrameTimeout as error:
                 why = f"no request within {HELLO_TIMEOUT_S:g} s of connecting" if first else str(error)
-                outgoing += protocol.frame_buffers(protocol.error_reply(None, ErrorKind.TIMEOUT, why))
+                outgoing += frames.frame_buffers(error_reply(None, ErrorKind.TIMEOUT, why))
                 self._send(conn, outgoing)
                 return
-            except protocol.FrameError as error:
-                reply = protocol.error_reply(error.request_id, ErrorKind.BAD_FRAME, str(error))
-                outgoing += protocol.frame_buffers(reply)
+            except frames.FrameError as error:
+                reply = error_reply(error.request_id, ErrorKind.BAD_FRAME, str(error))
+                outgoing += frames.frame_buffers(reply)
                 if not self._send(conn, outgoing) or error.fatal:
                     return
                 outgoing = []
                 continue
-            except (protocol.ConnectionClosed, OSError):
+            except (frames.ConnectionClosed, OSError):
                 return
             if frame is None:
                 return
@@ -325,11 +325,11 @@ class AgentServer:
 
     @staticmethod
     def _send(conn: Socket, buffers: Any) -> bool:
-        from .. import protocol
+        from ..protocol.frames import send_buffers
 
         try:
             conn.settimeout(SEND_TIMEOUT_S)
-            protocol.send_buffers(conn, buffers)
+            send_buffers(conn, buffers)
             return True
         except OSError:
             return False

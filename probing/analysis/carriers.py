@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import fnmatch
 import shlex
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # progress.py imports this module; its types are only named here
     from ..schema.rows import BacktraceRow
     from .progress import ThreadReport

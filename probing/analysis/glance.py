@@ -15,13 +15,11 @@ loop, and `hang` is what watches over time.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from .states import in_library, thread_state
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
-
     from ..schema.rows import BacktraceRow as Frame
 
 

@@ -16,8 +16,11 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from ..client.discovery import agent_listens, python_version_of, require_process, socket_candidates
-from ..errors import AttachFailed, AttachTimeout, NotPython, ProcessNotFound
+from ..errors import AttachFailed, AttachTimeout, NotPython, ProbingError, ProcessNotFound
+from ..outside.pyspy import dump, gil_holder
 from ..procfs import executable, process_alive, thread_names, thread_work_done
+from .containers import helper_paths
+from .diagnose import why_no_agent
 from .methods import InjectReport, choose_method
 
 Log = Callable[[str], None]
@@ -129,9 +132,6 @@ _LOADING_GRACE_S = 30.0
 
 
 def _gil_holder(pid: int) -> Optional[str]:
-    from ..errors import ProbingError
-    from ..outside.pyspy import dump, gil_holder
-
     try:
         return gil_holder(dump(pid, timeout=1.0))
     except ProbingError:
@@ -182,7 +182,6 @@ def _inject(pid: int, method: str, version: str, timeout: float, log: Log) -> Op
     else:
         chosen = choose_method(method)
         log(f"attaching to PID {pid} (Python {version}) with {chosen.name}")
-        from .containers import helper_paths
 
         helper = helper_paths(pid)
         if helper.elsewhere:
@@ -228,8 +227,6 @@ def _wait_for_agent(
 
 def _timed_out(pid: int, started: float, timeout: float, loading: _Loading) -> AttachTimeout:
     """Why the agent did not come up, as the error that says so."""
-    from .diagnose import why_no_agent
-
     waited = time.monotonic() - started
     within = f"{timeout:g} s" if waited < timeout + 1 else f"{waited:.0f} s"
     if loading.last:

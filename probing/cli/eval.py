@@ -10,6 +10,7 @@ from ..engine.kinds import Ranks
 from ..engine.requests import EVAL_REPLY_GRACE_S, evaluate
 from .invocation import Invocation, read_argument
 from .options import apply, pass_invocation
+from .render.per_rank import write_job_evals
 from .render.reports import write_eval_result
 from .spec import RANKS, timeout
 
@@ -43,8 +44,6 @@ def eval_command(
         lambda target: evaluate(target, source, frame, timeout, force), timeout + EVAL_REPLY_GRACE_S + 1.0
     )
     if isinstance(answer, Ranks):
-        from .render.per_rank import write_job_evals
-
         write_job_evals(answer.job, answer.gathered)
     else:
         write_eval_result(answer.value)

@@ -7,9 +7,11 @@ from typing import Optional
 
 import click
 
+from ..engine.kinds.record import Record
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render import notes
+from .render.record import write_exported
 from .spec import TEXT_OR_JSON
 
 
@@ -30,8 +32,6 @@ def export(
     """
     if (parquet is None) == (csv is None):
         raise click.UsageError("give one of --parquet DIR or --csv DIR")
-    from ..engine.kinds.record import Record
-    from .render.record import write_exported
 
     target = invocation.kind()
     if not isinstance(target, Record):

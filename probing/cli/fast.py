@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 
-from .spec import BACKTRACE_OPTIONS, GLOBAL_OPTIONS, TARGET_OPTIONS, Option
+from .spec import BACKTRACE_OPTIONS, GLOBAL_OPTIONS, Option, names_target
 
+# No typing at run time: this is the Python CLI's backtrace path (CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence
@@ -68,7 +69,7 @@ def parse_backtrace(args: List[str]) -> Optional[Dict[str, Any]]:
     # Global options and the target, up to the command word.
     while index < len(args):
         arg = args[index]
-        if arg in TARGET_OPTIONS or arg.startswith("--target="):
+        if names_target(arg):
             if found["target"] is not None:
                 return None
             if "=" in arg:

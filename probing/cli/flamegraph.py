@@ -18,6 +18,7 @@ from .pictures.flame_svg import svg_parts
 from .render import inert_parts
 from .render import notes as say_notes
 from .render.files import check_output, counted, write_output, wrote
+from .render.per_rank import write_missing
 from .spec import RANKS, timeout
 
 FORMATS = ("html", "svg", "speedscope", "folded")
@@ -177,7 +178,5 @@ def flamegraph(
     size = write_output(output, for_output(parts_of(picture, chosen), output))
     wrote(output, size, figures_line(picture), HINTS[chosen])
     if isinstance(answer, Ranks) and answer.gathered is not None:
-        from .render.per_rank import write_missing
-
         write_missing(answer.gathered.missing)
     return answer.exit_code

@@ -33,7 +33,7 @@ from .render import report_error, stdout_is_closed
 from .repl import repl
 from .report import report
 from .run import run
-from .spec import BACKTRACE_OPTIONS, ENDPOINTS, GLOBAL_OPTIONS, TARGET_OPTIONS
+from .spec import BACKTRACE_OPTIONS, ENDPOINTS, GLOBAL_OPTIONS, TARGET, names_target
 from .spellings import Commands, foreign_spelling
 from .switch import nan, trace
 from .tables import tables
@@ -69,7 +69,7 @@ class ProbingGroup(click.Group):
             arg = args[index]
             if arg == "--" or arg in self.commands:
                 break
-            if arg in TARGET_OPTIONS or arg.startswith("--target="):
+            if names_target(arg):
                 # Given as an option: a positional word after it is a (mistyped) command.
                 return super().parse_args(ctx, args)
             if arg in VALUED_OPTIONS and index + 1 < len(args):
@@ -77,7 +77,7 @@ class ProbingGroup(click.Group):
                 index += 2
                 continue
             if not arg.startswith("-"):
-                rewritten += ["--target", arg]
+                rewritten += [TARGET.name, arg]
                 index += 1
                 break
             rewritten.append(arg)
@@ -104,14 +104,7 @@ class ProbingGroup(click.Group):
     epilog=_exit_code_table(),
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.option(
-    "-t",
-    "--target",
-    metavar="TARGET",
-    help="PID of the process, the path of its agent socket, tcp://HOST:PORT of an agent listening on TCP, "
-    "a record file a job left (FILE.probing, FILE.fatal), or a core file.",
-)
-@apply(*GLOBAL_OPTIONS, ENDPOINTS)
+@apply(TARGET, *GLOBAL_OPTIONS, ENDPOINTS)
 @click.version_option(__version__, prog_name="probing")
 @click.pass_context
 def cli(

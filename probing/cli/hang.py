@@ -11,6 +11,7 @@ from ..engine.kinds.record import FromRecord
 from .invocation import Invocation
 from .options import apply, carrier_threads, pass_invocation
 from .render import notes
+from .render.record import write_record_hang
 from .render.reports import write_hang
 from .spec import RANKS, TEXT_OR_JSON, timeout
 
@@ -53,12 +54,11 @@ def hang(
     answer = invocation.kind(ranks).hang(duration, samples, timeout, carriers)
     notes(answer.notes)
     if isinstance(answer, Ranks):
+        # Not at the top: cli/group.py loads every command's module, and this writer serves --ranks.
         from .render.job import write_job_hang
 
         write_job_hang(answer.value, format)
     elif isinstance(answer.value, FromRecord):
-        from .render.record import write_record_hang
-
         write_record_hang(answer.value.value, format)
     else:
         write_hang(answer.value, format)

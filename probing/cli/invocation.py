@@ -9,6 +9,8 @@ import sys
 from ..errors import UsageError
 from .render import log_to_stderr, notes
 
+# No typing at run time, and the kinds of target loaded when one is asked for: `probing PID
+# backtrace` starts through here (CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional

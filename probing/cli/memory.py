@@ -11,6 +11,8 @@ from ..engine.kinds.record import FromRecord
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render.memory import write_memory_answer
+from .render.per_rank import write_job_memory
+from .render.record import write_record_memory
 from .spec import RANKS, TEXT_OR_JSON, scan_budget, timeout
 
 
@@ -65,12 +67,8 @@ def memory_command(
         growth, cuda_snapshot is not None, interval, top, timeout, scan_budget, chosen
     )
     if isinstance(answer, Ranks):
-        from .render.per_rank import write_job_memory
-
         write_job_memory(answer.job, answer.gathered, format)
     elif isinstance(answer.value, FromRecord):
-        from .render.record import write_record_memory
-
         write_record_memory(answer.value.value, format)
     else:
         write_memory_answer(answer.value, format, cuda_snapshot)

@@ -11,7 +11,8 @@ from ..engine.records.request import request_record
 from ..errors import RecordNotWritten
 from .invocation import Invocation
 from .options import apply, pass_invocation
-from .render.record import write_not_recorded, write_recorded
+from .render.per_rank import write_missing
+from .render.record import write_not_recorded, write_recorded, write_recorded_ranks
 from .spec import RANKS, TEXT_OR_JSON, timeout
 
 
@@ -38,9 +39,6 @@ def record(
         write_not_recorded(kind.process().pid, error, format)
         raise
     if isinstance(answer, Ranks):
-        from .render.per_rank import write_missing
-        from .render.record import write_recorded_ranks
-
         write_recorded_ranks(answer.gathered.answers, format, answer.gathered.missing)
         write_missing(answer.gathered.missing)
     else:

@@ -4,16 +4,18 @@ over time, NaN events, the largest object types and tensors."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 
 from ..engine.kinds import Ranks
 from .invocation import Invocation
 from .options import apply, pass_invocation
+from .render import notes
+from .render.files import check_output, counted, write_output, wrote
+from .render.per_rank import write_missing
 from .spec import RANKS, timeout
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..engine.report.job import JobReport
     from ..engine.report.live import Report
@@ -69,8 +71,6 @@ def report(
     threads (the same stack on several ranks drawn once, headed by them). Exit status 14 when
     some ranks gave no answer: they are named at the top of the page and on stderr.
     """
-    from .render.files import check_output
-
     check_output(output)
     if ranks is not None and not tensors:
         raise click.UsageError("--no-tensors goes without --ranks: the job's page lists no objects")
@@ -84,9 +84,8 @@ def report(
 
 def _write_job_page(output: str, gathered: JobReport) -> None:
     """The job's page (--ranks), then the ranks that gave no answer on stderr."""
+    # The pages' code loads to write one: cli/group.py loads every command's module.
     from .pictures.report_job import job_report_page
-    from .render.files import counted, write_output, wrote
-    from .render.per_rank import write_missing
 
     written = write_output(output, [job_report_page(gathered)])
     shown = f"{counted(len(gathered.ranks), 'rank')}, {counted(gathered.thread_count, 'thread')}"
@@ -97,9 +96,7 @@ def _write_job_page(output: str, gathered: JobReport) -> None:
 
 def _write_process_page(output: str, gathered: Report) -> None:
     """The page of a process or a record, then what a partial one left out on stderr."""
-    from .pictures.report import report_page
-    from .render import notes
-    from .render.files import counted, write_output, wrote
+    from .pictures.report import report_page  # as job_report_page, above
 
     written = write_output(output, [report_page(gathered)])
     threads = counted(gathered.thread_count or len(gathered.threads), "thread")

@@ -129,4 +129,17 @@ GLOBAL_OPTIONS = (
         metavar="S",
     ),
 )
-TARGET_OPTIONS = ("-t", "--target")
+# The target named as an option, where it is not the first word: `probing -t PID backtrace`,
+# `--target=PID`. The native front end takes its spellings from here too (gen_tables.py).
+TARGET = Option(
+    "--target",
+    "PID of the process, the path of its agent socket, tcp://HOST:PORT of an agent listening on TCP, "
+    "a record file a job left (FILE.probing, FILE.fatal), or a core file.",
+    metavar="TARGET",
+    short="-t",
+)
+
+
+def names_target(arg: str) -> bool:
+    """Whether a word of the command line is the target option: -t, --target or --target=X."""
+    return arg in (TARGET.short, TARGET.name) or arg.startswith(TARGET.name + "=")

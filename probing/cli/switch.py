@@ -12,6 +12,7 @@ from ..engine.requests import switch
 from ..engine.timeline import StepRange
 from .invocation import Invocation
 from .options import apply, pass_invocation
+from .render.per_rank import write_job_switches
 from .render.reports import write_switch
 from .spec import RANKS, TEXT_OR_JSON, timeout
 from .trace_export import export_trace, steps_option
@@ -32,8 +33,6 @@ def _switch(
         lambda target: switch(target, feature, params, timeout), timeout + 1.0
     )
     if isinstance(answer, Ranks):
-        from .render.per_rank import write_job_switches
-
         write_job_switches(answer.job, feature, params["action"], answer.gathered, format)
     else:
         write_switch(feature, params["action"], answer.value, format)

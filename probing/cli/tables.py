@@ -9,6 +9,7 @@ import click
 from ..engine.kinds import Ranks
 from .invocation import Invocation
 from .options import apply, pass_invocation
+from .render.per_rank import write_job_tables
 from .render.reports import write_tables
 from .spec import RANKS, TEXT_OR_JSON, timeout
 
@@ -21,8 +22,6 @@ def tables(invocation: Invocation, format: str, timeout: float, ranks: Optional[
     holds, with their row counts in --format json)."""
     answer = invocation.kind(ranks).describe(timeout)
     if isinstance(answer, Ranks):
-        from .render.per_rank import write_job_tables
-
         write_job_tables(answer.gathered, format)
     else:
         write_tables(answer.value, format)

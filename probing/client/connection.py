@@ -10,7 +10,7 @@ from __future__ import annotations
 import _socket
 import time
 
-from .. import __version__, protocol
+from .. import __version__
 from ..errors import (
     AgentTimeout,
     AgentUnreachable,
@@ -19,6 +19,8 @@ from ..errors import (
     PermissionDenied,
 )
 from ..procfs import effective_uid
+from ..protocol.frames import MAX_REPLY_BYTES, FrameError, frame_buffers, send_buffers
+from ..protocol.messages import PROTOCOL_VERSION, parse_reply, request
 from ..protocol.texts import quoted
 
 # The `X as X` names are re-exported: cli/ imports them from here. TODO(lead, at merge): import
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
     # Re-exported: cli/ names the log callback from here.
+    from ..protocol.tables import DecodedTable
     from .discovery import Log as Log
 
 
@@ -74,7 +77,7 @@ class Client:
             from .tcp import open_authenticated
 
             self._sock = open_authenticated(path, timeout, log)
-            self._reader = ReplyReader(self._sock, protocol.MAX_REPLY_BYTES)
+            self._reader = ReplyReader(self._sock, MAX_REPLY_BYTES)
             return
         if pid is None:
             path, expected = expected_for_path(path)
@@ -86,7 +89,7 @@ class Client:
             expected = ExpectedPeer(pid, None, uid, f"PID {pid}")
             check_socket_file(path, uid, expected.why)
         self._sock = self._connect(path, timeout)
-        self._reader = ReplyReader(self._sock, protocol.MAX_REPLY_BYTES)
+        self._reader = ReplyReader(self._sock, MAX_REPLY_BYTES)
         try:
             peer_pid, peer_uid = check_peer(self._sock, path, expected)
         except BaseException:
@@ -158,7 +161,7 @@ class Client:
 
     def _request(self, method: str, params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         self._next_id += 1
-        return protocol.request(self._next_id, method, params)
+        return request(self._next_id, method, params)
 
     def call(
         self, method: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
@@ -172,11 +175,11 @@ class Client:
         buffers = []
         self._greeting = not self.info
         if self._greeting:
-            hello = {"protocol": protocol.PROTOCOL_VERSION, "client": __version__}
-            buffers += protocol.frame_buffers(self._request("hello", hello))
-        buffers += protocol.frame_buffers(self._request(method, params))
+            hello = {"protocol": PROTOCOL_VERSION, "client": __version__}
+            buffers += frame_buffers(self._request("hello", hello))
+        buffers += frame_buffers(self._request(method, params))
         try:
-            protocol.send_buffers(self._sock, buffers)
+            send_buffers(self._sock, buffers)
         except (ConnectionResetError, BrokenPipeError):
             raise AgentUnreachable(f"the agent closed the connection before {method!r}") from None
         except OSError as error:  # over TCP: a peer that stopped reading, a network gone
@@ -209,8 +212,8 @@ class Client:
     def _receive(self, method: str, wait: float, request_id: int) -> Tuple[Any, bytearray]:
         frame = read_reply(self._reader, method, wait)
         try:
-            reply_id, ok, body = protocol.parse_reply(frame.header)
-        except protocol.FrameError as error:
+            reply_id, ok, body = parse_reply(frame.header)
+        except FrameError as error:
             raise BadReply(f"unusable reply to {method!r}: {error}") from None
         # The agent refuses a connection (busy, not allowed) before reading a request: id null.
         if reply_id != request_id and (ok or reply_id is not None):
@@ -221,7 +224,7 @@ class Client:
 
     def fetch_table(
         self, name: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
-    ) -> protocol.DecodedTable:
+    ) -> DecodedTable:
         result, payload = self.call("table", dict(params or {}, name=name), timeout)
         table = decode_reply_table(result, payload)
         if table.name != name:

@@ -10,17 +10,15 @@ session, with the same names.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from ..errors import AgentUnreachable
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
-
     from .connection import Client
 
-    # Called while a reply is awaited, with the seconds waited so far: False gives up.
-    KeepWaiting = Callable[[float], bool]
+# Called while a reply is awaited, with the seconds waited so far: False gives up.
+KeepWaiting = Callable[[float], bool]
 
 # How often the wait for a reply looks at keep_waiting.
 WAIT_SLICE_S = 0.1

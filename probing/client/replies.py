@@ -14,7 +14,6 @@ from __future__ import annotations
 import _socket
 import time
 
-from .. import protocol
 from ..errors import (
     AgentBusy,
     AgentFailed,
@@ -33,13 +32,17 @@ from ..errors import (
     RequestRefused,
     SessionGone,
 )
+from ..protocol.frames import MAGIC, MAX_HEADER_BYTES, PREFIX, ConnectionClosed, Frame, FrameError, json_loads
 from ..protocol.messages import ErrorKind
-from ..protocol.texts import quoted
+from ..protocol.texts import decode_texts, quoted
 from ..schema.column_check import mismatched_column
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple, Type
+
+    from ..protocol.frames import ByteChunk
+    from ..protocol.tables import DecodedTable
 
 
 # Big payloads are read this much at a time, and the buffer grows only as bytes arrive.
@@ -73,7 +76,7 @@ class ReplyReader:
         while len(pending) < size:
             chunk = self._recv(max(1 << 16, min(size - len(pending), READ_CHUNK)))
             if not chunk:
-                raise protocol.ConnectionClosed(f"closed after {len(pending)} of {size} bytes of {what}")
+                raise ConnectionClosed(f"closed after {len(pending)} of {size} bytes of {what}")
             pending += chunk
         if len(pending) == size:
             self.pending = bytearray()
@@ -82,7 +85,7 @@ class ReplyReader:
         del pending[:size]
         return data
 
-    def read(self, timeout: float) -> Optional[protocol.Frame]:
+    def read(self, timeout: float) -> Optional[Frame]:
         """The next frame, or None when the peer closed cleanly before it."""
         self._deadline = time.monotonic() + timeout
         if not self.pending:
@@ -90,14 +93,13 @@ class ReplyReader:
             if not first:
                 return None
             self.pending += first
-        prefix = self._take(protocol.PREFIX.size, "a frame prefix")
-        magic, header_length, payload_length = protocol.PREFIX.unpack(prefix)
-        if magic != protocol.MAGIC:
+        prefix = self._take(PREFIX.size, "a frame prefix")
+        magic, header_length, payload_length = PREFIX.unpack(prefix)
+        if magic != MAGIC:
             raise BadReply("the process answering on the socket does not speak probing's protocol")
-        if header_length > protocol.MAX_HEADER_BYTES:
+        if header_length > MAX_HEADER_BYTES:
             raise BadReply(
-                f"the agent announced a reply header of {header_length} bytes "
-                f"(the cap is {protocol.MAX_HEADER_BYTES})"
+                f"the agent announced a reply header of {header_length} bytes (the cap is {MAX_HEADER_BYTES})"
             )
         if header_length + payload_length > self.max_bytes:
             raise BadReply(
@@ -107,15 +109,15 @@ class ReplyReader:
         header_bytes = self._take(header_length, "the reply header")
         payload = self._take(payload_length, "the reply's data") if payload_length else bytearray()
         try:
-            header = protocol.json_loads(header_bytes.decode("utf-8"))
+            header = json_loads(header_bytes.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as error:
             raise BadReply(f"the agent's reply header is not valid JSON: {error}") from None
         if not isinstance(header, dict):
             raise BadReply("the agent's reply header is not a JSON object")
-        return protocol.Frame(header, payload)
+        return Frame(header, payload)
 
 
-def read_reply(reader: ReplyReader, method: str, wait: float) -> protocol.Frame:
+def read_reply(reader: ReplyReader, method: str, wait: float) -> Frame:
     """The next frame, with every way of not getting one turned into a ProbingError."""
     try:
         frame = reader.read(wait)
@@ -127,7 +129,7 @@ def read_reply(reader: ReplyReader, method: str, wait: float) -> protocol.Frame:
         ) from None
     except OSError:  # reset by the peer: it went away
         frame = None
-    except protocol.ConnectionClosed:
+    except ConnectionClosed:
         frame = None
     if frame is None:
         raise AgentUnreachable(f"the agent closed the connection during {method!r} (did the process exit?)")
@@ -220,12 +222,15 @@ def check_error(error: Dict[str, Any]) -> Dict[str, Any]:
     return checked
 
 
-def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.DecodedTable:
+def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> DecodedTable:
     """The table of a `table` or `backtrace` reply, checked: a malformed one, or a known table
     with a column of another type than its schema's, is a BadReply."""
+    # Not at the top: a backtrace read from outside (py-spy) decodes no table.
+    from ..protocol.tables import decode_table
+
     try:
-        table = protocol.decode_table(result["table"], payload)
-    except protocol.FrameError as error:
+        table = decode_table(result["table"], payload)
+    except FrameError as error:
         raise BadReply(str(error)) from None
     mismatch = mismatched_column(table.name, ((column.name, column.type) for column in table.columns))
     if mismatch is not None:
@@ -233,18 +238,18 @@ def decode_reply_table(result: Dict[str, Any], payload: bytearray) -> protocol.D
     return table
 
 
-def decode_reply_texts(result: Dict[str, Any], payload: protocol.ByteChunk) -> Dict[str, Any]:
+def decode_reply_texts(result: Dict[str, Any], payload: ByteChunk) -> Dict[str, Any]:
     """A reply whose texts (eval's output, value, traceback) travel in the payload, with them in."""
     if "texts" not in result:
         return result
     try:
-        return dict(result, **protocol.decode_texts(result["texts"], payload))
-    except protocol.FrameError as error:
+        return dict(result, **decode_texts(result["texts"], payload))
+    except FrameError as error:
         raise BadReply(f"unusable texts in the agent's reply: {error}") from None
 
 
 # The error each kind of error reply becomes (tests/unit/test_errors.py checks that every kind
-# of protocol.ErrorKind is here). Busy is an AgentUnreachable: backtrace falls back on it.
+# of ErrorKind is here). Busy is an AgentUnreachable: backtrace falls back on it.
 ERROR_OF_KIND: Dict[str, Type[ProbingError]] = {
     ErrorKind.BAD_REQUEST: RequestRefused,
     ErrorKind.BAD_FRAME: RequestRefused,
@@ -267,7 +272,7 @@ ERROR_OF_KIND: Dict[str, Type[ProbingError]] = {
 }
 
 
-def error_from_reply(error: Dict[str, Any], payload: protocol.ByteChunk = b"") -> ProbingError:
+def error_from_reply(error: Dict[str, Any], payload: ByteChunk = b"") -> ProbingError:
     """The ProbingError for an error reply; every field the job sent is checked to be text. A
     kind this CLI does not know (a newer agent) is a plain ProbingError with the agent's message."""
     try:

@@ -23,13 +23,10 @@ import hashlib
 import socket
 import threading
 import time
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import AgentTimeout, AgentUnreachable, BadReply, PermissionDenied, UsageError
 from ..protocol import auth, endpoints, sealed
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable, List, Optional, Tuple
 
 SCHEME = "tcp://"
 TOKEN_REFUSED_HINT = (

@@ -24,13 +24,11 @@ Standard library only.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from ..schema.rows import backtrace_row
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
-
     from ..schema.rows import BacktraceRow
 
 # faulthandler names a thread by its pthread id, which is threading.get_ident(); it has no

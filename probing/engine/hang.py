@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optiona
 
 from ..analysis.carriers import unmatched
 from ..analysis.progress import CodeLine, HangReport, Rows, Sample, stuck_dataloader_worker, verdict
+from ..client.discovery import python_version_of
 from ..errors import ProbingError, UsageError
+from ..outside.pyspy import dump, rows_from_dump
 from ..procfs import thread_cpu_ticks, thread_wakeups
 from ..schema.tables import THREADS
 from .backtrace import Stacks, read_stacks
@@ -110,9 +112,6 @@ def sample_hang(
 ) -> HangAnswer:
     """`carriers`: the names (or globs) of the threads that carry the process (--thread); each
     must name a thread of the first sample, or the watch ends there (UsageError)."""
-    from ..client.discovery import python_version_of
-    from ..outside.pyspy import dump, rows_from_dump
-
     # A remote agent's samples are all there is: its PID (on its node) only names it.
     pid = target.agent_pid(timeout) if target.remote else target.require_pid("hang")
     notes: List[str] = []

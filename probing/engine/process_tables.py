@@ -6,6 +6,7 @@ be loaded; what /proc does not let this user read is NULL. psutil is imported he
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import PermissionDenied, ProcessNotFound
@@ -27,8 +28,6 @@ def _address(address: Any) -> str:
 
 
 def _connection(connection: Any) -> str:
-    import socket
-
     kinds = {
         (socket.AF_INET, socket.SOCK_STREAM): "tcp",
         (socket.AF_INET6, socket.SOCK_STREAM): "tcp6",

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 from ..outside.pyspy import outside_budget
-from ..protocol import DecodedTable
+from ..protocol.tables import DecodedTable
 from ..schema.rows import backtrace_values_of
 from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
 from ..sql.session import SqlSession, notes_on_what_is_read, referenced_tables

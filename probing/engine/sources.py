@@ -16,6 +16,8 @@ import stat
 
 from ..procfs import file_credentials
 
+# No typing at run time: `probing PID backtrace` reads source lines through here
+# (CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, FrozenSet, List, Optional, Tuple

@@ -18,6 +18,7 @@ import time
 from ..client.connection import TCP_SCHEME, Client
 from ..client.discovery import locate_socket
 from ..errors import AgentTimeout, AgentUnreachable, NoAgent, NotLive, ProbingError, UsageError
+from ..procfs import running_threads
 from ..protocol.records import SUFFIX as RECORD_SUFFIX
 from .jobs.job import STALE_ENDPOINT_HINT, NotTheRank, Rank, identity_mismatch
 from .records.path import FATAL_SUFFIX, is_record_path
@@ -140,8 +141,6 @@ class Stillness:
 
     def check(self) -> Optional[str]:
         """Why waiting on is pointless, or None while it may not be (or cannot be told)."""
-        from ..procfs import running_threads
-
         now = time.monotonic()
         if self.pid is not None and now - self.looked_at >= STILL_CHECK_S:
             self.looked_at = now

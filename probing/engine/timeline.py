@@ -209,7 +209,7 @@ def job_timeline(
 
 def record_timeline(record: Record, steps: StepRange) -> TimelineRows:
     """The rows a record holds (a record of a job that traced: PROBING_TORCH_TRACE=1, or trace on)."""
-    from .records.sql import notes_about, record_session
+    from .records.sql import notes_about, record_session  # DuckDB, ~60 ms: for records alone
 
     session = record_session(record)
     pid = record.pid or 0

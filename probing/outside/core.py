@@ -11,19 +11,17 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import BadRecord, PermissionDenied, ProbingError, UsageError
 from ..protocol.frames import json_dumps, json_loads
 from ..schema.rows import backtrace_row
 from .core_process import CORE_IN_READER, confinement_arguments, run_as_of, run_reader
 from .elf_core import open_core_file
-from .spawn import TimedOut, TooMuchOutput
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
-
     from ..schema.rows import BacktraceRow
+from .spawn import TimedOut, TooMuchOutput
 
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_reader.py")
 SOURCE = "pystack"

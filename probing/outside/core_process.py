@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+from typing import List, Optional, Tuple
 
 from .elf_core import CoreFile
 from .spawn import Child, collect
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
 
 # Where the reader finds the core: the descriptor opened here, not the path, which another user
 # may point somewhere else between the check and the read.

@@ -11,12 +11,9 @@ import errno
 import os
 import stat
 import struct
+from typing import BinaryIO, Tuple
 
 from ..errors import BadRecord, PermissionDenied, UsageError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import BinaryIO, Tuple
 
 ELF_MAGIC = b"\x7fELF"
 ELFCLASS64 = 2

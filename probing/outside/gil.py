@@ -31,6 +31,8 @@ from __future__ import annotations
 import os
 import time
 
+# No typing at run time: `probing PID backtrace` of a job stuck on its GIL comes through here
+# (CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional, Tuple

@@ -17,8 +17,7 @@ import re
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import BadSQL
-from ..protocol import DecodedColumn, DecodedTable
-from ..protocol.tables import ENCODING_OF_TYPE
+from ..protocol.tables import ENCODING_OF_TYPE, DecodedColumn, DecodedTable
 from ..schema.tables import Column, Table
 
 _STAGING = "__probing_part"

@@ -41,11 +41,13 @@ TESTS = HERE.parent
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(TESTS.parent))
 
-from probing import __version__, protocol  # noqa: E402
+from probing import __version__  # noqa: E402
 from probing.outside import core as outside_core  # noqa: E402
 from probing.outside.core_process import confinement_arguments, run_reader  # noqa: E402
 from probing.outside.elf_core import open_core_file  # noqa: E402
 from probing.protocol import auth, sealed  # noqa: E402
+from probing.protocol.frames import MAX_REPLY_BYTES, PREFIX, frame_buffers, recv_frame, send_frame  # noqa: E402
+from probing.protocol.messages import PROTOCOL_VERSION, request  # noqa: E402
 
 CORPUS = HERE / "corpus"
 # The token of the captured TCP sessions; the fuzz tests derive the same keys from it.
@@ -73,18 +75,18 @@ LISTEN_ADDRESSES = [("loopback", "127.0.0.1:0"), ("auto", "auto"), ("port", "470
 
 def request_bytes(method: str, params: Dict[str, Any]) -> bytes:
     """The hello and the request, as client/connection.py Client.send puts them on the wire."""
-    hello = protocol.request(1, "hello", {"protocol": protocol.PROTOCOL_VERSION, "client": __version__})
-    frames = protocol.frame_buffers(hello) + protocol.frame_buffers(protocol.request(2, method, params))
+    hello = request(1, "hello", {"protocol": PROTOCOL_VERSION, "client": __version__})
+    frames = frame_buffers(hello) + frame_buffers(request(2, method, params))
     return b"".join(bytes(chunk) for chunk in frames)
 
 
 def whole_frames(data: bytes) -> int:
     count, at = 0, 0
-    while len(data) - at >= protocol.PREFIX.size:
-        _, header, payload = protocol.PREFIX.unpack_from(data, at)
-        if len(data) - at < protocol.PREFIX.size + header + payload:
+    while len(data) - at >= PREFIX.size:
+        _, header, payload = PREFIX.unpack_from(data, at)
+        if len(data) - at < PREFIX.size + header + payload:
             break
-        at += protocol.PREFIX.size + header + payload
+        at += PREFIX.size + header + payload
         count += 1
     return count
 
@@ -186,7 +188,7 @@ def capture_agent(folders: List[str]) -> None:
         if "replies" in folders:
             for stem, method, params in REQUESTS:
                 write("replies", f"{stem}.bin", unix_replies(target.pid, method, params))
-        hello = protocol.recv_frame(unix_socket_with(target.pid, "hello"), protocol.MAX_REPLY_BYTES)
+        hello = recv_frame(unix_socket_with(target.pid, "hello"), MAX_REPLY_BYTES)
         assert hello is not None
         endpoint = hello.header["result"]["listener"]["endpoint"]
         if "endpoints" in folders:
@@ -218,7 +220,7 @@ def unix_socket_with(pid: int, method: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
     sock.connect(os.path.join(os.environ["PROBING_SOCKET_DIR"], f"{pid}.sock"))
-    protocol.send_frame(sock, protocol.request(1, method, {}))
+    send_frame(sock, request(1, method, {}))
     return sock
 
 

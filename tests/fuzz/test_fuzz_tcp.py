@@ -36,12 +36,13 @@ from harness import (
     text_values,
 )
 
-from probing import protocol
 from probing.client.connection import Client
 from probing.client.tcp import split_endpoint
 from probing.errors import UsageError
 from probing.protocol import auth, endpoints
 from probing.protocol import sealed as sealed_records
+from probing.protocol.frames import MAX_REQUEST_BYTES, ConnectionClosed, FrameError, FrameReader
+from probing.protocol.messages import parse_request
 
 KEY = auth.key_of(TOKEN)
 _LENGTH = struct.Struct(">I")
@@ -179,14 +180,14 @@ def requests_read(data: bytes) -> List[Tuple[Any, str, Any]]:
     read: List[Tuple[Any, str, Any]] = []
     try:
         writer.start()
-        reader = protocol.FrameReader(agent_side, protocol.MAX_REQUEST_BYTES)
+        reader = FrameReader(agent_side, MAX_REQUEST_BYTES)
         while True:
             frame = reader.read(deadline=monotonic() + 5, frame_time=5)
             if frame is None:
                 return read
             try:
-                read.append(protocol.parse_request(frame.header))
-            except protocol.FrameError as error:
+                read.append(parse_request(frame.header))
+            except FrameError as error:
                 if error.fatal:
                     raise
     finally:
@@ -200,7 +201,7 @@ def requests_read(data: bytes) -> List[Tuple[Any, str, Any]]:
     examples=150,
     mutations=(sealed(sealed_records.CLIENT, BYTES + (frames(),) * 4),),
     scratch=sealed_streams(sealed_records.CLIENT),
-    allowed=(protocol.FrameError, protocol.ConnectionClosed, sealed_records.RecordError),
+    allowed=(FrameError, ConnectionClosed, sealed_records.RecordError),
 )
 def test_sealed_requests_as_the_agent_reads_them(data: bytes) -> List[Tuple[Any, str, Any]]:
     """The agent's refusals are FrameError (it replies with an error), ConnectionClosed and

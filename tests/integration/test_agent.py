@@ -16,8 +16,9 @@ from typing import List
 
 import pytest
 
-from probing import protocol
 from probing.errors import ExitCode
+from probing.protocol.frames import MAX_REPLY_BYTES, recv_frame, send_frame
+from probing.protocol.messages import PROTOCOL_VERSION, request
 
 from support import VENV_PYTHON, Target, interpreter_params, probing, wait_until
 
@@ -239,8 +240,8 @@ def test_hello_names_the_process(sleeper: Target) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
         raw.settimeout(10)
         raw.connect(socket_of(sleeper))
-        protocol.send_frame(raw, protocol.request(1, "hello", {"protocol": protocol.PROTOCOL_VERSION}))
-        frame = protocol.recv_frame(raw, protocol.MAX_REPLY_BYTES)
+        send_frame(raw, request(1, "hello", {"protocol": PROTOCOL_VERSION}))
+        frame = recv_frame(raw, MAX_REPLY_BYTES)
     assert frame is not None
     info = frame.header["result"]
     assert info["pid"] == sleeper.pid and info["argv"][0].endswith("sleeper.py")

@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 from record_files import header
 
-from probing import protocol
 from probing.agent.columns import TableBuilder
+from probing.protocol.frames import frame_buffers
 from probing.protocol.records import write_record
 from probing.schema.tables import BACKTRACE
 
@@ -34,7 +34,7 @@ HERE = str(Path(__file__).resolve())
 
 
 def frame(header: Dict[str, Any], payload: bytes = b"") -> bytes:
-    return b"".join(bytes(chunk) for chunk in protocol.frame_buffers(header, [payload] if payload else []))
+    return b"".join(bytes(chunk) for chunk in frame_buffers(header, [payload] if payload else []))
 
 
 def hello(argv: Optional[List[str]] = None) -> bytes:

@@ -17,8 +17,9 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import psutil
 import pytest
 
-from probing import protocol
 from probing.protocol import auth, sealed
+from probing.protocol.frames import MAX_REPLY_BYTES, recv_frame, send_frame
+from probing.protocol.messages import PROTOCOL_VERSION, ErrorKind, request
 
 from support import Target, TorchrunJob, agent_threads, interpreter_params, probing, recv_exactly, wait_until
 
@@ -36,8 +37,8 @@ def unix_call(pid: int, method: str, params: Optional[Dict[str, Any]] = None) ->
 def call(
     sock: socket.socket, method: str, params: Optional[Dict[str, Any]] = None, request_id: int = 1
 ) -> Dict[str, Any]:
-    protocol.send_frame(sock, protocol.request(request_id, method, params or {}))
-    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    send_frame(sock, request(request_id, method, params or {}))
+    frame = recv_frame(sock, MAX_REPLY_BYTES)
     assert frame is not None, f"the agent closed the connection instead of answering {method}"
     return frame.header
 
@@ -82,7 +83,7 @@ def test_no_token_means_no_listener_and_hello_says_why(tmp_path: Path) -> None:
         assert not [line for line in target.stderr_lines if "probing" in line.lower()]  # said nowhere else
 
         refused = unix_call(target.pid, "listen", {"address": "127.0.0.1:0"})
-        assert not refused["ok"] and refused["error"]["type"] == protocol.ErrorKind.BAD_REQUEST
+        assert not refused["ok"] and refused["error"]["type"] == ErrorKind.BAD_REQUEST
         assert "refusing to listen on TCP without a token" in refused["error"]["message"]
         assert unix_call(target.pid, "hello")["result"]["listener"] is None
 
@@ -102,7 +103,7 @@ def test_a_bad_listen_address_is_refused(listening_job: Target) -> None:
     assert unix_call(listening_job.pid, "listen", {"address": "nonsense"})["result"]["already"] is True
     with Target("stepper.py", via="env") as target:
         refused = unix_call(target.pid, "listen", {"address": "host:port", "token": TOKEN})
-        assert refused["error"]["type"] == protocol.ErrorKind.BAD_REQUEST
+        assert refused["error"]["type"] == ErrorKind.BAD_REQUEST
         assert "is not [HOST:]PORT or auto" in refused["error"]["message"]
 
 
@@ -120,10 +121,8 @@ def test_a_wrong_token_is_refused_and_nothing_it_sends_runs(listening_job: Targe
         assert verdict == auth.REFUSED + bytes(auth.MAC_BYTES)
         try:
             # Sent anyway, as if accepted: the agent must never read it as a request.
-            protocol.send_frame(sock, protocol.request(1, "hello", {}))
-            protocol.send_frame(
-                sock, protocol.request(2, "eval", {"code": f"open({str(proof)!r}, 'w').close()"})
-            )
+            send_frame(sock, request(1, "hello", {}))
+            send_frame(sock, request(2, "eval", {"code": f"open({str(proof)!r}, 'w').close()"}))
         except OSError:
             pass  # already hung up
         try:
@@ -183,11 +182,9 @@ def test_200_silent_connections_hold_neither_the_agent_nor_the_job(listening_job
             sock, _, verdict = tcp_handshake(endpoint)
             with sock:
                 assert verdict[:1] == auth.ACCEPTED
-                protocol.send_frame(
-                    sock, protocol.request(1, "hello", {"protocol": protocol.PROTOCOL_VERSION})
-                )
-                protocol.send_frame(sock, protocol.request(2, "backtrace", {}))
-                replies = [protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES) for _ in range(2)]
+                send_frame(sock, request(1, "hello", {"protocol": PROTOCOL_VERSION}))
+                send_frame(sock, request(2, "backtrace", {}))
+                replies = [recv_frame(sock, MAX_REPLY_BYTES) for _ in range(2)]
                 answered = time.monotonic() - started
             assert all(reply is not None and reply.header["ok"] for reply in replies)
             assert answered < 1.0, f"hello + backtrace took {answered:.2f} s behind 200 silent connections"

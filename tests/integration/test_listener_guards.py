@@ -14,8 +14,9 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from probing import protocol
 from probing.agent.listener.launcher import LAUNCHER_REFUSAL
+from probing.protocol.frames import MAX_REPLY_BYTES, recv_frame, send_frame
+from probing.protocol.messages import ErrorKind, request
 
 from support import Target, TorchrunJob, agent_threads, probing, wait_until
 
@@ -31,8 +32,8 @@ def unix_call(
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(os.path.join(os.environ["PROBING_SOCKET_DIR"], f"{pid}.sock"))
-        protocol.send_frame(sock, protocol.request(1, method, params or {}))
-        frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+        send_frame(sock, request(1, method, params or {}))
+        frame = recv_frame(sock, MAX_REPLY_BYTES)
         assert frame is not None, f"the agent closed the connection instead of answering {method}"
         return frame.header
 
@@ -68,12 +69,9 @@ def many_endpoints_then_the_agent_still_answers(pid: int) -> None:
             return
         if reply["ok"]:
             outcomes.append("answered")
-        elif (
-            reply["error"]["type"] == protocol.ErrorKind.NOT_FOUND
-            and STORE_SILENT in reply["error"]["message"]
-        ):
+        elif reply["error"]["type"] == ErrorKind.NOT_FOUND and STORE_SILENT in reply["error"]["message"]:
             outcomes.append("store silent")
-        elif reply["error"]["type"] == protocol.ErrorKind.BUSY:
+        elif reply["error"]["type"] == ErrorKind.BUSY:
             outcomes.append("refused: busy")
         else:
             outcomes.append(str(reply["error"]))

@@ -13,8 +13,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from probing.protocol import decode_table
 from probing.protocol.records import RecordFile, read_record
+from probing.protocol.tables import decode_table
 
 from support import PROBING, TARGETS, VENV_PYTHON, Target, interpreter_params, probing, wait_until
 

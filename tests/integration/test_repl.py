@@ -17,10 +17,11 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from probing import protocol
 from probing.agent.repl import session as repl
 from probing.agent.server import AgentServer
 from probing.errors import ExitCode
+from probing.protocol.frames import MAX_REPLY_BYTES, recv_frame, send_frame
+from probing.protocol.messages import request
 
 from support import PROBING, Target, agent_threads, interpreter_params, probing, wait_until
 
@@ -244,8 +245,8 @@ def agent_end(tmp_path: Path) -> Iterator[AgentEnd]:
 
 
 def call(sock: socket.socket, params: Dict[str, Any]) -> Dict[str, Any]:
-    protocol.send_frame(sock, protocol.request(1, "repl", params))
-    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    send_frame(sock, request(1, "repl", params))
+    frame = recv_frame(sock, MAX_REPLY_BYTES)
     assert frame is not None
     return frame.header
 

@@ -15,11 +15,12 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from probing import protocol
 from probing.client.connection import Client
 from probing.client.discovery import locate_socket
 from probing.errors import ExitCode
 from probing.protocol import auth
+from probing.protocol.frames import frame_buffers
+from probing.protocol.messages import PROTOCOL_VERSION, request
 
 from support import Target, probing
 
@@ -144,9 +145,9 @@ def flipping(direction_flipped: str, offset: int) -> Rewrite:
 def eval_frames(marker: Path) -> bytes:
     code = f"open({str(marker)!r}, 'w').close()"
     return b"".join(
-        protocol.frame_buffers(protocol.request(900 + index, method, params))[0]
+        frame_buffers(request(900 + index, method, params))[0]
         for index, (method, params) in enumerate(
-            [("hello", {"protocol": protocol.PROTOCOL_VERSION}), ("eval", {"code": code})]
+            [("hello", {"protocol": PROTOCOL_VERSION}), ("eval", {"code": code})]
         )
     )
 

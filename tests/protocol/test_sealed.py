@@ -14,9 +14,10 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from probing import protocol
 from probing.agent import connections
 from probing.protocol import auth, sealed
+from probing.protocol.frames import MAX_REPLY_BYTES, MAX_REQUEST_BYTES, FrameReader, send_frame
+from probing.protocol.messages import request
 
 SESSION_KEY = os.urandom(32)
 
@@ -83,18 +84,18 @@ def test_frames_small_and_large_pass_through_unchanged(
     agent, client = pair
     client.settimeout(10)
     agent.settimeout(10)
-    protocol.send_frame(client, protocol.request(1, "hello", {}))
-    protocol.send_frame(client, protocol.request(2, "eval", {"code": "1 + 1"}))
-    reader = protocol.FrameReader(agent, protocol.MAX_REQUEST_BYTES)
+    send_frame(client, request(1, "hello", {}))
+    send_frame(client, request(2, "eval", {"code": "1 + 1"}))
+    reader = FrameReader(agent, MAX_REQUEST_BYTES)
     first, second = reader.read(), reader.read()
     assert first is not None and first.header["method"] == "hello"
     assert second is not None and second.header["params"] == {"code": "1 + 1"}
 
     # A 5 MiB payload in many small chunks and one large one: sendmsg, several records each way.
     payload = [os.urandom(1000) for _ in range(300)] + [os.urandom(5 << 20)]
-    sender = threading.Thread(target=protocol.send_frame, args=(agent, {"id": 3, "ok": True}, payload))
+    sender = threading.Thread(target=send_frame, args=(agent, {"id": 3, "ok": True}, payload))
     sender.start()
-    frame = protocol.FrameReader(client, protocol.MAX_REPLY_BYTES).read()
+    frame = FrameReader(client, MAX_REPLY_BYTES).read()
     sender.join(10)
     assert frame is not None and frame.header == {"id": 3, "ok": True}
     assert bytes(frame.payload) == b"".join(payload)

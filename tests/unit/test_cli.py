@@ -10,22 +10,22 @@ from typing import Any, Dict, List, Optional
 import pytest
 from click.testing import CliRunner
 
-from probing import protocol
 from probing.agent.columns import TableBuilder
 from probing.cli import group, main
 from probing.cli.fast import parse_backtrace
 from probing.cli.invocation import Invocation
 from probing.engine.target import Target
 from probing.errors import ExitCode, RemoteError
+from probing.protocol.tables import DecodedTable, decode_table
 from probing.schema.tables import AGENT_TABLES as TABLES
 from probing.schema.tables import BACKTRACE
 
 MAIN, WORKER = 1001, 1002
 
 
-def backtrace_table(with_locals: bool = False) -> protocol.DecodedTable:
+def backtrace_table(with_locals: bool = False) -> DecodedTable:
     descriptor, chunks = backtrace_builder(with_locals).encode()
-    return protocol.decode_table(descriptor, bytearray(b"".join(bytes(c) for c in chunks)))
+    return decode_table(descriptor, bytearray(b"".join(bytes(c) for c in chunks)))
 
 
 def backtrace_builder(with_locals: bool = False) -> Any:
@@ -86,11 +86,11 @@ class FakeClient:
 
     def fetch_table(
         self, name: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
-    ) -> protocol.DecodedTable:
+    ) -> DecodedTable:
         self.calls.append(("fetch", name))
         if name == "python.backtrace":
             return backtrace_table()
-        return TableBuilder(name, []).encode() and protocol.DecodedTable(name, 0, [])
+        return TableBuilder(name, []).encode() and DecodedTable(name, 0, [])
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from probing import errors
 from probing.client.replies import ERROR_OF_KIND, error_from_reply
 from probing.errors import ExitCode, ProbingError
-from probing.protocol import ErrorKind, error_reply, parse_reply
+from probing.protocol.messages import ErrorKind, error_reply, parse_reply
 
 ERROR_CLASSES = [
     value for value in vars(errors).values() if isinstance(value, type) and issubclass(value, ProbingError)

@@ -10,11 +10,12 @@ from typing import Any, Dict, List
 
 import pytest
 
-from probing import protocol
 from probing.client.replies import BadReply, decode_reply_table, error_from_reply
 from probing.engine.core import query_core
 from probing.outside.core import parse_reading
 from probing.outside.pyspy import gil_holder, rows_from_dump
+from probing.protocol.frames import FrameError
+from probing.protocol.tables import decode_table
 from probing.schema.tables import BACKTRACE
 from probing.sql.session import SqlSession
 
@@ -138,6 +139,6 @@ def test_a_malformed_table_is_refused_in_one_short_line() -> None:
         decode_reply_table({"table": descriptor}, bytearray(8))
     assert len(refused.value.message) < 400
     column.update(type="BIGINT", offset="9" * 5000)
-    with pytest.raises(protocol.FrameError) as malformed:
-        protocol.decode_table(descriptor, bytearray(8))
+    with pytest.raises(FrameError) as malformed:
+        decode_table(descriptor, bytearray(8))
     assert len(str(malformed.value)) < 400

@@ -16,7 +16,7 @@ from probing.cli.render.record import when
 from probing.cli.render.rows import write_rows
 from probing.engine.records.fields import number, timestamp
 from probing.engine.records.path import is_temporary_record
-from probing.protocol import ColumnBuffers, decode_table, encode_table
+from probing.protocol.tables import ColumnBuffers, decode_table, encode_table
 from probing.sql.session import SqlSession, table_problem
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from probing.cli import main
 from probing.errors import ExitCode
-from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record
+from probing.protocol.tables import ColumnBuffers, encode_table
 
 # Notes as an agent writes them into a torch job's record (agent/records/writer.py).
 LEFT_OUT = (

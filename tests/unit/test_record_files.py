@@ -13,8 +13,8 @@ from probing.engine.records.path import is_record_path
 from probing.engine.records.record import open_record, read_any
 from probing.engine.records.stacks import record_stacks
 from probing.errors import BadRecord, ProbingError
-from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record
+from probing.protocol.tables import ColumnBuffers, encode_table
 
 FAULTHANDLER_TEXT = """Fatal Python error: Segmentation fault
 

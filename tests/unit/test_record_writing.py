@@ -13,7 +13,7 @@ from probing.agent.records.classify import describe, exit_status, reason_kind
 from probing.agent.records.writer import _bounded
 from probing.agent.ring import Ring
 from probing.engine.records.listing import list_pruned
-from probing.protocol import decode_table
+from probing.protocol.tables import decode_table
 
 
 class DistBackendError(RuntimeError):

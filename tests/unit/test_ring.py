@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from probing.agent.ring import Ring
-from probing.protocol import decode_table
+from probing.protocol.tables import decode_table
 
 COLUMNS = [
     ("step", "BIGINT"),

@@ -7,9 +7,9 @@ from typing import Any, List, Sequence, Tuple
 
 import pytest
 
-from probing import protocol
 from probing.agent.columns import TableBuilder
 from probing.errors import BadSQL, ExitCode
+from probing.protocol.tables import DecodedTable, decode_table
 from probing.schema.tables import AGENT_TABLES as TABLES
 from probing.sql.session import SqlSession, sql_error
 
@@ -20,15 +20,13 @@ SEED_QUERIES = [
 ]
 
 
-def shipped(
-    name: str, columns: Sequence[Tuple[str, str]], rows: List[Tuple[Any, ...]]
-) -> protocol.DecodedTable:
+def shipped(name: str, columns: Sequence[Tuple[str, str]], rows: List[Tuple[Any, ...]]) -> DecodedTable:
     """A table as the CLI receives it: built by the agent's builder, through the codec."""
     builder = TableBuilder(name, columns)
     for row in rows:
         builder.append(row)
     descriptor, chunks = builder.encode()
-    return protocol.decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks)))
+    return decode_table(descriptor, bytearray(b"".join(bytes(chunk) for chunk in chunks)))
 
 
 def backtrace_rows() -> List[Tuple[Any, ...]]:

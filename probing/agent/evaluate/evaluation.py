@@ -264,7 +264,7 @@ def _params(params: Dict[str, Any]) -> Tuple[str, float, Optional[str], bool]:
 def _texts(
     job: Optional[EvalJob], traceback_text: Optional[str], notes: str = ""
 ) -> Tuple[Dict[str, Any], List[Any]]:
-    from ... import protocol
+    from ...protocol.texts import encode_texts
 
     texts: Dict[str, Optional[str]] = {"stdout": "", "stderr": notes, "value": None}
     if job is not None:
@@ -277,7 +277,7 @@ def _texts(
         )  # fmt: skip
     if traceback_text is not None:
         texts["traceback"] = cut(traceback_text, MAX_TEXT_CHARS, "the traceback")
-    return protocol.encode_texts(texts)
+    return encode_texts(texts)
 
 
 def _compiled(source: str, filename: str) -> Tuple[Optional[CodeType], Optional[CodeType]]:

@@ -217,15 +217,15 @@ class Session:
 
 def fit_json(text: str, budget: int) -> Tuple[str, str]:
     """(head, rest): the longest head of `text` whose JSON form fits in `budget` bytes."""
-    from ... import protocol
+    from ...protocol.frames import json_dumps
 
     if len(text) * 12 <= budget:  # 12: the longest escape of one character (a surrogate pair)
         return text, ""
-    size = len(protocol.json_dumps(text))
+    size = len(json_dumps(text))
     if size <= budget:
         return text, ""
     count = max(1, len(text) * budget // size)
-    while count > 1 and len(protocol.json_dumps(text[:count])) > budget:
+    while count > 1 and len(json_dumps(text[:count])) > budget:
         count = count * 9 // 10
     return text[:count], text[count:]
 

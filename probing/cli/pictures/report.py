@@ -6,7 +6,7 @@ through `data_script`, drawn by Chart.js (report_assets.py)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 from ..render.memory import duration, size
 from .page import data_script, document, library_script, text
@@ -14,7 +14,6 @@ from .report_assets import SCRIPT, STYLE
 from .report_parts import LATEST_EPOCH, number, seconds, section, table, utc
 from .report_threads import threads_section
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ...engine.report.live import Report
 

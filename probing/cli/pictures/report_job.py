@@ -6,7 +6,7 @@ and thread entries. Sections that do not apply are left out. Text the job contro
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from ..render.job import collective_text, compact_text, gil_text, group_text, pid_text, reached_text
 from ..render.memory import size
@@ -16,7 +16,6 @@ from .report_assets import CHART_PRELUDE, STYLE
 from .report_parts import number, seconds, section, table, utc
 from .report_threads import thread_html
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ...engine.report.job import JobReport
 

@@ -3,12 +3,11 @@ the same stack), most recent call last, the main thread first and open."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from .page import text
 from .report_parts import seconds, section
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ...engine.report.live import Report
 

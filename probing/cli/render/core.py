@@ -3,15 +3,17 @@ traceback (the renderer of `probing PID backtrace`), or its python.backtrace row
 
 from __future__ import annotations
 
+import signal
 import sys
+from typing import IO, TYPE_CHECKING, Optional
 
+from ...schema.rows import backtrace_values_of
+from ...schema.tables import BACKTRACE
 from . import inert, note
 from .backtrace import write_backtrace_text
+from .rows import write_rows
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Optional
-
     from ...engine.core import CoreStacks
     from ...outside.core import CoreReading
 
@@ -21,8 +23,6 @@ _FAULTS = {4: "SIGILL", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
 
 
 def signal_name(number: int) -> str:
-    import signal
-
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -51,10 +51,6 @@ def write_core(answer: CoreStacks, format: str, out: Optional[IO[str]] = None) -
         note(f"{reading.path}: more threads or frames than probing shows; the outermost frames are left out")
     sys.stderr.flush()
     if format != "text":
-        from ...schema.rows import backtrace_values_of
-        from ...schema.tables import BACKTRACE
-        from .rows import write_rows
-
         names = BACKTRACE.column_names()
         types = [column.type for column in BACKTRACE.columns]
         write_rows(names, types, [backtrace_values_of(row) for row in reading.rows], format, out)

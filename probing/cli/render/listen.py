@@ -4,15 +4,13 @@ in the job's store (how other nodes find it)."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any, Dict
 
 from . import inert
 from .json_writer import write_json
 from .per_rank import heading, write_json_answers, write_missing
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict
-
     from ...engine.jobs.fanout import Gathered
     from ...engine.jobs.job import Job
     from ...engine.listen import Listening

@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import io
 import sys
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
 
+from ...errors import RemoteError
+from ...schema.rows import backtrace_values_of
+from ...schema.tables import BACKTRACE, RANK_COLUMNS
+from ...sql.session import with_columns
 from . import inert, inert_lines
+from .backtrace import write_thread
+from .json_writer import write_json
+from .memory import write_memory_answer
+from .reports import switch_fields, write_switch, write_tables
+from .rows import write_rows
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Callable, Dict, List, Sequence, Tuple
-
     from ...engine.backtrace import Stacks
     from ...engine.jobs.fanout import Gathered, Missing
     from ...engine.jobs.job import Job, Rank
@@ -83,8 +90,6 @@ def write_job_header(job: Job, gathered: Gathered, out: IO[str]) -> None:
 
 def write_missing(missing: List[Missing], err: IO[str] = sys.stderr) -> None:
     """Each rank that gave no answer, with why (an eval that raised: its traceback)."""
-    from ...errors import RemoteError
-
     for each in missing:
         error = each.error
         err.write(f"probing: {heading([each.rank])}: {inert(error.message)}\n")
@@ -103,7 +108,6 @@ def write_json_answers(job: Job, gathered: Gathered, fields: Callable[[Any], Dic
         error = {"error": each.error.message, "exit_code": int(each.error.exit_code)}
         entries.append(dict(rank_fields(each.rank), **error))
     entries.sort(key=lambda entry: entry["rank"])
-    from .json_writer import write_json
 
     write_json({"job": job_fields(job), "ranks": entries})
 
@@ -129,8 +133,6 @@ def fold(answers: List[Tuple[Rank, str]]) -> List[Tuple[List[Rank], str]]:
 def _thread_blocks(stacks: Stacks) -> List[Tuple[Tuple[Any, ...], str]]:
     """Each thread of one rank as (what makes it the same as another rank's, its text): the
     text without the thread's number, which differs from rank to rank."""
-    from .backtrace import write_thread
-
     blocks = []
     for thread in stacks.threads:
         buffer = io.StringIO()
@@ -147,10 +149,6 @@ def write_job_stacks(job: Job, gathered: Gathered, format: str) -> None:
         for message in stacks.notes:
             sys.stderr.write(f"probing: {heading([rank])}: {inert(message)}\n")
     if format != "text":
-        from ...schema.rows import backtrace_values_of
-        from ...schema.tables import BACKTRACE, RANK_COLUMNS
-        from .rows import write_rows
-
         names = BACKTRACE.column_names()
         types = [column.type for column in BACKTRACE.columns + RANK_COLUMNS]
         every = [
@@ -201,8 +199,6 @@ def write_job_evals(job: Job, gathered: Gathered) -> None:
 
 def write_job_switches(job: Job, feature: str, action: str, gathered: Gathered, format: str) -> None:
     """`trace` / `nan` on many ranks: what each did and where it stands, the same shown once."""
-    from .reports import switch_fields, write_switch
-
     if format == "json":
         write_json_answers(job, gathered, switch_fields)
         write_missing(gathered.missing)
@@ -220,8 +216,6 @@ def write_job_switches(job: Job, feature: str, action: str, gathered: Gathered, 
 
 def write_job_memory(job: Job, gathered: Gathered, format: str) -> None:
     """`memory` on many ranks: each rank's report under its heading."""
-    from .memory import write_memory_answer
-
     if format == "json":
         write_json_answers(job, gathered, lambda answer: dict(answer.result))
         write_missing(gathered.missing)
@@ -239,10 +233,6 @@ def write_job_memory(job: Job, gathered: Gathered, format: str) -> None:
 def write_job_tables(gathered: Gathered, format: str) -> None:
     """`tables` on many ranks: the tables of the first rank that answered (every rank of a job
     runs the same code), each with the columns --ranks adds."""
-    from ...schema.tables import RANK_COLUMNS
-    from ...sql.session import with_columns
-    from .reports import write_tables
-
     if gathered.answers:
         first = min(gathered.answers, key=lambda pair: pair[0].rank)[1]
         write_tables([with_columns(table, RANK_COLUMNS) for table in first], format)

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import inert, notes
 from .json_writer import write_json
 from .per_rank import job_fields
 from .rows import write_rows, write_table
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Dict, List, Optional, Tuple
-
     from ...engine.jobs.glance import JobGlance, RankGlance
     from ...engine.jobs.job import Job
 

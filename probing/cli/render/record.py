@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from typing import IO, Any, Dict, List, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from ...engine.backtrace import Stacks, TreeStacks
 from ...errors import ProbingError
@@ -20,7 +20,6 @@ from .json_writer import write_json
 from .memory import size
 from .rows import write_table
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ...engine.records.record import Record
     from ...engine.records.sql import Exported

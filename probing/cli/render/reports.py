@@ -7,8 +7,8 @@ import sys
 from typing import IO, Any, Dict, List, Optional
 
 from ...errors import ProbingError
-from . import inert, inert_lines
-from .backtrace import write_backtrace_text
+from . import inert, inert_lines, notes
+from .backtrace import write_backtrace_text, write_stacks_to_stderr
 from .files import counted, write_output
 from .json_writer import dumps, write_json
 from .nan import nan_session_lines
@@ -61,8 +61,6 @@ def write_attach(pid: int, attached: Any, format: str) -> None:
 def write_hang(answer: Any, format: str) -> None:
     """`probing PID hang`: notes, then the verdict and each thread (or the report as JSON),
     then the stuck DataLoader worker's stacks."""
-    from . import notes
-
     notes(answer.notes)
     if format == "json":
         write_json(answer.report.to_json())
@@ -120,8 +118,6 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
     """`probing run --hang-timeout`: the JSON report when asked for (first: a CI script's file
     outlives a reader of stderr that went away), then every stack of the hung job's process tree
     on stderr (each thread with the locals of its innermost frame)."""
-    from .backtrace import write_stacks_to_stderr
-
     records = getattr(job, "records", ())
     unwritten = None
     if report_path:
@@ -142,7 +138,7 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
     if unwritten is not None:
         err.write(f"probing: no report: {inert(unwritten)}\n")
     if job.job is not None:
-        from .job import write_job_hang
+        from .job import write_job_hang  # loaded by every command (cli/group.py): only a job's needs it
 
         err.write(
             f"probing: a rank of the job made no progress for {job.stalled_s:.0f} s; the job's verdict, "

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import sys
+from typing import IO, Any, Iterable, List, Optional, Sequence
 
 from . import inert, writable
-from .json_writer import write_json, write_json_lines
+from .json_writer import dumps, write_json, write_json_lines
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import IO, Any, Iterable, List, Optional, Sequence
-
-    Rows = Sequence[Sequence[Any]]
+Rows = Sequence[Sequence[Any]]
 
 
 def _cell(value: Any) -> str:
-    import datetime
-
-    from .json_writer import dumps
-
     if value is None:
         return "NULL"
     if isinstance(value, bool):
@@ -58,7 +53,7 @@ def write_rows(
             write_json(list(objects), out)
         return
     if fmt == "csv":
-        import csv
+        import csv  # rows.py is loaded by every command (cli/group.py); csv by --format csv alone
 
         # Exact values, but for lone surrogates, which have no bytes to write (render.writable).
         writer = csv.writer(out, lineterminator="\n")
@@ -71,7 +66,7 @@ def write_rows(
 
 def terminal_width(out: IO[str]) -> Optional[int]:
     """The columns of the terminal `out` writes to; None when it is no terminal."""
-    import shutil
+    import shutil  # not at the top: `backtrace --format table` reaches this module (cli/fast.py)
 
     try:
         terminal = out.isatty()
@@ -89,8 +84,6 @@ def _json_value(text: str) -> Any:
     """A JSON column's value as the JSON it holds; its text when it holds none, or nests deeper
     than MAX_JSON_DEPTH (the job wrote it: a record's, or a hostile agent's, `locals` may be
     any text), which JSON then quotes."""
-    import json
-
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+# No typing at run time, and each shape's writer loaded when one is written: `probing PID
+# backtrace` starts through here (cli/fast.py; CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

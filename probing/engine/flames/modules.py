@@ -8,6 +8,8 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...errors import ProbingError, UsageError
+from ..query import load_tables
+from ..requests import switch
 from ..target import Target
 from ..timeline import parse_steps as parse_step_range
 from ..trace_sessions import newest_whole, session_expression, sessions
@@ -187,20 +189,16 @@ def torch_flame(session: Any, steps_text: Optional[str], title: str, notes: List
 
 
 def torch_flame_of_target(target: Target, steps_text: Optional[str], timeout: float) -> Flame:
-    from ..query import load_tables
-
     loaded = load_tables(target, "SELECT * FROM python.torch_trace", timeout)
     try:
         return torch_flame(loaded.session, steps_text, f"PID {loaded.pid}", loaded.notes)
     except NothingTraced:
-        from ..requests import switch
-
         switch(target, "trace", {"action": "status"}, timeout)  # NoTorch: a job without torch
         raise
 
 
 def torch_flame_of_record(record: Any, steps_text: Optional[str]) -> Flame:
-    from ..records.sql import notes_about, record_session
+    from ..records.sql import notes_about, record_session  # DuckDB, ~60 ms: for records alone
 
     notes = notes_about(record.notes, ["python.torch_trace"])  # the one table it reads
     return torch_flame(record_session(record), steps_text, os.path.basename(record.path), notes)

@@ -25,7 +25,11 @@ from ...errors import (
     ProbingError,
     ProcessNotFound,
 )
+from ...outside import spawn
+from ...outside.pyspy import OutsideTimeout, outside_budget, py_spy
+from ...procfs import command_line, process_alive, thread_name
 from ...protocol.frames import json_loads
+from ..backtrace import ask
 from ..target import REMOTE_HINT, Fallback, Target, why_from_outside
 
 # Beyond the sampling itself, what the agent may take to answer (encoding, a busy GIL).
@@ -118,8 +122,6 @@ def _finite(value: Any) -> bool:
 
 
 def _sample_from_agent(target: Target, duration: float, rate: float, timeout: float) -> Flame:
-    from ..backtrace import ask
-
     ping_wait = min(timeout, PING_TIMEOUT_S)
     if target.remote:
         client = target.connect(timeout)  # nothing to fall back on over TCP
@@ -165,7 +167,6 @@ def sample_stacks(
         return _sample_from_agent(target, duration, rate, timeout)
     except (NoAgent, Fallback) as error:
         why = why_from_outside(target, error)
-    from ...procfs import process_alive
 
     pid = target.require_pid("sampling from outside")
     if not process_alive(pid):
@@ -183,8 +184,6 @@ _FRAME = re.compile(r" \([^()]*:\d+\)$")
 def parse_pyspy_raw(text: str) -> List[Tuple[Tuple[str, ...], float]]:
     """py-spy's raw (folded) output: `thread (TID): NAME;frame;frame COUNT` per line. A thread
     name with `;` in it is put back together; the agent's own threads are left out."""
-    from ...procfs import thread_name
-
     stacks: Dict[Tuple[str, ...], float] = {}
     for line in text.splitlines():
         body, _, count_text = line.rpartition(" ")
@@ -213,10 +212,6 @@ def sample_with_pyspy(pid: int, duration: float, rate: float, why: str, timeout:
     """`py-spy record` of every thread (idle ones too, as the agent counts them), parsed. py-spy
     gets the sampling's seconds and then a read from outside's share of --timeout (`timeout`) to
     start, stop and write (engine/backtrace.py: how --timeout is split)."""
-    from ...outside import spawn
-    from ...outside.pyspy import OutsideTimeout, outside_budget, py_spy
-    from ...procfs import command_line
-
     binary = py_spy()
     if binary is None:
         raise ProbingError(
@@ -260,8 +255,6 @@ def sample_with_pyspy(pid: int, duration: float, rate: float, why: str, timeout:
 
 def _pyspy_failed(pid: int, why: str, stderr: str, status: int) -> ProbingError:
     """py-spy's failure in one sentence (its `Error:` line, not its Rust backtrace)."""
-    from ...procfs import process_alive
-
     if not process_alive(pid):
         gone = f"PID {pid} exited while its stacks were sampled from outside ({why})"
         return ProcessNotFound(gone, hint="")

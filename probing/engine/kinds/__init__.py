@@ -11,6 +11,8 @@ Standard library only, no typing at run time: `probing PID backtrace` starts thr
 
 from __future__ import annotations
 
+from ...errors import NotLive
+from ..records.path import is_record_path
 from .base import Kind, One, Ranks, Rows
 
 TYPE_CHECKING = False
@@ -53,12 +55,6 @@ def _core(text: str, command: str, options: Options) -> Kind:
     return Core(text, command, log=options.log if options.verbose else None)
 
 
-def _is_record(text: str) -> bool:
-    from ..records.path import is_record_path
-
-    return is_record_path(text)
-
-
 def _is_core(text: str) -> bool:
     from .core import is_core_path
 
@@ -80,7 +76,7 @@ def _kind_of_core() -> Type[Kind]:
 # The kinds a TARGET that names a file can be, tried in order: (is it one, open it, its class).
 FILE_KINDS: List[Tuple[Callable[[str], bool], Callable[[str, str, Options], Kind], Callable[[], Type[Kind]]]]
 FILE_KINDS = [
-    (_is_record, _record, _kind_of_record),
+    (is_record_path, _record, _kind_of_record),
     (_is_core, _core, _kind_of_core),
 ]
 
@@ -102,8 +98,6 @@ def resolve(
             if not claims(text):
                 continue
             if ranks is not None:
-                from ...errors import NotLive
-
                 of_file = kind()
                 what = what or f"{command} --ranks"
                 raise NotLive(

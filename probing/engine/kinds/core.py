@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import os
 
+from ...schema.tables import BACKTRACE
+from ..records.path import open_regular
 from .base import Kind, One, Rows
 
+# No typing at run time, and the core reader loaded when a core is read: `probing PID backtrace`
+# loads this module to tell a core file from a PID (CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Optional
@@ -23,8 +27,6 @@ _ET_CORE = 4
 
 def is_core_path(text: str) -> bool:
     """Whether `text` names a regular file that is an ELF core (its first 18 bytes say so)."""
-    from ..records.path import open_regular
-
     if text.isdigit() or "://" in text:
         return False
     try:
@@ -79,6 +81,4 @@ class Core(Kind):
         return One(Rows(result.columns, result.types, result.rows))
 
     def describe(self, timeout: float) -> One:
-        from ...schema.tables import BACKTRACE
-
         return One([BACKTRACE.describe()])

@@ -9,6 +9,8 @@ from ...errors import ExitCode
 from ..jobs.fanout import Gathered
 from .base import Kind, Ranks, Rows
 
+# No typing at run time, and each operation's engine loaded when asked: `probing PID backtrace
+# --ranks all` starts through here (cli/fast.py; CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, List, Optional, Sequence

@@ -9,6 +9,8 @@ from __future__ import annotations
 from ...errors import ExitCode
 from .base import Kind, One, Rows
 
+# No typing at run time, and each operation's engine loaded when asked: `probing PID backtrace`
+# starts through here (cli/fast.py; CONTRIBUTING.md, "Imports").
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional, Sequence

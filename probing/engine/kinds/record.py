@@ -6,14 +6,17 @@ and an export; nothing that needs the process running.
 
 from __future__ import annotations
 
+from typing import Any, Optional, Sequence
+
 from ...errors import ExitCode
+from ..records.record import Record as RecordFile
+from ..records.stacks import record_stacks
+from ..sources import SourceLines, reader_for_owner
+from ..timeline import record_timeline
 from .base import Kind, One, Rows
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence
-
-    from ..records.record import Record as RecordFile
+# Every click command loads this module (cli/hang.py, cli/memory.py, cli/export.py name its
+# classes): what one operation alone needs is imported by that operation.
 
 
 class FromRecord:
@@ -39,13 +42,11 @@ class Record(Kind):
         self, locals: bool, thread: Optional[str], timeout: float, native: bool, children: bool,
         attach_children: bool,
     ) -> One:  # fmt: skip
-        from ..records.stacks import record_stacks
-
         self.refuse_live_stacks(native, children or attach_children)
         return One(FromRecord(self.record, record_stacks(self.record, locals, thread)))
 
     def query(self, sql: str, timeout: float, scan_budget: float, step_wait: float) -> One:
-        from ..records.sql import query_record
+        from ..records.sql import query_record  # DuckDB, ~60 ms: loaded for SQL alone
 
         answer = query_record(self.record, sql)
         return One(Rows(answer.columns, answer.types, answer.rows, answer.notes))
@@ -54,12 +55,11 @@ class Record(Kind):
         return One(self.record.described())
 
     def hang(self, duration: float, samples: int, timeout: float, carriers: Sequence[str]) -> One:
-        from ..records.reports import record_hang
-        from ..sources import SourceLines, reader_for_owner
-
         if carriers:
             raise self.not_for("hang --thread")
         sources = SourceLines(None, reader_for_owner(*self.record.owner))
+
+        from ..records.reports import record_hang
 
         report = record_hang(self.record, sources.frame_line)
         return One(FromRecord(self.record, report), ExitCode.HUNG if report["hung"] else ExitCode.OK)
@@ -68,21 +68,19 @@ class Record(Kind):
         self, growth: Optional[float], cuda_snapshot: bool, interval: Optional[float], top: int,
         timeout: float, scan_budget: float, live_options: Sequence[str],
     ) -> One:  # fmt: skip
-        from ..records.reports import record_memory
-
         if live_options:
             raise self.not_for(f"memory {live_options[0]}")
+        from ..records.reports import record_memory
+
         return One(FromRecord(self.record, record_memory(self.record)))
 
     def report(self, timeout: float, hang_duration: float, hang_samples: int, tensors: bool) -> One:
-        from ..report.record import gather_record
+        from ..report.record import gather_record  # DuckDB (records.sql)
 
         gathered = gather_record(self.record)
         return One(gathered, ExitCode.PARTIAL if gathered.failures else ExitCode.OK)
 
     def timeline(self, steps: Any, timeout: float) -> One:
-        from ..timeline import record_timeline
-
         return One(record_timeline(self.record, steps))
 
     def module_flame(self, steps: Optional[str], timeout: float) -> One:
@@ -92,6 +90,6 @@ class Record(Kind):
 
     def export(self, directory: str, format: str, force: bool) -> One:
         """Every table as Parquet or CSV files in `directory`, and the header as record.json."""
-        from ..records.sql import export_record
+        from ..records.sql import export_record  # DuckDB
 
         return One(export_record(self.record, directory, format, force), notes=self.record.notes)

@@ -21,9 +21,9 @@ import signal
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ...errors import BadRecord
-from ...protocol import DecodedTable, FrameError, decode_table
-from ...protocol.frames import MAX_HEADER_BYTES
+from ...protocol.frames import MAX_HEADER_BYTES, FrameError
 from ...protocol.records import MAX_RECORD_BYTES, RecordFormatError, read_record
+from ...protocol.tables import DecodedTable, decode_table
 from ...schema.column_check import mismatched_column
 from ...schema.rows import backtrace_row
 from ...schema.tables import AGENT_TABLES, BACKTRACE

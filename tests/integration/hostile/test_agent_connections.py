@@ -11,8 +11,17 @@ from typing import Iterator, List
 
 import pytest
 
-from probing import protocol
 from probing.errors import ExitCode
+from probing.protocol.frames import (
+    MAGIC,
+    MAX_REPLY_BYTES,
+    PREFIX,
+    Frame,
+    encode_header,
+    recv_frame,
+    send_frame,
+)
+from probing.protocol.messages import PROTOCOL_VERSION, request
 
 from support import PROBING, Target, probing
 
@@ -63,8 +72,8 @@ def set_agent(target: Target, assignment: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def read_reply(sock: socket.socket) -> protocol.Frame:
-    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+def read_reply(sock: socket.socket) -> Frame:
+    frame = recv_frame(sock, MAX_REPLY_BYTES)
     assert frame is not None
     return frame
 
@@ -105,10 +114,10 @@ def test_a_slowloris_frame_is_cut_off_at_the_frame_deadline(sleeper: Target) -> 
     set_agent(sleeper, "FRAME_TIMEOUT_S = 0.5")
     (slow,) = connect(sleeper, 1)
     try:
-        hello = protocol.encode_header(protocol.request(1, "hello", {"protocol": protocol.PROTOCOL_VERSION}))
-        slow.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(hello), 0) + hello)
+        hello = encode_header(request(1, "hello", {"protocol": PROTOCOL_VERSION}))
+        slow.sendall(PREFIX.pack(MAGIC, len(hello), 0) + hello)
         assert read_reply(slow).header["ok"] is True
-        ping = protocol.PREFIX.pack(protocol.MAGIC, 100, 0) + b'{"id": 2, "method": "ping"'
+        ping = PREFIX.pack(MAGIC, 100, 0) + b'{"id": 2, "method": "ping"'
         started = time.monotonic()
         # A byte every 0.1 s: each recv() alone is quick, only a deadline over the frame ends it.
         for byte in ping:
@@ -136,7 +145,7 @@ def test_frames_announcing_16_mb_cost_the_job_no_memory(sleeper: Target) -> None
     try:
         for sock in announcing:
             try:
-                sock.sendall(protocol.PREFIX.pack(protocol.MAGIC, 100, (16 << 20) - 100) + b'{"id": 1')
+                sock.sendall(PREFIX.pack(MAGIC, 100, (16 << 20) - 100) + b'{"id": 1')
             except OSError:
                 pass  # evicted already: that is the point
         # Every connection has been read from (or evicted) once the agent answers after them.
@@ -153,7 +162,7 @@ def test_when_every_connection_runs_a_request_the_cli_says_who(sleeper: Target) 
     try:
         for number, sock in enumerate(busy):
             code = "import time; time.sleep(6)"
-            protocol.send_frame(sock, protocol.request(number, "eval", {"code": code, "timeout": 8}))
+            send_frame(sock, request(number, "eval", {"code": code, "timeout": 8}))
         eval_result = probing(str(sleeper.pid), "eval", "1", timeout=30)
         assert eval_result.returncode == ExitCode.ERROR
         assert "the agent serves 16 connections, all running a request: eval for" in eval_result.stderr

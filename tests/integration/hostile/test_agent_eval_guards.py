@@ -13,10 +13,11 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from probing import protocol
 from probing.agent.evaluate import exitguard
 from probing.agent.server import AgentServer
 from probing.errors import ExitCode
+from probing.protocol.frames import MAX_REPLY_BYTES, recv_frame, send_frame
+from probing.protocol.messages import request
 
 from support import INTERPRETER_PATTERNS, Target, find_interpreter, probing, wait_until
 
@@ -154,8 +155,8 @@ def agent_end(tmp_path: Path) -> Iterator[socket.socket]:
 
 
 def error_of(sock: socket.socket, method: str, params: Dict[str, Any]) -> Dict[str, Any]:
-    protocol.send_frame(sock, protocol.request(1, method, params))
-    frame = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+    send_frame(sock, request(1, method, params))
+    frame = recv_frame(sock, MAX_REPLY_BYTES)
     assert frame is not None and frame.header["ok"] is False, frame and frame.header
     error: Dict[str, Any] = frame.header["error"]
     return error

@@ -13,7 +13,17 @@ from typing import Callable, Iterator
 
 import pytest
 
-from probing import protocol
+from probing.protocol.frames import (
+    MAGIC,
+    MAX_HEADER_BYTES,
+    MAX_REPLY_BYTES,
+    MAX_REQUEST_BYTES,
+    PREFIX,
+    FrameReader,
+    encode_header,
+    recv_frame,
+)
+from probing.protocol.messages import request
 
 from support import Target, probing
 
@@ -60,7 +70,7 @@ def assert_answers_quickly(target: Target) -> None:
 
 
 def frame(header: bytes, payload: bytes = b"") -> bytes:
-    return protocol.PREFIX.pack(protocol.MAGIC, len(header), len(payload)) + header + payload
+    return PREFIX.pack(MAGIC, len(header), len(payload)) + header + payload
 
 
 def random_bytes(rng: random.Random, target: Target) -> None:
@@ -69,16 +79,16 @@ def random_bytes(rng: random.Random, target: Target) -> None:
 
 
 def truncated_frames(rng: random.Random, target: Target) -> None:
-    whole = frame(protocol.encode_header(protocol.request(1, "eval", {"code": "1"})))
+    whole = frame(encode_header(request(1, "eval", {"code": "1"})))
     for _ in range(40):
         send_and_close(target, whole[: rng.randint(1, len(whole) - 1)])
 
 
 def huge_lengths(rng: random.Random, target: Target) -> None:
     for _ in range(30):
-        header_length = rng.choice([protocol.MAX_HEADER_BYTES + 1, 2**32 - 1, 1000])
-        payload_length = rng.choice([0, 2**32 - 1, protocol.MAX_REQUEST_BYTES, 2**31])
-        send_and_close(target, protocol.PREFIX.pack(protocol.MAGIC, header_length, payload_length) + b"{")
+        header_length = rng.choice([MAX_HEADER_BYTES + 1, 2**32 - 1, 1000])
+        payload_length = rng.choice([0, 2**32 - 1, MAX_REQUEST_BYTES, 2**31])
+        send_and_close(target, PREFIX.pack(MAGIC, header_length, payload_length) + b"{")
 
 
 def malformed_headers(rng: random.Random, target: Target) -> None:
@@ -89,16 +99,16 @@ def malformed_headers(rng: random.Random, target: Target) -> None:
     with connection(target) as sock:
         for header in headers * 3:
             sock.sendall(frame(header))
-            reply = protocol.recv_frame(sock, protocol.MAX_REPLY_BYTES)
+            reply = recv_frame(sock, MAX_REPLY_BYTES)
             assert reply is not None and reply.header["ok"] is False  # an error, and the line stays up
 
 
 def pipelined_pings(rng: random.Random, target: Target) -> None:
     count = 2000
-    ping = frame(protocol.encode_header(protocol.request(1, "ping")))
+    ping = frame(encode_header(request(1, "ping")))
     with connection(target) as sock:
         sock.sendall(ping * count)
-        reader = protocol.FrameReader(sock, protocol.MAX_REPLY_BYTES)
+        reader = FrameReader(sock, MAX_REPLY_BYTES)
         for _ in range(count):
             reply = reader.read()
             assert reply is not None and reply.header["result"] == {"pong": True}

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 import pytest
 from record_files import header
 
-from probing.protocol import ColumnBuffers, encode_table
 from probing.protocol.records import write_record
+from probing.protocol.tables import ColumnBuffers, encode_table
 from probing.schema.tables import AGENT_TABLES
 
 from support import probing
