@@ -84,9 +84,10 @@ def core_problem(answer: Tuple[CoreReading, Any]) -> Optional[str]:
 def as_the_cli_shows(reading: CoreReading) -> Any:
     """cli/core.py: the stacks rendered as text and as rows, one thread's, and SQL over them."""
     from probing.cli.render.core import write_core
+    from probing.engine.core import CoreStacks
 
     for format in ("text", "json"):
-        write_core(reading, format, io.StringIO())
+        write_core(CoreStacks(reading), format, io.StringIO())
     if reading.rows:
         only_thread(reading.rows, str(reading.rows[-1]["native_id"]))
     core_session(reading)
