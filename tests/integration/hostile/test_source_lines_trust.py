@@ -17,24 +17,10 @@ from typing import Iterator
 
 import pytest
 
-from support import BIN, Target, listening_endpoint, probing, wait_until
+from support import BIN, TARGETS, Target, listening_endpoint, probing, wait_until
 
 SECRET = "SECRET-ROOT-ONLY-LINE"
 VISIBLE = "VISIBLE-TO-ANYONE-LINE"
-
-JOB = """
-import sys, threading
-secret, visible = sys.argv[1], sys.argv[2]
-stop = threading.Event()
-def wait():
-    stop.wait()
-# Line 1 of each "file" is where its frame waits.
-def work():
-    exec(compile("wait()", visible, "exec"), {"wait": wait})
-threading.Thread(target=work, name="worker").start()
-print("ready", flush=True)
-exec(compile("wait()", secret, "exec"), {"wait": wait})
-"""
 
 
 @pytest.fixture
@@ -53,7 +39,7 @@ def nobodys_job() -> Iterator[subprocess.Popen]:  # type: ignore[type-arg]
     records = Path(tempfile.mkdtemp(prefix="probing-nobody-records-"))
     os.chown(records, nobody.pw_uid, nobody.pw_gid)
     job = subprocess.Popen(
-        ["/usr/bin/python3", "-c", JOB, str(secret), str(visible)],
+        ["/usr/bin/python3", "-c", (TARGETS / "named_files.py").read_text(), str(secret), str(visible)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
         user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
         env={"PATH": "/usr/bin:/bin", "PROBING_RECORD_DIR": str(records)},

@@ -24,10 +24,8 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 import pytest
 
 from probing.agent.listener import handshakes
-from probing.client.connection import Client
-from probing.client.discovery import locate_socket
 
-from support import PROBING, VENV_PYTHON, Target
+from support import PROBING, VENV_PYTHON, Target, listener_of
 
 # The flood takes every core it can get, and the clients' times are compared with their own
 # times without it and the job's heartbeat bounded: it runs alone, after the parallel part.
@@ -64,15 +62,6 @@ class Outcome(NamedTuple):
     seconds: float
     stdout: str
     stderr: str
-
-
-def listener_of(pid: int) -> Dict[str, Any]:
-    """The agent's own word on its listener (hello), over its Unix socket: no flood there."""
-    with Client(locate_socket(pid), 10.0, pid=pid) as client:
-        client.call("ping")
-        listener = client.info.get("listener")
-    assert isinstance(listener, dict), client.info
-    return listener
 
 
 def ask_stall(job: Target) -> Tuple[float, float, int]:
