@@ -1,40 +1,46 @@
 /* cli/render/backtrace.py write_backtrace_text, for one process whose agent answered:
  * the header line, then each thread (in the order of its first row, frames by depth) headed by
- * its state, its frames outermost first, each Python frame with its source line. Every
- * string the job controls goes through inert(). */
+ * its state, its frames outermost first, each Python frame with its source line. The layout is
+ * that module's templates (front_tables.h, generated from it); fill() writes every field
+ * through inert(), as the Python CLI does. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "front.h"
+#include "front_tables.h"
 
-static int inert_int(buf_t *out, long long value)
+static str_t text_of(const char *text)
 {
-    return buf_int(out, value);
+    return (str_t){text, strlen(text)};
 }
 
-static int inert_text(buf_t *out, const char *text)
+/* `template` with each field's value (fields[FIELD_...]) made inert. */
+static int fill(buf_t *out, const piece_t *template, const str_t *fields)
 {
-    str_t whole = {text, strlen(text)};
-    return inert(out, whole);
+    for (; template->text; template++)
+        if (buf_str(out, template->text) < 0 ||
+            (template->field >= 0 && inert(out, fields[template->field]) < 0))
+            return -1;
+    return 0;
 }
 
 static int header(int pid, const jval *hello, buf_t *out)
 {
     const jval *version = json_get(hello, "python_version"), *argv = json_get(hello, "argv");
-    if (buf_str(out, "Process ") < 0 || inert_int(out, pid) < 0 || buf_str(out, " (Python ") < 0)
-        return -1;
-    if (version && version->type == J_STR ? inert(out, version->str) : inert_text(out, "None"))
-        return -1;
-    if (buf_str(out, "): ") < 0)
-        return -1;
+    char pid_text[24];
+    snprintf(pid_text, sizeof(pid_text), "%d", pid);
     buf_t joined = {0};
     for (size_t i = 0; argv && argv->type == J_ARR && i < argv->count; i++)
         if ((i && buf_str(&joined, " ") < 0) || buf_add(&joined, argv->items[i].str.p, argv->items[i].str.n) < 0)
             return -1;
-    str_t line = {joined.data ? joined.data : "", joined.len};
-    int failed = inert(out, line) < 0 || buf_str(out, "\n") < 0;
+    str_t fields[FIELD_COUNT] = {{0}};
+    fields[FIELD_PID] = text_of(pid_text);
+    fields[FIELD_PYTHON] = version && version->type == J_STR ? version->str : text_of("None");
+    fields[FIELD_ARGV] = (str_t){joined.data ? joined.data : "", joined.len};
+    int failed = fill(out, PROCESS_LINE, fields);
     free(joined.data);
-    return failed ? -1 : 0;
+    return failed;
 }
 
 /* Each thread's rows together, by depth, equal depths in the order sent (Python's sort is
@@ -66,6 +72,8 @@ static int by_first_row(const void *left, const void *right)
 
 static int frame_line(int pid, const row_t *frame, buf_t *out)
 {
+    str_t fields[FIELD_COUNT] = {{0}};
+    fields[FIELD_FUNC] = frame->func;
     if (frame->frame_type.n == 6 && memcmp(frame->frame_type.p, "Native", 6) == 0) {
         str_t base = frame->file;
         const char *slash = NULL;
@@ -76,23 +84,36 @@ static int frame_line(int pid, const row_t *frame, buf_t *out)
             base.n -= (size_t)(slash + 1 - base.p);
             base.p = slash + 1;
         }
-        if (buf_str(out, "  [native] ") < 0 || inert(out, frame->func) < 0 || buf_str(out, " in ") < 0 ||
-            inert(out, base) < 0)
-            return -1;
-        return buf_str(out, "\n");
+        fields[FIELD_FILE] = base;
+        return fill(out, NATIVE_FRAME, fields);
     }
-    str_t code;
-    if (buf_str(out, "  File \"") < 0 || inert(out, frame->file) < 0 || buf_str(out, "\", line ") < 0 ||
-        (frame->has_lineno ? inert_int(out, frame->lineno) : buf_str(out, "?")) < 0 ||
-        buf_str(out, ", in ") < 0 || inert(out, frame->func) < 0 || buf_str(out, "\n") < 0)
+    char lineno[24];
+    snprintf(lineno, sizeof(lineno), "%lld", frame->lineno);
+    fields[FIELD_FILE] = frame->file;
+    fields[FIELD_LINENO] = text_of(frame->has_lineno ? lineno : UNKNOWN_LINENO);
+    if (fill(out, PYTHON_FRAME, fields) < 0 ||
+        source_line(pid, frame->file, frame->has_lineno ? frame->lineno : 0, &fields[FIELD_CODE]) < 0)
         return -1;
-    if (source_line(pid, frame->file, frame->has_lineno ? frame->lineno : 0, &code) < 0)
+    return fields[FIELD_CODE].n ? fill(out, CODE_LINE, fields) : 0;
+}
+
+/* A thread's heading: its number, name, whether it is the main thread, and its state. */
+static int thread_line(const row_t *innermost, str_t state, buf_t *out)
+{
+    char id[24];
+    snprintf(id, sizeof(id), "%lld", innermost->has_native_id ? innermost->native_id : innermost->thread_id);
+    str_t fields[FIELD_COUNT] = {{0}};
+    buf_t number = {0};
+    fields[FIELD_ID] = text_of(id);
+    if (fill(&number, NUMBERED, fields) < 0)
         return -1;
-    if (code.n == 0)
-        return 0;
-    if (buf_str(out, "    ") < 0 || inert(out, code) < 0)
-        return -1;
-    return buf_str(out, "\n");
+    fields[FIELD_NUMBER] = (str_t){number.data, number.len};
+    fields[FIELD_NAME] = innermost->thread_name;
+    fields[FIELD_MAIN] = text_of(innermost->is_main ? MAIN_THREAD : "");
+    fields[FIELD_STATE] = state;
+    int failed = fill(out, THREAD_GAP, fields) < 0 || fill(out, THREAD_LINE, fields) < 0;
+    free(number.data);
+    return failed ? -1 : 0;
 }
 
 int render_backtrace(int pid, const answer_t *answer, buf_t *out)
@@ -128,12 +149,7 @@ int render_backtrace(int pid, const answer_t *answer, buf_t *out)
         const row_t *innermost = own[0];
         if (thread_state(own, n, pid, &state) < 0)
             return -1;
-        str_t state_text = {state.data, state.len};
-        if (buf_str(out, "\nThread ") < 0 ||
-            inert_int(out, innermost->has_native_id ? innermost->native_id : innermost->thread_id) < 0 ||
-            buf_str(out, " \"") < 0 || inert(out, innermost->thread_name) < 0 || buf_str(out, "\"") < 0 ||
-            buf_str(out, innermost->is_main ? ", main thread: " : ": ") < 0 || inert(out, state_text) < 0 ||
-            buf_str(out, " (most recent call last):\n") < 0)
+        if (thread_line(innermost, (str_t){state.data, state.len}, out) < 0)
             return -1;
         for (size_t i = n; i-- > 0;)
             if (frame_line(pid, own[i], out) < 0)
@@ -142,5 +158,5 @@ int render_backtrace(int pid, const answer_t *answer, buf_t *out)
     free(frames);
     free(thread);
     free(state.data);
-    return threads ? 0 : buf_str(out, "\n(no Python threads)\n");
+    return threads ? 0 : fill(out, NO_THREADS, NULL);
 }

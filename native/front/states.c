@@ -1,7 +1,7 @@
-/* analysis/states.py thread_state, for rows from the agent (no view from outside). The tables
- * (native names, library files and calls, wrappers) are generated from that module
- * (front_tables.h); the rules in code here are checked against it case by case by
- * tests/integration/test_front_rules.py. */
+/* analysis/states.py thread_state. Every rule is that module's data (front_tables.h, generated
+ * from it: native names, library files and calls, the collective's file, the line rules and
+ * `with` headers, the default states); this file only walks the tables as the Python functions
+ * do, which tests/integration/test_front_rules.py checks case by case. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -46,13 +46,12 @@ static int is_native(const row_t *frame)
 
 static const char *native_state(const row_t *const *frames, size_t count)
 {
-    static const char *const gil[] = {"take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", NULL};
     size_t native = 0;
     while (native < count && is_native(frames[native]))
         native++;
-    for (size_t i = 0; i < native && i < 8; i++)
-        if (one_of(frames[i]->func, gil))
-            return "waiting for the GIL";
+    for (size_t i = 0; i < native && i < GIL_WAIT_DEPTH; i++)
+        if (one_of(frames[i]->func, GIL_WAITS))
+            return WAITING_FOR_THE_GIL;
     for (size_t i = 0; i < native; i++) {
         str_t name = frames[i]->func;
         if (name.n == 0 || starts(name, "0x"))
@@ -62,7 +61,7 @@ static const char *native_state(const row_t *const *frames, size_t count)
                 return NATIVE_MEANINGS[group];
         break;
     }
-    return "in native code";
+    return IN_NATIVE_CODE;
 }
 
 static int in_library(str_t path)
@@ -78,11 +77,17 @@ static int in_library(str_t path)
     return 0;
 }
 
+static int set_state(buf_t *state, const char *text)
+{
+    state->len = 0;
+    return buf_str(state, text) < 0 ? -1 : 1;
+}
+
 /* The state named after the outermost library call of the innermost chain; 0 when none. */
 static int library_state(const row_t *const *python, size_t count, buf_t *state)
 {
-    int found = 0, previous_wait_in_threading = 0;
-    for (size_t i = 0; i < count && i < 16; i++) {
+    int found = 0, previous_waited = 0;
+    for (size_t i = 0; i < count && i < LIBRARY_DEPTH && found >= 0; i++) {
         char *copy = malloc(python[i]->file.n + 1);
         if (copy == NULL)
             return -1;
@@ -94,34 +99,27 @@ static int library_state(const row_t *const *python, size_t count, buf_t *state)
             free(copy);
             break;
         }
-        if (ends(path, "torch/distributed/distributed_c10d.py") && !one_of(func, WRAPPERS)) {
-            state->len = 0;
-            if (buf_str(state, "in torch.distributed.") < 0 || buf_add(state, func.p, func.n) < 0)
-                return -1;
-            found = 1;
+        if (ends(path, COLLECTIVES_FILE) && !one_of(func, WRAPPERS)) {
+            found = set_state(state, COLLECTIVE_STATE);
+            if (found > 0 && buf_add(state, func.p, func.n) < 0)
+                found = -1;
         }
-        for (const struct library_call *call = LIBRARY_CALLS; call->part; call++) {
+        for (const struct call *call = LIBRARY_CALLS; call->part && found >= 0; call++) {
             if (has(path, call->part) && (call->funcs[0] == NULL || one_of(func, call->funcs))) {
-                state->len = 0;
-                if (buf_str(state, call->meaning) < 0)
-                    return -1;
-                found = 1;
+                found = set_state(state, call->meaning);
                 break;
             }
         }
-        int threading = ends(path, "/threading.py");
-        if (previous_wait_in_threading && threading && equals(func, "wait")) {
-            state->len = 0;
-            if (buf_str(state, "waiting on an Event") < 0)
-                return -1;
-            found = 1;
-        }
-        previous_wait_in_threading = threading && equals(func, "wait");
+        int waits = ends(path, NESTED_WAIT_FILE) && equals(func, NESTED_WAIT_FUNC);
+        if (previous_waited && waits && found >= 0)
+            found = set_state(state, NESTED_WAIT_STATE);
+        previous_waited = waits;
         free(copy);
     }
     return found;
 }
 
+/* The first `with` header rule whose part the header (before any ` as `) holds. */
 static int with_state(str_t line, buf_t *state)
 {
     str_t header = {line.p + 5, line.n - 6};
@@ -129,39 +127,29 @@ static int with_state(str_t line, buf_t *state)
     if (as != NULL)
         header.n = (size_t)(as - header.p);
     header = strip_spaces(header);
-    const char *head = has(header, "open(") ? "opening a file (`"
-                       : !has(header, "(")  ? "blocked entering `"
-                                            : "in a call in `";
-    if (buf_str(state, head) < 0 || buf_add(state, line.p, line.n) < 0)
+    const struct with_header *rule = WITH_HEADERS;
+    while (rule[1].part && !has(header, rule->part))
+        rule++;
+    if (set_state(state, rule->before) < 0 || buf_add(state, line.p, line.n) < 0)
         return -1;
-    return buf_str(state, has(header, "open(") ? "`)" : "`");
+    return buf_str(state, rule->after) < 0 ? -1 : 1;
 }
 
+/* LINE_CALLS, the first rule that matches: 1 named, 0 none. */
 static int line_state(str_t line, buf_t *state)
 {
-    static const char *const sockets[] = {".recv(", ".recv_into(", ".accept(", ".select(", ".poll(",
-                                          "select.select(", NULL};
-    static const char *const stdin_reads[] = {"in sys.stdin", "input(", "sys.stdin.read", NULL};
-    static const char *const reads[] = {".read(", ".readline(", ".readinto(", NULL};
-    const char *meaning = NULL;
-    if (has(line, ".acquire("))
-        meaning = "waiting in Lock.acquire";
-    else if (starts(line, "with ") && ends(line, ":"))
-        return with_state(line, state);
-    else if (has(line, "sleep("))
-        meaning = "sleeping";
-    for (const char *const *call = sockets; !meaning && *call; call++)
-        if (has(line, *call))
-            meaning = "waiting on socket I/O";
-    for (const char *const *call = stdin_reads; !meaning && *call; call++)
-        if (has(line, *call))
-            meaning = "reading standard input";
-    for (const char *const *call = reads; !meaning && *call; call++)
-        if (has(line, *call))
-            meaning = "reading a file or pipe";
-    if (!meaning && (has(line, " open(") || starts(line, "open(")))
-        meaning = "opening a file";
-    return meaning ? buf_str(state, meaning) : 0;
+    for (const struct call *rule = LINE_CALLS; rule->part; rule++) {
+        if (strcmp(rule->part, "with") == 0) {
+            if (starts(line, "with ") && ends(line, ":"))
+                return with_state(line, state);
+            continue;
+        }
+        int in = strcmp(rule->part, "in") == 0;
+        for (const char *const *part = rule->funcs; *part; part++)
+            if (in ? has(line, *part) : starts(line, *part))
+                return set_state(state, rule->meaning);
+    }
+    return 0;
 }
 
 /* The state, or nothing (state->len 0) when none of the rules names one. */
@@ -180,14 +168,14 @@ static int named_state(const row_t *const *frames, size_t count, int pid, buf_t 
     int found = library_state(python, n, state);
     if (found == 0 && n) {
         str_t line;
-        if (equals(python[0]->func, "acquire")) {
-            found = buf_str(state, "waiting in Lock.acquire") < 0 ? -1 : 1;
+        if (one_of(python[0]->func, INNERMOST_FUNCS)) {
+            found = set_state(state, INNERMOST_STATE);
         } else if (source_line(pid, python[0]->file, python[0]->has_lineno ? python[0]->lineno : 0,
                                &line) < 0) {
             found = -1;
         } else {
             line = strip_spaces(line);
-            found = line_state(line, state) < 0 ? -1 : 1;
+            found = line_state(line, state);
         }
     }
     free(python);
@@ -204,10 +192,10 @@ int thread_state(const row_t *const *frames, size_t count, int pid, buf_t *state
     state->len = 0;
     int failed;
     if (count && frames[0]->holds_gil)
-        failed = buf_str(state, "holds the GIL, ") < 0 ||
-                 (named.len ? buf_add(state, named.data, named.len) : buf_str(state, "in native code")) < 0;
+        failed = buf_str(state, HOLDS_THE_GIL) < 0 ||
+                 (named.len ? buf_add(state, named.data, named.len) : buf_str(state, IN_NATIVE_CODE)) < 0;
     else
-        failed = (named.len ? buf_add(state, named.data, named.len) : buf_str(state, "running Python")) < 0;
+        failed = (named.len ? buf_add(state, named.data, named.len) : buf_str(state, RUNNING_PYTHON)) < 0;
     free(named.data);
     return failed ? -1 : 0;
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs `probing PID backtrace` ~12 ms of start-up (docs/decisions.md)
-    from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, Optional, Sequence
 
     from ..schema.rows import BacktraceRow
 
@@ -81,74 +81,107 @@ def is_waiting(state: str) -> bool:
     return state.startswith(_WAITING_PREFIXES)
 
 
+# The interpreter's GIL wait sits a few frames above the condition variable it sleeps on.
+GIL_WAITS = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread")
+GIL_WAIT_DEPTH = 8
+# The states no rule names: a thread in native code, one running Python, and the prefix of the
+# thread that holds the GIL when py-spy read the stacks from outside.
+WAITING_FOR_THE_GIL = "waiting for the GIL"
+IN_NATIVE_CODE = "in native code"
+RUNNING_PYTHON = "running Python"
+HOLDS_THE_GIL = "holds the GIL, "
+
+
 def _native_state(frames: Sequence[BacktraceRow]) -> str:
     native = []
     for frame in frames:
         if frame.get("frame_type") != "Native":
             break
         native.append(str(frame.get("func") or ""))
-    # The interpreter's GIL wait sits a few frames above the condition variable it sleeps on.
-    if any(name in ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread") for name in native[:8]):
-        return "waiting for the GIL"
+    if any(name in GIL_WAITS for name in native[:GIL_WAIT_DEPTH]):
+        return WAITING_FOR_THE_GIL
     # An address py-spy could not name (inside libc's syscall stubs) says nothing: the first name does.
     named = next((name for name in native if name and not name.startswith("0x")), "")
-    return next((meaning for names, meaning in NATIVE_CALLS if named in names), "in native code")
+    return next((meaning for names, meaning in NATIVE_CALLS if named in names), IN_NATIVE_CODE)
 
 
+# The collective a thread is in: the outermost call of this file that is not a wrapper around
+# one (all_reduce, barrier, all_gather_object; not the logging wrapper). The rest of
+# torch.distributed (torchrun's elastic agent, its rendezvous) is named by what its innermost
+# line does.
+COLLECTIVES_FILE = "torch/distributed/distributed_c10d.py"
+COLLECTIVE_STATE = "in torch.distributed."
 WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn", "decorated", "wrapped")
+# Event.wait is a `wait` of threading.py calling Condition.wait, another one.
+NESTED_WAIT = ("/threading.py", "wait", "waiting on an Event")
+# The innermost frames read as one library call, at most.
+LIBRARY_DEPTH = 16
 
 
 def _library_state(python: Sequence[BacktraceRow]) -> Optional[str]:
     state = None
-    previous: Optional[Tuple[str, str]] = None
-    for frame in python[:16]:
+    nested_file, nested_func, nested_state = NESTED_WAIT
+    previous_waited = False
+    for frame in python[:LIBRARY_DEPTH]:
         path = str(frame.get("file") or "").replace("\\", "/")
         func = str(frame.get("func") or "")
         if not in_library(path):
             break
-        if path.endswith("torch/distributed/distributed_c10d.py") and func not in WRAPPERS:
-            # The outermost collective call (all_reduce, barrier, all_gather_object), not the
-            # logging wrapper around it. The rest of torch.distributed (torchrun's elastic
-            # agent, its rendezvous) is named by what its innermost line does.
-            state = f"in torch.distributed.{func}"
+        if path.endswith(COLLECTIVES_FILE) and func not in WRAPPERS:
+            state = COLLECTIVE_STATE + func
         for part, funcs, meaning in LIBRARY_CALLS:
             if part in path and (not funcs or func in funcs):
                 state = meaning
                 break
-        # Event.wait is a `wait` of threading.py calling Condition.wait, another one.
-        if previous == ("threading", "wait") and path.endswith("/threading.py") and func == "wait":
-            state = "waiting on an Event"
-        previous = ("threading" if path.endswith("/threading.py") else path, func)
+        waits = path.endswith(nested_file) and func == nested_func
+        if previous_waited and waits:
+            state = nested_state
+        previous_waited = waits
     return state
 
 
-def _with_state(line: str) -> str:
-    """The innermost frame sits on a `with` line: a C call in its header has not returned.
-    A bare name or attribute is a C context manager whose __enter__ blocks: a lock."""
+# When no library call names the state: the innermost Python frame's function, then its line.
+INNERMOST_CALLS = (("acquire",), "waiting in Lock.acquire")
+# What the innermost line does, the first rule that matches: (how, parts, state), `how` being
+# "in" (a part anywhere in the stripped line), "starts" (the line starts with one) or "with"
+# (a `with ...:` line, named by WITH_HEADERS). The native front end reads this table as it is.
+LINE_CALLS = (
+    ("in", (".acquire(",), "waiting in Lock.acquire"),
+    ("with", (), ""),
+    ("in", ("sleep(",), "sleeping"),
+    ("in", (".recv(", ".recv_into(", ".accept(", ".select(", ".poll(", "select.select("),
+     "waiting on socket I/O"),
+    ("in", ("in sys.stdin", "input(", "sys.stdin.read"), "reading standard input"),
+    ("in", (".read(", ".readline(", ".readinto("), "reading a file or pipe"),
+    ("in", (" open(",), "opening a file"),
+    ("starts", ("open(",), "opening a file"),
+)  # fmt: skip
+# The innermost frame sits on a `with` line: a C call in its header (before any ` as `) has not
+# returned; a bare name or attribute is a C context manager whose __enter__ blocks, a lock. The
+# first part the header holds names it: (part, before the line, after it).
+WITH_HEADERS = (
+    ("open(", "opening a file (`", "`)"),
+    ("(", "in a call in `", "`"),
+    ("", "blocked entering `", "`"),
+)
+
+
+def _with_state(line: str) -> Optional[str]:
+    if not (line.startswith("with ") and line.endswith(":")):
+        return None
     header = line[len("with ") : -1].split(" as ")[0].strip()
-    if "open(" in header:
-        return f"opening a file (`{line}`)"
-    if "(" not in header:
-        return f"blocked entering `{line}`"
-    return f"in a call in `{line}`"
+    before, after = next((b, a) for part, b, a in WITH_HEADERS if part in header)
+    return f"{before}{line}{after}"
 
 
 def _line_state(line: str) -> Optional[str]:
-    if ".acquire(" in line:
-        return "waiting in Lock.acquire"
-    if line.startswith("with ") and line.endswith(":"):
-        return _with_state(line)
-    if "sleep(" in line:
-        return "sleeping"
-    sockets = (".recv(", ".recv_into(", ".accept(", ".select(", ".poll(", "select.select(")
-    if any(call in line for call in sockets):
-        return "waiting on socket I/O"
-    if any(call in line for call in ("in sys.stdin", "input(", "sys.stdin.read")):
-        return "reading standard input"
-    if any(call in line for call in (".read(", ".readline(", ".readinto(")):
-        return "reading a file or pipe"
-    if " open(" in line or line.startswith("open("):
-        return "opening a file"
+    for how, parts, meaning in LINE_CALLS:
+        if how == "with":
+            state = _with_state(line)
+            if state is not None:
+                return state
+        elif any(line.startswith(part) if how == "starts" else part in line for part in parts):
+            return meaning
     return None
 
 
@@ -167,10 +200,11 @@ def thread_state(
         state = _library_state(python)
         if state is None and python:
             innermost = python[0]
-            if str(innermost.get("func") or "") == "acquire":
-                state = "waiting in Lock.acquire"
+            funcs, meaning = INNERMOST_CALLS
+            if str(innermost.get("func") or "") in funcs:
+                state = meaning
             else:
                 state = _line_state(code_line(innermost).strip())
     if outside is not None and outside.get("owns_gil"):
-        return f"holds the GIL, {state or 'in native code'}"
-    return state or "running Python"
+        return HOLDS_THE_GIL + (state or IN_NATIVE_CODE)
+    return state or RUNNING_PYTHON

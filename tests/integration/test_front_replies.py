@@ -359,3 +359,49 @@ def test_the_golden_corpus(agent: ScriptedAgent, front_alone: str, case: Path, t
     record = subprocess.run(record_command, capture_output=True, timeout=60)
     assert record.returncode == 0, record.stderr
     assert record.stdout.endswith(b"\nThe stacks when it was written:\n" + expected), record.stdout
+
+
+# Rules changed the way a maintainer would change them: in the Python modules only.
+CHANGED_RULES = """
+import sys
+sys.path.insert(0, ROOT)
+from probing.analysis import states
+from probing.cli.render import backtrace
+backtrace.THREAD_LINE = 'Thread {number}is "{name}"{main} -- {state}:\\n'
+backtrace.PYTHON_FRAME = '  at {func} ({file}:{lineno})\\n'
+states.LIBRARY_CALLS = (("/queue.py", ("get",), "starved of work"),) + states.LIBRARY_CALLS
+states.RUNNING_PYTHON = "computing"
+"""
+
+
+def test_a_rule_changed_in_python_is_what_the_front_end_built_from_it_prints(
+    agent: ScriptedAgent, tmp_path: Path
+) -> None:
+    """The native front end holds no rule of its own: built from Python modules whose layout
+    and state rules were changed (and no line of C), it prints what the Python CLI prints with
+    the same changes, not the corpus's text."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    root = str(Path(__file__).resolve().parents[2])
+    front = Path(root) / "native" / "front"
+    changed = CHANGED_RULES.replace("ROOT", repr(root))
+    generate = changed + f"sys.argv = ['gen_tables', {root!r}, {str(tmp_path / 'front_tables.h')!r}]\n"
+    generate += f"import runpy; runpy.run_path({str(front / 'gen_tables.py')!r}, run_name='__main__')\n"
+    subprocess.run([str(BIN / "python"), "-c", generate], check=True, timeout=60)
+    sources = [str(path) for path in front.glob("*.c") if path.name != "check.c"]
+    built = tmp_path / "probing"
+    subprocess.run([compiler, "-O1", "-I", str(tmp_path), "-o", str(built), *sources], check=True, timeout=120)
+    reply, _ = golden_reply(GOLDEN / "training.json")
+    agent.reply = reply
+    cli = changed + f"sys.argv = ['probing', '{os.getpid()}', 'backtrace']\n"
+    cli += "import runpy; runpy.run_module('probing', run_name='__main__')\n"
+    with running():
+        native = subprocess.run([str(built), str(os.getpid()), "backtrace"], capture_output=True, timeout=60)
+        python = subprocess.run([str(BIN / "python"), "-c", cli], capture_output=True, timeout=60)
+    assert (python.returncode, python.stderr) == (0, b"")
+    assert (native.returncode, native.stdout, native.stderr) == (0, python.stdout, b"")
+    text = native.stdout.decode()
+    assert 'Thread 100 is "MainThread", main thread -- computing:\n' in text
+    assert 'Thread 101 is "loader" -- starved of work:\n' in text
+    assert "  at run (/job/loader.py:7)\n" in text

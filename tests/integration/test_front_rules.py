@@ -2,7 +2,7 @@
 thread states (analysis/states.py), `inert` (cli/render), source lines (engine/sources.py).
 
 Its tables are generated from those modules at build time (native/front/gen_tables.py); this
-test covers the rules written in C around them. It compiles native/front/check.c, a driver that
+test covers the C that walks them as the Python functions do. It compiles native/front/check.c, a driver that
 answers one case a line, with the generator's header, into a temporary folder.
 """
 

@@ -14,15 +14,35 @@ if TYPE_CHECKING:
     from ...engine.shown import ShownThread
 
 
+# The layout, one template a line: each field is written through `inert`. The native front end
+# fills the same templates (native/front/gen_tables.py turns them into its tables).
+PROCESS_LINE = "Process {pid} (Python {python}): {argv}\n"
+THREAD_GAP = "\n"
+THREAD_LINE = 'Thread {number}"{name}"{main}: {state} (most recent call last):\n'
+NUMBERED = "{id} "
+MAIN_THREAD = ", main thread"
+NATIVE_FRAME = "  [native] {func} in {file}\n"
+PYTHON_FRAME = '  File "{file}", line {lineno}, in {func}\n'
+UNKNOWN_LINENO = "?"
+CODE_LINE = "    {code}\n"
+LOCAL_LINE = "      {name} = {value}\n"
+NO_THREADS = "\n(no Python threads)\n"
+
+
+def fill(template: str, **fields: Any) -> str:
+    """`template` with each field's value made inert."""
+    return template.format(**{name: inert(value) for name, value in fields.items()})
+
+
 def write_backtrace_text(stacks: Stacks, out: IO[str]) -> None:
     """Threads grouped, main thread first, each read like a Python traceback and headed by
     what it is doing (the engine worked all of it out: engine/shown.py)."""
     write_heading(stacks.pid, stacks.info, out)
     for thread in stacks.threads:
-        out.write("\n")
+        out.write(THREAD_GAP)
         write_thread(thread, out)
     if not stacks.threads:
-        out.write("\n(no Python threads)\n")
+        out.write(NO_THREADS)
 
 
 def write_heading(host_pid: Any, info: Dict[str, Any], out: IO[str]) -> None:
@@ -30,27 +50,26 @@ def write_heading(host_pid: Any, info: Dict[str, Any], out: IO[str]) -> None:
     pid = info.get("pid")
     shown = f"{host_pid} (PID {pid} in its namespace)" if host_pid and host_pid != pid else pid
     argv = " ".join(str(arg) for arg in info.get("argv") or [])
-    out.write(f"Process {inert(shown)} (Python {inert(info.get('python_version'))}): {inert(argv)}\n")
+    out.write(fill(PROCESS_LINE, pid=shown, python=info.get("python_version"), argv=argv))
 
 
 def write_thread(thread: ShownThread, out: IO[str], numbered: bool = True) -> None:
     """One thread: its heading (without its number: the same thread of several ranks), then its
     frames, outermost first."""
-    main = ", main thread" if thread.is_main else ""
-    number = f"{inert(thread.native_id)} " if numbered else ""
-    out.write(
-        f'Thread {number}"{inert(thread.name)}"{main}: {inert(thread.state)} (most recent call last):\n'
-    )
+    main = MAIN_THREAD if thread.is_main else ""
+    number = fill(NUMBERED, id=thread.native_id) if numbered else ""
+    name, state = inert(thread.name), inert(thread.state)
+    out.write(THREAD_LINE.format(number=number, name=name, main=main, state=state))
     for frame in thread.frames:
         if frame.native:
-            out.write(f"  [native] {inert(frame.func)} in {inert(frame.file)}\n")
+            out.write(fill(NATIVE_FRAME, func=frame.func, file=frame.file))
             continue
-        lineno = frame.lineno if frame.lineno is not None else "?"
-        out.write(f'  File "{inert(frame.file)}", line {inert(lineno)}, in {inert(frame.func)}\n')
+        lineno = frame.lineno if frame.lineno is not None else UNKNOWN_LINENO
+        out.write(fill(PYTHON_FRAME, file=frame.file, lineno=lineno, func=frame.func))
         if frame.code:
-            out.write(f"    {inert(frame.code)}\n")
+            out.write(fill(CODE_LINE, code=frame.code))
         for name, value in frame.locals:
-            out.write(f"      {inert(name)} = {inert(value)}\n")
+            out.write(fill(LOCAL_LINE, name=name, value=value))
 
 
 def write_tree(tree: TreeStacks, format: str) -> None:
