@@ -64,8 +64,9 @@ def state_rules(lines: list) -> None:
     """analysis/states.py's rules, as states.c applies them."""
     from probing.analysis import states
 
-    for name in ("WAITING_FOR_THE_GIL", "IN_NATIVE_CODE", "RUNNING_PYTHON", "HOLDS_THE_GIL",
-                 "COLLECTIVES_FILE", "COLLECTIVE_STATE"):  # fmt: skip
+    texts = ("WAITING_FOR_THE_GIL", "IN_NATIVE_CODE", "RUNNING_PYTHON", "HOLDS_THE_GIL", "COLLECTIVES_FILE",
+             "COLLECTIVE_STATE", "UNNAMED_ADDRESS", "STANDARD_LIBRARY_ROOT")  # fmt: skip
+    for name in texts:
         lines.append(f"#define {name} {c_string(getattr(states, name))}\n")
     lines.append(f"#define GIL_WAIT_DEPTH {states.GIL_WAIT_DEPTH}\n")
     lines.append(f"#define LIBRARY_DEPTH {states.LIBRARY_DEPTH}\n")

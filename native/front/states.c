@@ -54,7 +54,7 @@ static const char *native_state(const row_t *const *frames, size_t count)
             return WAITING_FOR_THE_GIL;
     for (size_t i = 0; i < native; i++) {
         str_t name = frames[i]->func;
-        if (name.n == 0 || starts(name, "0x"))
+        if (name.n == 0 || starts(name, UNNAMED_ADDRESS))
             continue;
         for (size_t group = 0; NATIVE_NAMES[group]; group++)
             if (one_of(name, NATIVE_NAMES[group]))
@@ -69,7 +69,7 @@ static int in_library(str_t path)
     for (const char *const *part = TORCH_LIBRARY; *part; part++)
         if (has(path, *part))
             return 1;
-    if (!has(path, "/lib/python"))
+    if (!has(path, STANDARD_LIBRARY_ROOT))
         return 0;
     for (const char *const *part = STANDARD_LIBRARY; *part; part++)
         if (has(path, *part))

@@ -34,6 +34,7 @@ STANDARD_LIBRARY = (
     "/subprocess.py", "concurrent/futures/",
 )  # fmt: skip
 TORCH_LIBRARY = ("torch/utils/data/", "torch/distributed/")
+STANDARD_LIBRARY_ROOT = "/lib/python"
 
 
 def in_library(path: str) -> bool:
@@ -41,7 +42,7 @@ def in_library(path: str) -> bool:
     (or of a collective), rather than the job's own code."""
     if any(part in path for part in TORCH_LIBRARY):
         return True
-    return "/lib/python" in path and any(part in path for part in STANDARD_LIBRARY)
+    return STANDARD_LIBRARY_ROOT in path and any(part in path for part in STANDARD_LIBRARY)
 
 
 # (part of the file's path, function names or () for any) -> state; the outermost match wins.
@@ -84,6 +85,8 @@ def is_waiting(state: str) -> bool:
 # The interpreter's GIL wait sits a few frames above the condition variable it sleeps on.
 GIL_WAITS = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread")
 GIL_WAIT_DEPTH = 8
+# How py-spy shows a native frame it could not name (an address, inside libc's syscall stubs).
+UNNAMED_ADDRESS = "0x"
 # The states no rule names: a thread in native code, one running Python, and the prefix of the
 # thread that holds the GIL when py-spy read the stacks from outside.
 WAITING_FOR_THE_GIL = "waiting for the GIL"
@@ -101,7 +104,7 @@ def _native_state(frames: Sequence[BacktraceRow]) -> str:
     if any(name in GIL_WAITS for name in native[:GIL_WAIT_DEPTH]):
         return WAITING_FOR_THE_GIL
     # An address py-spy could not name (inside libc's syscall stubs) says nothing: the first name does.
-    named = next((name for name in native if name and not name.startswith("0x")), "")
+    named = next((name for name in native if name and not name.startswith(UNNAMED_ADDRESS)), "")
     return next((meaning for names, meaning in NATIVE_CALLS if named in names), IN_NATIVE_CODE)
 
 

@@ -391,7 +391,8 @@ def test_a_rule_changed_in_python_is_what_the_front_end_built_from_it_prints(
     subprocess.run([str(BIN / "python"), "-c", generate], check=True, timeout=60)
     sources = [str(path) for path in front.glob("*.c") if path.name != "check.c"]
     built = tmp_path / "probing"
-    subprocess.run([compiler, "-O1", "-I", str(tmp_path), "-o", str(built), *sources], check=True, timeout=120)
+    compile_front = [compiler, "-O1", "-I", str(tmp_path), "-o", str(built), *sources]
+    subprocess.run(compile_front, check=True, timeout=120)
     reply, _ = golden_reply(GOLDEN / "training.json")
     agent.reply = reply
     cli = changed + f"sys.argv = ['probing', '{os.getpid()}', 'backtrace']\n"
