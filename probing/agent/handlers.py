@@ -122,6 +122,12 @@ def _endpoints(server: Any, params: Dict[str, Any]) -> Any:
         raise RequestError(ErrorKind.NOT_FOUND, str(error)) from None
 
 
+def _relay(server: Any, params: Dict[str, Any]) -> Reply:
+    from .relay import relay  # only a node's relay loads it
+
+    return relay(server, params)
+
+
 def _tables(server: Any, params: Dict[str, Any]) -> Any:
     return {"tables": [table.describe() for table in TABLES.values()]}
 
@@ -314,6 +320,7 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "record": _record,
     "listen": _listen,
     "endpoints": _endpoints,
+    "relay": _relay,
 }
 
 

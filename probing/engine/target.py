@@ -210,6 +210,10 @@ class Target:
         attached to again, unless `reattach` is False: then Fallback says what happened, for a
         command that can answer from outside instead (backtrace).
         """
+        if self.rank is not None and self.rank.relay is not None:  # asked through its node's relay
+            from .jobs.relayed import RelayedClient
+
+            return self._checked(RelayedClient(self.rank.relay, self.rank, timeout, self.log), timeout)
         if self.socket is not None:
             started = time.monotonic()
             try:

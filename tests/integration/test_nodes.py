@@ -118,9 +118,17 @@ def test_hang_on_node0_names_the_host_of_the_stalled_rank(stalled: TwoNodeJob) -
     assert ["3", str(stalled.nodes[1].pids[3]), "on", "node1", "load_shard"] in rows, text.stdout
 
 
-def test_query_over_all_ranks_returns_rows_of_both_nodes(stalled: TwoNodeJob) -> None:
-    rows: List[Dict[str, Any]] = _json(stalled.probing(0, "1", "query", "--ranks", "all", "--format", "json",
-                                                       FIRST_FRAMES), 0)  # fmt: skip
+@pytest.mark.parametrize("relays", ["relays", "PROBING_RELAY=0"])
+def test_query_over_all_ranks_returns_rows_of_both_nodes(stalled: TwoNodeJob, relays: str) -> None:
+    """The same rows whether node 1's ranks are asked through its relay (rank 2's agent) or each
+    over its own connection."""
+    env = {"PROBING_RELAY": None if relays == "relays" else "0"}
+    result = stalled.probing(
+        0, "-v", "1", "query", "--ranks", "all", "--format", "json", FIRST_FRAMES, env=env
+    )
+    rows: List[Dict[str, Any]] = _json(result, 0)
+    relayed = f"node 1: its ranks are asked through its relay at tcp://{_endpoints(stalled)[2]}"
+    assert (relayed in result.stderr) is (relays == "relays"), result.stderr
     assert {(row["rank"], row["node"]) for row in rows} == {(0, 0), (1, 0), (2, 1), (3, 1)}
     stuck = [row for row in rows if row["rank"] == 3 and row["func"] == "load_shard"]
     assert [row["lineno"] for row in stuck] == [_line_of("time.sleep(3600)")]
@@ -253,28 +261,37 @@ def test_a_node_that_hangs_or_dies_mid_query_gives_a_partial_answer_naming_its_r
         assert "rank 2 " in stderr and "rank 3 " in stderr, stderr
 
 
-def test_a_stale_registry_entry_leaves_its_rank_missing_naming_what_answered(stalled: TwoNodeJob) -> None:
+@pytest.mark.parametrize("way", ["direct", "relayed"])
+def test_a_stale_registry_entry_leaves_its_rank_missing_naming_what_answered(
+    stalled: TwoNodeJob, way: str
+) -> None:
     """Rank 3's entry in the job's store rewritten to name rank 2's endpoint (a rank gone, its
     port another agent's): what answers there is rank 2, so rank 3 is missing with that reason,
-    and nothing is asked of rank 2 as if it were rank 3."""
+    and nothing is asked of rank 2 as if it were rank 3. Through node 1's relay, which asks a
+    rank by its PID on the node, the entry names rank 2's PID too (the gone rank's PID reused)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     endpoints = _endpoints(stalled)
+    pids = stalled.nodes[1].pids
     store = dist.TCPStore(node_address(0), stalled.master_port, is_master=False, wait_for_workers=False,
                           timeout=timedelta(seconds=5))  # fmt: skip
     key = f"probing/endpoint/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/3"
     original = store.get(key)
-    store.set(key, json.dumps(dict(json.loads(original), endpoint=endpoints[2])))
+    stale = dict(json.loads(original), endpoint=endpoints[2])
+    if way == "relayed":
+        stale["pid"] = pids[2]
+    store.set(key, json.dumps(stale))
     try:
-        result = stalled.probing(0, "1", "query", "--ranks", "all", "--format", "json", FIRST_FRAMES)
+        env = {"PROBING_RELAY": "0" if way == "direct" else None}
+        result = stalled.probing(0, "1", "query", "--ranks", "all", "--format", "json", FIRST_FRAMES, env=env)
     finally:
         store.set(key, original)
     rows: List[Dict[str, Any]] = _json(result, 14)
     assert {row["rank"] for row in rows} == {0, 1, 2}  # rank 2's rows never pass for rank 3's
-    pids = stalled.nodes[1].pids
-    assert (
-        f"tcp://{endpoints[2]} answered as rank 2 (PID {pids[2]}), not rank 3 (PID {pids[3]}): "
-        "a stale registry entry?" in result.stderr
-    ), result.stderr
+    if way == "direct":
+        expected = f"tcp://{endpoints[2]} answered as rank 2 (PID {pids[2]}), not rank 3 (PID {pids[3]})"
+    else:
+        expected = f"tcp://{endpoints[2]} answered as rank 2, not rank 3"
+    assert f"{expected}: a stale registry entry?" in result.stderr, result.stderr

@@ -61,11 +61,23 @@ class _Outcome:
         self.done = done
 
 
+def _expect_relayed(ranks: List[Rank]) -> None:
+    """Each node relay (relayed.py) learns how many of its ranks are about to ask."""
+    counts: Dict[int, Tuple[Any, int]] = {}
+    for rank in ranks:
+        if rank.relay is not None and rank.unreachable is None and rank.pid:
+            relay, count = counts.get(id(rank.relay), (rank.relay, 0))
+            counts[id(rank.relay)] = (relay, count + 1)
+    for relay, count in counts.values():
+        relay.expect(count)
+
+
 def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) -> Gathered:
     """`work(rank)` for every rank in parallel; what each answered by the deadline."""
     import threading  # not at import: `backtrace --ranks all` of a healthy job needs no thread
 
     outcomes: Dict[int, _Outcome] = {}
+    _expect_relayed(ranks)
 
     def run(rank: Rank, outcome: _Outcome) -> None:
         try:

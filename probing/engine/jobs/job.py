@@ -49,10 +49,11 @@ class Rank:
     reachable neither here nor over TCP has pid 0 and `unreachable` saying why.
 
     `run_id` and `world_size`: the job's, as this side knows them, for a remote rank: what
-    answers on its endpoint must say it is this rank of this job (`identity_mismatch`)."""
+    answers on its endpoint must say it is this rank of this job (`identity_mismatch`).
+    `relay`: the NodeRelay its requests go through, when its node has one (relayed.py)."""
 
     __slots__ = ("rank", "local_rank", "node", "pid", "endpoint", "host", "remote", "unreachable",
-                 "run_id", "world_size")  # fmt: skip
+                 "run_id", "world_size", "relay")  # fmt: skip
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class Rank:
         self.unreachable = unreachable
         self.run_id = run_id
         self.world_size = world_size
+        self.relay: Any = None
 
     def _key(self) -> Tuple[int, int, int, int, str, str, bool, str, str, int]:
         return (self.rank, self.local_rank, self.node, self.pid, self.endpoint or "", self.host or "",

@@ -36,6 +36,10 @@ class Job(Kind):
         self.options = options
         self.attach_timeout = options.attach_timeout
         self.source = f"{text or 'job'} --ranks {ranks}"
+        if any(rank.remote for rank in chosen):
+            from ..jobs.relayed import assign_relays
+
+            assign_relays(chosen, options.log)
 
     def rank_target(self, rank: Rank) -> Target:
         """One rank of the job, with the global options; -v lines name the rank."""
