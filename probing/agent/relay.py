@@ -22,7 +22,14 @@ import stat
 
 from .. import __version__
 from ..originals import Socket, allocate_lock, monotonic, socket_timeout
-from ..protocol.frames import MAX_REPLY_BYTES, FrameError, FrameReader, frame_buffers, send_buffers
+from ..protocol.frames import (
+    MAX_REPLY_BYTES,
+    FrameError,
+    FrameReader,
+    FrameTimeout,
+    frame_buffers,
+    send_buffers,
+)
 from ..protocol.messages import PROTOCOL_VERSION, request
 from .requests import ErrorKind, RequestError, float_param
 from .threads import AgentThread
@@ -91,7 +98,8 @@ def _connect(directory: str, pid: int, timeout: float) -> Any:
         sock.connect(path)
         import struct
 
-        peer_pid, peer_uid, _ = struct.unpack("3i", sock.getsockopt(1, 17, 12))  # SOL_SOCKET, SO_PEERCRED
+        credentials = sock.getsockopt(1, 17, 12)  # SOL_SOCKET, SO_PEERCRED: pid, uid, gid
+        peer_pid, peer_uid, _ = struct.unpack("3i", credentials)
         if peer_pid != pid or peer_uid != os.geteuid():
             raise ValueError(f"{path} is answered by PID {peer_pid} (uid {peer_uid}), not PID {pid}")
         return sock
@@ -103,17 +111,17 @@ def _connect(directory: str, pid: int, timeout: float) -> Any:
 def _ask(directory: str, call: _Call, deadline: float) -> None:
     try:
         sock = _connect(directory, call.pid, deadline - monotonic())
-    except (OSError, ValueError) as error:
-        call.error = (
-            str(error) if isinstance(error, ValueError) else f"cannot connect: {error.strerror or error}"
-        )
+    except ValueError as error:
+        call.error = str(error)
+        return
+    except OSError as error:
+        call.error = f"cannot connect: {error.strerror or error}"
         return
     try:
         hello = {"protocol": PROTOCOL_VERSION, "client": __version__}
-        buffers = frame_buffers(request(1, "hello", hello)) + frame_buffers(
-            request(2, call.method, call.params)
-        )
-        send_buffers(sock, buffers)
+        asked = request(2, call.method, call.params)
+        call.sent = True
+        send_buffers(sock, frame_buffers(request(1, "hello", hello)) + frame_buffers(asked))
         reader = FrameReader(sock, MAX_REPLY_BYTES)
         frames = []
         for _ in range(2):
@@ -123,10 +131,10 @@ def _ask(directory: str, call: _Call, deadline: float) -> None:
                 return
             frames.append(frame)
         call.answered = (frames[0].header, frames[1].header, frames[1].payload)
+    except (FrameTimeout, socket_timeout):
+        call.error = "no answer in time"
     except FrameError as error:
         call.error = str(error)
-    except socket_timeout:
-        call.error = "no answer in time"
     except OSError as error:
         call.error = f"the connection failed: {error.strerror or error}"
     finally:
@@ -156,7 +164,8 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
                 continue
             _ask(directory, call, deadline)
 
-    threads = [AgentThread(target=work, name="probing-relay") for _ in range(min(RELAY_THREADS, len(calls)))]
+    count = min(RELAY_THREADS, len(calls))
+    threads = [AgentThread(target=work, name="probing-relay") for _ in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -171,13 +180,11 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
             continue
         hello, reply, payload = answered
         if offset + len(payload) > MAX_RELAYED_BYTES:
-            answers.append(
-                {"pid": call.pid, "error": f"its reply would take the relay past {MAX_RELAYED_BYTES} bytes"}
-            )
+            too_big = f"its reply would take the relay past {MAX_RELAYED_BYTES} bytes"
+            answers.append({"pid": call.pid, "error": too_big, "sent": True})
             continue
-        answers.append(
-            {"pid": call.pid, "hello": hello, "reply": reply, "offset": offset, "size": len(payload)}
-        )
+        where = {"offset": offset, "size": len(payload)}
+        answers.append(dict(where, pid=call.pid, hello=hello, reply=reply))
         chunks.append(payload)
         offset += len(payload)
     return {"replies": answers}, chunks
