@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser unit test fuzz check-install lint format bench soak demo docs screenshots clean
+.PHONY: help install browser unit test fuzz check-install lint format bench bench-scale soak demo docs screenshots clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-14s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_trace_export.py
 	$(BIN)/python benchmarks/bench_flamegraph.py
 	$(BIN)/python benchmarks/bench_report.py
+
+bench-scale: install ## Today's CLI on a job of real agents on simulated nodes (root; issue 28's baseline)
+	$(BIN)/python benchmarks/scale/run.py --ranks 16,64,256 --nodes 4
 
 soak: install ## Long: attach, eval, query, detach 200 times per interpreter and job kind (SOAK_CYCLES=N)
 	$(BIN)/python benchmarks/soak.py --cycles $(or $(SOAK_CYCLES),200) --parallel 2
