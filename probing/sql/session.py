@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..errors import BadSQL
 from ..protocol.tables import ENCODING_OF_TYPE, DecodedColumn, DecodedTable
@@ -82,13 +82,6 @@ def _column_expression(column: DecodedColumn, data: str, valid: str, words: str,
     return value
 
 
-def _plain_value(kind: str) -> str:
-    """The parameter of an INSERT for a plain Python value of a column of type `kind`."""
-    if kind == "TIMESTAMP":
-        return "make_timestamp(CAST(round(? * 1000000) AS BIGINT))"
-    return f"CAST(? AS {kind})"
-
-
 def _plain(kind: str, value: Any) -> Any:
     """A plain Python value as DuckDB can take it: a TIMESTAMP that is no time (see
     _LATEST_TIMESTAMP_S) is NULL, and a lone surrogate in text its escape (DuckDB refuses text
@@ -121,6 +114,11 @@ def _json_word(word: str) -> str:
     except (ValueError, RecursionError):
         return word  # not JSON: DuckDB says so, of this column's values, when a query reads them
     return json.dumps(_escaped_surrogates(value))
+
+
+def _word(kind: str, text: str) -> str:
+    """A dictionary word of a column of type `kind` as DuckDB is given it."""
+    return text if kind == "VARCHAR" else _json_word(text)
 
 
 def _escaped_surrogates(value: Any) -> Any:
@@ -216,7 +214,9 @@ class SqlSession:
         import duckdb
 
         self._duckdb = duckdb
-        self.connection = duckdb.connect(":memory:")
+        self._connection = duckdb.connect(":memory:")
+        self._unbuilt: List[str] = []  # tables whose parts came since their view was made
+        self._views: Set[str] = set()  # tables made a view of their parts
         self.added = [(column.name, column.type) for column in added]
         # Why tables were left out (a hostile agent may describe any name and any columns).
         self.notes: List[str] = []
@@ -237,14 +237,14 @@ class SqlSession:
             self.tables[name] = with_columns(table, added)
         schemas = sorted({name.split(".")[0] for name in self.tables})
         for schema in schemas:
-            self.connection.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
+            self._connection.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
         for name, table in self.tables.items():
             columns = ", ".join(f"{_quote(c['name'])} {c['type']}" for c in table["columns"])
-            self.connection.execute(f"CREATE TABLE {_qualified(name)} ({columns})")
+            self._connection.execute(f"CREATE TABLE {_qualified(name)} ({columns})")
         # Unqualified names work too: SELECT * FROM backtrace.
         search_path = ",".join([*schemas, "main"])
-        self.connection.execute(f"SET search_path = '{search_path}'")
-        self.parts: Dict[str, List[str]] = {}  # table -> SELECTs over its staged parts
+        self._connection.execute(f"SET search_path = '{search_path}'")
+        self.parts: Dict[str, List[Any]] = {}  # table -> its loads (parts.Part)
         self.staged = 0
 
     def referenced_tables(self, sql: str) -> List[str]:
@@ -258,41 +258,9 @@ class SqlSession:
             table.name, [(column.name, column.type) for column in table.columns]
         ):
             return  # an empty table is its CREATE TABLE; one left out (see notes) has none
-        import numpy
+        from .parts import part_of_table
 
-        self.staged += 1
-        part = f"{_STAGING}{self.staged}"
-        staged: Dict[str, Any] = {}
-        expressions = []
-        for index, column in enumerate(table.columns):
-            data, valid, words = f"c{index}", f"v{index}", f"{part}_words{index}"
-            staged[data] = _numpy_column(column)
-            if column.valid is not None:
-                validity: Any = column.valid
-                staged[valid] = numpy.frombuffer(validity, dtype=numpy.int8)
-            nan = ""
-            if column.type == "DOUBLE":
-                is_nan = numpy.isnan(staged[data])
-                if is_nan.any():
-                    nan = f"n{index}"
-                    staged[nan] = is_nan.astype(numpy.int8)
-            if column.encoding == "dict":
-                dictionary = column.dictionary or []
-                if column.type != "VARCHAR":
-                    dictionary = [_json_word(word) for word in dictionary]
-                self.connection.register(
-                    words,
-                    {"code": numpy.arange(len(dictionary)), "word": numpy.array(dictionary, dtype=object)},
-                )
-            expressions.append(
-                f"{_column_expression(column, data, valid, words, nan)} AS {_quote(column.name)}"
-            )
-        names = [column.name for column in table.columns]
-        expressions += self._absent(table.name, names)
-        if self.added:
-            expressions = self._with_constants(names, expressions, constants or {})
-        self.connection.register(part, staged)
-        self._add_part(table.name, f"SELECT {', '.join(expressions)} FROM {part}")
+        self._add_part(table.name, part_of_table(table, constants))
 
     def _takes(self, name: str, columns: Sequence[Tuple[str, str]]) -> bool:
         """Whether rows of table `name` with these columns can be loaded: a table the session
@@ -305,31 +273,6 @@ class SqlSession:
             self.notes.append(f"the rows of {name} were left out: {problem}")
         return problem is None
 
-    def _absent(self, name: str, columns: Sequence[str]) -> List[str]:
-        """NULL for each column the session's table has and these rows lack: a record or an older
-        agent's table without a column, read by a query (report's) that names it."""
-        have = {column.lower() for column in columns} | {added.lower() for added, _ in self.added}
-        return [
-            f"CAST(NULL AS {column['type']}) AS {_quote(column['name'])}"
-            for column in self.tables[name]["columns"]
-            if str(column["name"]).lower() not in have
-        ]
-
-    def _with_constants(
-        self, names: List[str], expressions: List[str], constants: Dict[str, Any]
-    ) -> List[str]:
-        """The SELECT list of a part with the added columns: a column the table has takes the
-        constant in its place, the others come after the table's own, in the session's order."""
-        kinds = dict(self.added)
-        chosen = list(expressions)
-        for index, name in enumerate(names):
-            if name in kinds:
-                chosen[index] = f"CAST({_literal(constants.get(name))} AS {kinds[name]}) AS {_quote(name)}"
-        for name, kind in self.added:
-            if name not in names:
-                chosen.append(f"CAST({_literal(constants.get(name))} AS {kind}) AS {_quote(name)}")
-        return chosen
-
     def load_rows(
         self, table: Table, rows: Sequence[Sequence[Any]], constants: Optional[Dict[str, Any]] = None
     ) -> None:
@@ -339,31 +282,61 @@ class SqlSession:
         JSON values their text, as the agent's columns carry them."""
         if not rows or not self._takes(table.name, [(column.name, column.type) for column in table.columns]):
             return
+        from .parts import part_of_rows
+
+        self._add_part(table.name, part_of_rows(table, rows, _plain, constants))
+
+    def _add_part(self, name: str, part: Any) -> None:
+        self.parts.setdefault(name, []).append(part)
+        if name not in self._unbuilt:
+            self._unbuilt.append(name)
+
+    @property
+    def connection(self) -> Any:
+        """The DuckDB connection, each table made of every load so far: made when read, once
+        for all the loads before (a view re-made at every load of 1 024 ranks took minutes)."""
+        while self._unbuilt:
+            self._build(self._unbuilt.pop())
+        return self._connection
+
+    def _build(self, name: str) -> None:
+        """Table `name` as one registered set of columns (parts.py), read through a view that
+        gives each column its type and its NULLs."""
+        import numpy
+
+        from .parts import encoding_of, merged
+
         self.staged += 1
         part = f"{_STAGING}{self.staged}"
-        columns = ", ".join(f"{_quote(column.name)} {column.type}" for column in table.columns)
-        self.connection.execute(f"CREATE TEMP TABLE {part} ({columns})")
-        values = ", ".join(_plain_value(column.type) for column in table.columns)
-        kinds = [column.type for column in table.columns]
-        self.connection.executemany(
-            f"INSERT INTO {part} VALUES ({values})",
-            [[_plain(kind, value) for kind, value in zip(kinds, row)] for row in rows],
-        )
-        names = table.column_names()
-        selected = [_quote(name) for name in names] + self._absent(table.name, names)
-        if self.added:
-            selected = self._with_constants(names, selected, constants or {})
-        self._add_part(table.name, f"SELECT {', '.join(selected)} FROM {part}")
-
-    def _add_part(self, name: str, select: str) -> None:
-        selects = self.parts.setdefault(name, [])
-        selects.append(select)
+        added = [added_name for added_name, _ in self.added]
+        described = [(str(column["name"]), str(column["type"])) for column in self.tables[name]["columns"]]
+        columns = merged(described, added, self.parts[name], _word)
+        staged: Dict[str, Any] = {}
+        expressions = []
+        for index, ((column_name, kind), piece) in enumerate(zip(described, columns.values())):
+            data, valid, words, nan = f"c{index}", f"v{index}", f"{part}_words{index}", ""
+            staged[data] = piece.data
+            if piece.valid is not None:
+                staged[valid] = piece.valid
+            if kind == "DOUBLE":
+                is_nan = numpy.isnan(piece.data)
+                if is_nan.any():
+                    nan = f"n{index}"
+                    staged[nan] = is_nan.astype(numpy.int8)
+            column = DecodedColumn(column_name, kind, encoding_of(kind), [], piece.valid, None)
+            if column.encoding == "dict":
+                dictionary = numpy.array(list(piece.words or []), dtype=object)
+                self._connection.register(words, {"code": numpy.arange(len(dictionary)), "word": dictionary})
+            expressions.append(
+                f"{_column_expression(column, data, valid, words, nan)} AS {_quote(column_name)}"
+            )
+        self._connection.register(part, staged)
         qualified = _qualified(name)
-        if len(selects) == 1:
-            self.connection.execute(f"DROP TABLE {qualified}")
-        # By name: ranks whose agents differ by a version may send a column more or fewer.
-        self.connection.execute(
-            f"CREATE OR REPLACE VIEW {qualified} AS {' UNION ALL BY NAME '.join(selects)}"
+        if name not in self._views:
+            self._views.add(name)
+            self._connection.execute(f"DROP TABLE {qualified}")
+        self._connection.execute(
+            f"CREATE OR REPLACE VIEW {qualified} AS SELECT {', '.join(expressions)} FROM {part}"
         )
 
     def run(self, sql: str) -> QueryResult:

@@ -106,7 +106,7 @@ def test_force_replaces_a_fifo_instead_of_blocking_on_it(record: Record, tmp_pat
         pytest.fail("export opened a FIFO in the way")
     assert not failure, failure
     assert stat.S_ISREG(os.lstat(out / "python.backtrace.csv").st_mode)
-    assert (out / "python.backtrace.csv").read_text().startswith("thread_id,")
+    assert (out / "python.backtrace.csv").read_text().startswith("pid,thread_id,")  # the schema's order
 
 
 def test_a_directory_in_the_way_is_an_error_and_leaves_no_temporary(record: Record, tmp_path: Path) -> None:
