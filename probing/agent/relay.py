@@ -21,7 +21,7 @@ import os
 import stat
 
 from .. import __version__
-from ..originals import Socket, allocate_lock, monotonic, socket_timeout
+from ..originals import Socket, allocate_lock, get_ident, monotonic, socket_timeout
 from ..protocol.frames import (
     MAX_REPLY_BYTES,
     FrameError,
@@ -154,15 +154,19 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
     lock = allocate_lock()
 
     def work() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                call = queue.pop()
-            if monotonic() >= deadline:
-                call.error = "no answer in time (the relay's other ranks took it all)"
-                continue
-            _ask(directory, call, deadline)
+        server.own_threads.add(get_ident())  # the agent's: in no backtrace of the job
+        try:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    call = queue.pop()
+                if monotonic() >= deadline:
+                    call.error = "no answer in time (the relay's other ranks took it all)"
+                    continue
+                _ask(directory, call, deadline)
+        finally:
+            server.own_threads.discard(get_ident())
 
     count = min(RELAY_THREADS, len(calls))
     threads = [AgentThread(target=work, name="probing-relay") for _ in range(count)]

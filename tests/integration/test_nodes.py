@@ -130,6 +130,10 @@ def test_query_over_all_ranks_returns_rows_of_both_nodes(stalled: TwoNodeJob, re
     relayed = f"node 1: its ranks are asked through its relay at tcp://{_endpoints(stalled)[2]}"
     assert (relayed in result.stderr) is (relays == "relays"), result.stderr
     assert {(row["rank"], row["node"]) for row in rows} == {(0, 0), (1, 0), (2, 1), (3, 1)}
+    # The relay's threads (rank 2's, asking rank 2 and 3) are the agent's: in no stack.
+    every = stalled.probing(0, "1", "query", "--ranks", "all", "--format", "json",
+                            "SELECT DISTINCT file FROM python.backtrace", env=env)  # fmt: skip
+    assert not [row["file"] for row in _json(every, 0) if "probing" in row["file"]]
     stuck = [row for row in rows if row["rank"] == 3 and row["func"] == "load_shard"]
     assert [row["lineno"] for row in stuck] == [_line_of("time.sleep(3600)")]
     assert {row["func"] for row in rows if row["rank"] != 3} >= {"all_reduce"}
