@@ -357,7 +357,15 @@ def _reason(
         head = f"{names} {'has' if one else 'have'} not reached {collective} that {waiters} {wait} in"
     if one:
         return f"{head}; it is in {_place(behind[0])}"
-    return f"{head}; " + "; ".join(f"rank {rank.rank} is in {_place(rank)}" for rank in behind)
+    # Ranks behind in the same place are said once (a whole node behind is one clause).
+    places: Dict[str, List[int]] = {}
+    for rank in behind:
+        places.setdefault(_place(rank), []).append(rank.rank)
+    clauses = (
+        f"{ranks_text(numbers)} {'is' if len(numbers) == 1 else 'are'} in {place}"
+        for place, numbers in places.items()
+    )
+    return f"{head}; " + "; ".join(clauses)
 
 
 def _mismatch_text(mismatch: Mismatch) -> str:

@@ -196,8 +196,29 @@ def compared(by_rank: Dict[int, Rows]) -> List[Mismatch]:
     return found
 
 
+# Up to this many ranks are listed one by one ("ranks 0, 1, 2"); more as runs ("ranks 0-126,
+# 128-1023"): a verdict over 1 024 ranks is one line, not a page of numbers.
+LISTED_RANKS = 8
+
+
+def rank_numbers(ranks: Sequence[int]) -> str:
+    """The numbers of `ranks`: each of a few, or runs of consecutive ones as ranges."""
+    ordered = sorted(set(ranks))
+    if len(ordered) <= LISTED_RANKS:
+        return ", ".join(str(rank) for rank in ordered)
+    runs: List[str] = []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        runs.append(str(ordered[start]) if end == start else f"{ordered[start]}-{ordered[end]}")
+        start = end + 1
+    return ",".join(runs)
+
+
 def ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(rank) for rank in ranks)}"
+    return f"rank{'s' if len(set(ranks)) > 1 else ''} {rank_numbers(ranks)}"
 
 
 def call_text(call: Call, kind: str) -> str:

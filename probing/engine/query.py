@@ -186,4 +186,6 @@ def _ranks_named(ranks: List[int], chosen: int) -> str:
         return f"rank {ranks[0]}"
     if len(ranks) == chosen:
         return "every rank"
-    return "ranks " + ", ".join(str(rank) for rank in ranks)
+    from ..analysis.mismatches import rank_numbers
+
+    return "ranks " + rank_numbers(ranks)

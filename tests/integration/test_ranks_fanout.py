@@ -122,7 +122,7 @@ def test_a_killed_rank_is_named_and_the_others_answer() -> None:
             )  # fmt: skip
             assert result.returncode == 14, result.stderr
             assert [row["rank"] for row in json.loads(result.stdout)] == [0, 1, 2]
-            assert "rank 3 (local rank 3) is not running" in result.stderr
+            assert "probing: rank 3 (PID 0): not running: no process of the job has it" in result.stderr
             evaluated = probing(str(job.pids[1]), "eval", "--ranks", "all", "print('alive')")
             assert evaluated.returncode == 14
             assert evaluated.stdout.startswith(

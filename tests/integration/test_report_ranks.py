@@ -195,7 +195,7 @@ def test_a_page_of_64_ranks_is_bounded_and_names_stay_text(browser: Browser, tmp
     assert sections(page)[0] == "missing" and page.evaluate("document.querySelectorAll('img').length") == 0
     charts = drawn(page)
     assert len(charts["chart-rank-steps"]) == 64 and every_chart_drew(page), charts
-    assert "ranks 0-63 (PIDs 5000, " in text_of(page)
+    assert "ranks 0-63 (64 ranks on " in text_of(page)  # counted, not 64 PIDs (per_rank.HEADING_PIDS)
     # The shared entry gives each rank's own ids (eight of them, then a count), not rank 0's alone.
     per_rank = page.evaluate("document.querySelector('div.per-rank').textContent")
     assert per_rank.startswith("rank 0: thread 0, native 1000; rank 1: thread 1, native 1001;"), per_rank

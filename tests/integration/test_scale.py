@@ -92,6 +92,10 @@ def test_every_rank_is_folded_once_per_thread_with_exact_rank_ranges(job: ScaleJ
     assert set(shown) == {"MainThread", "prefetch", "checkpoint-watchdog"}, sorted(shown)
     for name, ranks in shown.items():
         assert sorted(ranks) == list(range(RANKS)), (name, sorted(ranks))
+    # The same stack is one block, whether its source lines could be read (this node's ranks) or
+    # not (the other nodes').
+    for name in ("prefetch", "checkpoint-watchdog"):
+        assert [sorted(ranks) for ranks, thread, _ in found if thread == name] == [list(range(RANKS))], name
 
 
 def test_a_killed_rank_is_missing_from_the_folds_and_named(job: ScaleJob) -> None:

@@ -79,7 +79,9 @@ def _count(count: int, word: str) -> str:
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return ", ".join(str(rank) for rank in ranks)
+    from ...analysis.mismatches import rank_numbers
+
+    return rank_numbers(ranks)
 
 
 def group_text(pg_id: Any, desc: str) -> str:

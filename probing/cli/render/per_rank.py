@@ -58,10 +58,18 @@ def _pid_text(rank: Rank) -> str:
     return str(rank.pid)
 
 
+# Past this many ranks a heading counts their PIDs and nodes instead of listing them: a block
+# of 1 000 ranks headed by 1 000 PIDs is a page nobody reads (`ranks` lists every PID).
+HEADING_PIDS = 8
+
+
 def heading(ranks: Sequence[Rank]) -> str:
     numbers = [rank.rank for rank in ranks]
-    pids = ", ".join(_pid_text(rank) for rank in sorted(ranks))
     word = "rank" if len(numbers) == 1 else "ranks"
+    if len(ranks) > HEADING_PIDS:
+        nodes = len({rank.node for rank in ranks})
+        return f"{word} {ranks_text(numbers)} ({len(ranks)} ranks on {nodes} node{'s' if nodes > 1 else ''})"
+    pids = ", ".join(_pid_text(rank) for rank in sorted(ranks))
     return f"{word} {ranks_text(numbers)} (PID{'s' if len(ranks) > 1 else ''} {pids})"
 
 
@@ -89,14 +97,20 @@ def write_job_header(job: Job, gathered: Gathered, out: IO[str]) -> None:
 
 
 def write_missing(missing: List[Missing], err: IO[str] = sys.stderr) -> None:
-    """Each rank that gave no answer, with why (an eval that raised: its traceback)."""
+    """The ranks that gave no answer, with why: ranks that gave the same reason together (a node
+    that cannot be reached is one line, not one per rank), an eval that raised with its traceback."""
+    reasons: Dict[Tuple[str, str], List[Missing]] = {}
     for each in missing:
         error = each.error
-        err.write(f"probing: {heading([each.rank])}: {inert(error.message)}\n")
         if isinstance(error, RemoteError) and error.traceback:
+            err.write(f"probing: {heading([each.rank])}: {inert(error.message)}\n")
             err.write(inert_lines(error.traceback, err))
-        elif error.hint:
-            err.write(f"  hint: {inert(error.hint)}\n")
+            continue
+        reasons.setdefault((error.message, error.hint or ""), []).append(each)
+    for (message, hint), alike in reasons.items():
+        err.write(f"probing: {heading([each.rank for each in alike])}: {inert(message)}\n")
+        if hint:
+            err.write(f"  hint: {inert(hint)}\n")
     err.flush()
 
 
@@ -130,15 +144,19 @@ def fold(answers: List[Tuple[Rank, str]]) -> List[Tuple[List[Rank], str]]:
 # --- backtrace --------------------------------------------------------------------------------
 
 
-def _thread_blocks(stacks: Stacks) -> List[Tuple[Tuple[Any, ...], str]]:
-    """Each thread of one rank as (what makes it the same as another rank's, its text): the
-    text without the thread's number, which differs from rank to rank."""
+def _thread_blocks(stacks: Stacks) -> List[Tuple[Tuple[Any, ...], str, int]]:
+    """Each thread of one rank as (what makes it the same as another rank's, its text, how many
+    source lines the text shows). The same stack is the same thread whether or not its source
+    lines could be read here (a rank of another node's files are not read), and the thread's
+    number differs from rank to rank: neither is in the key."""
     blocks = []
     for thread in stacks.threads:
         buffer = io.StringIO()
         write_thread(thread, buffer, numbered=False)
-        text = buffer.getvalue()
-        blocks.append(((not thread.is_main, text), text))
+        frames = tuple((frame.native, frame.func, frame.file, frame.lineno, tuple(frame.locals))
+                       for frame in thread.frames)  # fmt: skip
+        key = (not thread.is_main, thread.name, thread.state, frames)
+        blocks.append((key, buffer.getvalue(), sum(1 for frame in thread.frames if frame.code)))
     return blocks
 
 
@@ -162,18 +180,19 @@ def write_job_stacks(job: Job, gathered: Gathered, format: str) -> None:
     out = sys.stdout
     write_job_header(job, gathered, out)
     by_key: Dict[Tuple[Any, ...], List[Rank]] = {}
-    texts: Dict[Tuple[Any, ...], str] = {}
+    texts: Dict[Tuple[Any, ...], Tuple[int, str]] = {}
     for rank, stacks in sorted(gathered.answers, key=lambda pair: pair[0].rank):
-        for key, text in _thread_blocks(stacks):
+        for key, text, lines in _thread_blocks(stacks):
             by_key.setdefault(key, []).append(rank)
-            texts[key] = text
+            if lines > texts.get(key, (-1, ""))[0]:  # the text that shows the most of the source
+                texts[key] = (lines, text)
     order = sorted(by_key, key=lambda key: (key[0], min(rank.rank for rank in by_key[key])))
     for key in order:
         # Threads of one rank with the same stack (a pool's idle workers) are one block too.
         ranks = sorted(set(by_key[key]))
         threads = len(by_key[key])
         each = f", {threads} threads" if threads > len(ranks) else ""
-        out.write(f"\n── {heading(ranks)}{each} ──\n{texts[key]}")
+        out.write(f"\n── {heading(ranks)}{each} ──\n{texts[key][1]}")
     out.flush()
     write_missing(gathered.missing)
 

@@ -97,8 +97,7 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) ->
             continue
         if rank.pid == 0:
             outcome.error = ProcessNotFound(
-                f"rank {rank.rank} (local rank {rank.local_rank}) is not running: no process of the job "
-                "has it on this machine (it exited or was killed)"
+                "not running: no process of the job has it on this machine (it exited or was killed)"
             )
             outcome.done.set()
             continue
@@ -111,9 +110,9 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) ->
     for rank in ranks:
         outcome = outcomes[rank.rank]
         if not outcome.done.wait(max(0.0, end - time.monotonic())):
-            where = f"at {rank.endpoint}" if rank.remote else f"PID {rank.pid}"
-            late = f"rank {rank.rank} ({where}) gave no answer within {deadline_s:g} s"
-            missing.append(Missing(rank, AgentTimeout(late)))
+            # Said of the rank under its heading (render/per_rank.py): the same words for every
+            # late rank, which is one line for a node that froze.
+            missing.append(Missing(rank, AgentTimeout(f"no answer within {deadline_s:g} s")))
         elif outcome.crash is not None:
             raise outcome.crash
         elif outcome.error is not None:

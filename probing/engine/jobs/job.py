@@ -355,7 +355,9 @@ def choose(job: Job, text: str) -> List[Rank]:
     here = {rank.rank: rank for rank in job.ranks + job.absent + job.remote}
     absent = sorted(wanted - set(here))
     if absent:
-        listed = ", ".join(str(rank) for rank in sorted(here)) or "none"
+        from ...analysis.mismatches import rank_numbers
+
+        listed = rank_numbers(list(here)) or "none"
         raise UsageError(
             f"--ranks {text}: no rank {', '.join(map(str, absent[:8]))} in {job.name()} "
             f"(ranks here: {listed}; world size {job.world_size})"
