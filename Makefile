@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser unit test fuzz check-install lint format bench bench-scale soak demo docs screenshots clean
+.PHONY: help install browser pythons unit test fuzz check-install lint format bench bench-scale soak demo docs screenshots clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-14s %s\n", $$1, $$2}'
@@ -49,6 +49,12 @@ browser: $(SPEEDSCOPE)/index.html ## Install Debian's chromium, which the tests 
 			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 		else echo "make browser: install Debian's chromium package (as root: apt-get install chromium)" >&2; exit 1; fi; }
 
+# CPython 3.14 and 3.15 for the tests' targets, from Debian's archive with their own glibc (they
+# need a newer one than this Debian has): tools/pythons.sh says how. Kept in .pythons/, or in
+# $$PROBING_PYTHONS_DIR (CI keeps it outside its clean clone); a second run does nothing.
+pythons: ## Install CPython 3.14 and 3.15 into .pythons/ (or $PROBING_PYTHONS_DIR) for the tests' targets
+	@tools/pythons.sh
+
 unit: install ## The unit and protocol layers alone, in under a minute: the suite to run while coding
 	$(BIN)/pytest -n 2 -m "not serial" tests/unit tests/protocol -q -p no:cacheprovider
 	$(BIN)/pytest -m serial tests/unit tests/protocol -q -p no:cacheprovider
@@ -61,7 +67,7 @@ unit: install ## The unit and protocol layers alone, in under a minute: the suit
 # machine: they run after, alone. Both parts always run; either one failing fails `make test`.
 TEST_WORKERS ?= 3
 
-test: lint browser ## Lint, type-check, then the whole test suite (in parallel, then the serial tests alone)
+test: lint browser pythons ## Lint, type-check, then the whole test suite (in parallel, then the serial tests alone)
 	@status=0; \
 	echo "$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not serial'"; \
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
@@ -73,7 +79,7 @@ fuzz: install ## The fuzz layer alone (tests/fuzz), FUZZ_SCALE times its example
 	PROBING_FUZZ_SCALE=$(or $(FUZZ_SCALE),1) $(if $(FUZZ_SEED),PROBING_FUZZ_SEED=$(FUZZ_SEED)) \
 		$(BIN)/pytest tests/fuzz -p no:cacheprovider
 
-check-install: install ## Build the wheel; pip install it, wheels only, on every CPython 3.8-3.13 (a few minutes)
+check-install: install pythons ## Build the wheel; pip install it, wheels only, on every CPython 3.8-3.15 (a few minutes)
 	$(BIN)/pytest -m install tests/integration/test_build.py
 
 bench: install ## Print the measurements of the closing notes (ratios against baselines)
@@ -92,11 +98,12 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_trace_export.py
 	$(BIN)/python benchmarks/bench_flamegraph.py
 	$(BIN)/python benchmarks/bench_report.py
+	$(BIN)/python benchmarks/scale/run.py --ranks 1024 --nodes 16 --forms store
 
-bench-scale: install ## Today's CLI on a job of real agents on simulated nodes (root; issue 28's baseline)
-	$(BIN)/python benchmarks/scale/run.py --ranks 16,64,256 --nodes 4
+bench-scale: install ## The CLI on a job of real agents on simulated nodes, 16 to 1 024 ranks (root; docs/scale.md)
+	$(BIN)/python benchmarks/scale/run.py --ranks 16,64,256,1024 --nodes 16
 
-soak: install ## Long: attach, eval, query, detach 200 times per interpreter and job kind (SOAK_CYCLES=N)
+soak: install pythons ## Long: attach, eval, query, detach 200 times per interpreter and job kind (SOAK_CYCLES=N)
 	$(BIN)/python benchmarks/soak.py --cycles $(or $(SOAK_CYCLES),200) --parallel 2
 
 demo: install ## Start a small training job with the agent and run probing against it

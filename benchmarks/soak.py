@@ -1,6 +1,6 @@
 """Soak: attach, eval, query and detach, over and over, against jobs that check themselves.
 
-For every CPython on the machine (3.8-3.13 and Debian's 3.11) and every kind of job, N cycles of
+For every CPython on the machine (3.8-3.15 and Debian's 3.11) and every kind of job, N cycles of
 
     probing PID inject -> probing PID eval CODE -> probing PID query SQL -> probing PID detach
 
@@ -30,15 +30,11 @@ from typing import Dict, List, Optional, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = os.path.join(HERE, "..", "tests", "targets", "selfcheck.py")
 PROBING = os.path.join(os.path.dirname(sys.executable), "probing")
-INTERPRETERS = {
-    "3.8": "~/.pyenv/versions/3.8*/bin/python3.8",
-    "3.9": "~/.pyenv/versions/3.9*/bin/python3.9",
-    "3.10": "~/.pyenv/versions/3.10*/bin/python3.10",
-    "3.11": "~/.pyenv/versions/3.11*/bin/python3.11",
-    "3.12": "~/.pyenv/versions/3.12*/bin/python3.12",
-    "3.13": "~/.pyenv/versions/3.13*/bin/python3.13",
-    "debian-3.11": "/usr/bin/python3.11",
-}
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+# The interpreters the integration tests run targets under (3.14 and 3.15: `make pythons`).
+from support import INTERPRETER_PATTERNS as INTERPRETERS  # noqa: E402
+
 # Job kinds: the selfcheck flags, and whether the job needs torch.
 KINDS = {
     "print": (["--print", "--spin"], False),

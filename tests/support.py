@@ -30,8 +30,12 @@ BIN = Path(sys.executable).parent
 PROBING = str(BIN / "probing")
 VENV_PYTHON = sys.executable
 
-# Every CPython the integration tests run the agent under: the pyenv versions and Debian's
-# stripped system interpreter. A missing one is skipped by name, never silently.
+# CPython 3.14 and 3.15 with their own glibc, installed by `make pythons` (tools/pythons.sh) into
+# .pythons/ of the checkout, or where $PROBING_PYTHONS_DIR says (CI keeps them outside its clone).
+PYTHONS_DIR = Path(os.environ.get("PROBING_PYTHONS_DIR") or TESTS.parent / ".pythons")
+
+# Every CPython the integration tests run the agent under: the pyenv versions, Debian's stripped
+# system interpreter and `make pythons`' own. A missing one is skipped by name, never silently.
 INTERPRETER_PATTERNS = {
     "3.8": "~/.pyenv/versions/3.8*/bin/python3.8",
     "3.9": "~/.pyenv/versions/3.9*/bin/python3.9",
@@ -40,6 +44,8 @@ INTERPRETER_PATTERNS = {
     "3.12": "~/.pyenv/versions/3.12*/bin/python3.12",
     "3.13": "~/.pyenv/versions/3.13*/bin/python3.13",
     "debian-3.11": "/usr/bin/python3.11",
+    "3.14": str(PYTHONS_DIR / "usr/bin/python3.14"),
+    "3.15": str(PYTHONS_DIR / "usr/bin/python3.15"),
 }
 
 
@@ -52,7 +58,8 @@ def interpreter_params() -> List[object]:
     params: List[object] = []
     for name, pattern in INTERPRETER_PATTERNS.items():
         path = find_interpreter(pattern)
-        marks = [] if path else [pytest.mark.skip(reason=f"python {name} not found at {pattern}")]
+        installer = "; `make pythons` installs it" if pattern.startswith(str(PYTHONS_DIR)) else ""
+        marks = [] if path else [pytest.mark.skip(reason=f"python {name} not found at {pattern}{installer}")]
         params.append(pytest.param(path, id=name, marks=marks))
     return params
 

@@ -13,6 +13,14 @@ started, then whatever faulthandler wrote at the fault, without the GIL and with
       File "/job/ext.py", line 8 in crash
       File "/job/train.py", line 9 in <module>
 
+From 3.14 on, faulthandler writes each thread's OS name after its id, as the job set it (any bytes
+but NUL, up to 15 on Linux, a newline included, which splits the header over lines):
+
+    Thread 0x00007f0338e756c0 [data loader] (most recent call first):
+
+The name is read past, not shown: a row's thread_name says which thread faulted or was
+signalled, and a job must not be able to forge that by naming a thread so.
+
 SIGTERM or SIGHUP with the default action (faulthandler.register, chained to that action) writes
 the same thread sections with no "Fatal Python error" line before them; its "Current thread" is
 the one the kernel handed the signal to.
@@ -24,16 +32,26 @@ Standard library only.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 from ..schema.rows import backtrace_row
 
 if TYPE_CHECKING:
     from ..schema.rows import BacktraceRow
 
-# faulthandler names a thread by its pthread id, which is threading.get_ident(); it has no
-# thread names. The faulting thread is "Current thread"; "Stack" is the only one (all_threads off).
-_THREAD = re.compile(r"^(Current thread|Thread|Stack)(?: (0x[0-9a-fA-F]+))? \(most recent call first\):$")
+# faulthandler names a thread by its pthread id, which is threading.get_ident(), and from 3.14 on
+# by its OS name in brackets too (greedy: a name may hold "]"; DOTALL: it may hold a newline).
+# The faulting thread is "Current thread"; "Stack" is the only one (all_threads off).
+_THREAD = re.compile(
+    r"^(Current thread|Thread|Stack)(?: (0x[0-9a-fA-F]+))?(?: \[(.*)\])? \(most recent call first\):$",
+    re.DOTALL,
+)
+# A header whose name a newline cut: the lines after it are joined to it until it is whole.
+_NAMED_THREAD_START = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \[")
+# faulthandler reads the name into 100 bytes; a "header" longer than that with its id and its
+# tail is not one, and its lines are read as themselves.
+MAX_HEADER_CHARS = 200
+MAX_HEADER_LINES = 16
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _FATAL = re.compile(r"^Fatal Python error: (.*)$")
 FAULTING_THREAD = "faulting thread"
@@ -57,6 +75,33 @@ def _agent_thread(stack: List[Tuple[str, Optional[int], str]]) -> bool:
     return False
 
 
+def _lines(text: str) -> Iterator[str]:
+    """faulthandler's lines, each thread header that a newline in the thread's name cut over
+    several lines joined into one. Split at "\\n" only, what faulthandler ends a line with: a name
+    or a file name may hold any other character that str.splitlines would split at."""
+    lines = text.split("\n")
+    index = 0
+    while index < len(lines):
+        end = _header_end(lines, index)
+        yield "\n".join(lines[index : end + 1])
+        index = end + 1
+
+
+def _header_end(lines: List[str], start: int) -> int:
+    """The index of the last line of the thread header that starts at lines[start]: `start`
+    itself unless that line opens a named header that only the lines after it complete."""
+    if not _NAMED_THREAD_START.match(lines[start]) or _THREAD.match(lines[start]):
+        return start
+    joined = lines[start]
+    for end in range(start + 1, min(start + MAX_HEADER_LINES, len(lines))):
+        joined += "\n" + lines[end]
+        if len(joined) > MAX_HEADER_CHARS:
+            break
+        if _THREAD.match(joined):
+            return end
+    return start
+
+
 def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], List[BacktraceRow]]:
     """(the fatal error's message, python.backtrace rows) of faulthandler's text.
 
@@ -68,7 +113,7 @@ def parse_faulthandler(text: str, pid: Optional[int]) -> Tuple[Optional[str], Li
     message: Optional[str] = None
     threads: List[Tuple[Optional[int], bool, List[Tuple[str, Optional[int], str]]]] = []
     frames: Optional[List[Tuple[str, Optional[int], str]]] = None
-    for line in text.splitlines():
+    for line in _lines(text):
         fatal = _FATAL.match(line)
         if fatal and message is None:
             message = fatal.group(1).strip()

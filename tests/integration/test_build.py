@@ -1,5 +1,5 @@
 """The package build: what the sdist and the wheel carry, a missing compiler's message, and
-`pip install probing` on every CPython 3.8-3.13 taking wheels only.
+`pip install probing` on every CPython 3.8-3.15 taking wheels only.
 
 Builds run in a copy of the sources under the test's temporary directory: building in the
 checkout would leave build/ and probing.egg-info behind in the source tree.
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # source (12+ minutes); 3.8 jobs are inspected by a CLI installed on a newer Python, through
 # the agent loaded by file path (tests/integration/test_attach.py runs on every interpreter).
 CLI_FLOOR = (3, 9)
-CLI_VERSIONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
+CLI_VERSIONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13", "3.14", "3.15")
 
 
 def source_copy(tmp_path: Path) -> Path:

@@ -255,7 +255,7 @@ def test_growth_leaves_the_jobs_own_tracemalloc_running() -> None:
 
 @pytest.mark.parametrize("python", interpreter_params())
 def test_memory_on_every_interpreter(python: str) -> None:
-    """No torch: the census, the sampler and tracemalloc growth on 3.8 ... 3.13."""
+    """No torch: the census, the sampler and tracemalloc growth on 3.8 ... 3.15."""
     with Target("leaky.py", python=python, env=FAST_SAMPLING) as job:
         result = probing(str(job.pid), "memory", "--growth", "1.5", "--format", "json")
         assert result.returncode == 0, result.stderr

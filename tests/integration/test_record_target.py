@@ -259,7 +259,8 @@ def test_probing_records_says_where_it_looked_when_it_finds_none(tmp_path: Path)
 
 @pytest.mark.parametrize("python", interpreter_params())
 def test_faulthandlers_text_of_every_python_is_read(python: str, tmp_path: Path) -> None:
-    """faulthandler's layout is the same from 3.8 to 3.13 (and Debian's stripped 3.11)."""
+    """faulthandler's layout is the same from 3.8 to 3.13 (and Debian's stripped 3.11); 3.14 and later
+    write each thread's name after its id."""
     fatal = segfault_file(str(tmp_path), "segfaults-1.fatal", python)
     sql = "SELECT func FROM python.backtrace WHERE thread_name = 'faulting thread' ORDER BY depth"
     rows = json.loads(probing(fatal, "query", sql, "--format", "json").stdout)

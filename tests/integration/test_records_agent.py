@@ -329,16 +329,6 @@ def test_records_on_every_interpreter(tmp_path: Path, python: str) -> None:
     assert not list(directory.glob("*.fatal"))
 
 
-@pytest.mark.parametrize("python", interpreter_params())
-def test_fatal_files_on_every_interpreter(tmp_path: Path, python: str) -> None:
-    directory = tmp_path / "records"
-    with Target("dies.py", python=python, env=record_env(directory)) as job:
-        send(job, "segv")
-        assert job.process.wait(30) == 128 + signal.SIGSEGV  # probing run: 128 + N
-    (fatal,) = directory.glob("*.fatal")
-    assert "in read_address" in fatal.read_text()
-
-
 @pytest.mark.parametrize("hook", [[], ["--wrap-excepthook"]], ids=["our-hook", "job-wraps-our-hook"])
 def test_sigint_makes_one_record_and_the_job_still_dies_of_keyboardinterrupt(
     tmp_path: Path, hook: List[str]

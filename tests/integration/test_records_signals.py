@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_records_agent import only_record, record_env, table
+from test_records_agent import only_record, record_env, send, table
 
 from support import VENV_PYTHON, Target, interpreter_params, probing, wait_until
 
@@ -68,6 +68,41 @@ def test_an_attached_agent_leaves_the_stacks_of_a_default_sigterm(tmp_path: Path
         assert job.process.wait(30) == -signal.SIGTERM
     (fatal,) = (tmp_path / "records").glob("*.fatal")
     assert 'c_sleeper.py", line' in fatal.read_text()
+    shown = probing(str(fatal), "backtrace")
+    assert shown.returncode == 0 and 'c_sleeper.py", line' in shown.stdout, shown.stderr
+
+
+# How tests/targets/dies.py is made to die of each signal (a command, or the signal sent to it),
+# why `probing records` says it ended, and the job's function at the top of the thread it hit.
+FATAL_ENDS = {
+    "SIGSEGV": ("segv", "fatal_signal: Segmentation fault", "read_address"),
+    "SIGABRT": ("abort", "fatal_signal: Aborted", "give_up"),
+    "SIGTERM": (None, "SIGTERM or SIGHUP (default action) ended the job", "<module>"),
+}
+
+
+@pytest.mark.parametrize("end", list(FATAL_ENDS))
+@pytest.mark.parametrize("python", interpreter_params())
+def test_a_job_killed_by_a_fatal_signal_leaves_stacks_that_backtrace_and_records_read(
+    tmp_path: Path, python: str, end: str
+) -> None:
+    """3.14's faulthandler names each thread (`Thread 0x... [probing-agent] (most ...`): the file
+    must still read as the stacks, not as a job that "ended without a trace"."""
+    directory = tmp_path / "records"
+    command, why, function = FATAL_ENDS[end]
+    with Target("dies.py", python=python, env=record_env(directory)) as job:
+        if command is None:
+            os.kill(job.pid, signal.SIGTERM)
+        else:
+            send(job, command)
+        assert job.process.wait(30) == 128 + signal.Signals[end]  # probing run: 128 + N
+    (fatal,) = directory.glob("*.fatal")
+    shown = probing(str(fatal), "backtrace")
+    assert shown.returncode == 0, shown.stderr
+    assert 'dies.py", line' in shown.stdout and f", in {function}\n" in shown.stdout, shown.stdout
+    assert "probing/agent" not in shown.stdout  # the agent's own threads are left out
+    listed = probing("records", "--dir", str(directory)).stdout
+    assert why in listed and "without a trace" not in listed, listed
 
 
 def test_getsignal_answers_what_is_installed_once_a_handler_got_past_the_wrapper(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@
                         calls the hook it found, as Sentry or wandb do
 
 Prints `ready` once the state under test exists (torch: after the first step), then reads
-commands from stdin, one a line: `segv` (ctypes.string_at(0) inside `read_address`), `raise`
+commands from stdin, one a line: `segv` (ctypes.string_at(0) inside `read_address`), `abort`
+(os.abort() inside `give_up`: SIGABRT), `raise`
 (ValueError from `check_step` at the next step), `thread-raise` (a worker thread raises), `exit`
 (a normal exit, status 0), `exit3` (sys.exit(3)). Closing stdin is a normal exit too.
 """
@@ -19,6 +20,7 @@ commands from stdin, one a line: `segv` (ctypes.string_at(0) inside `read_addres
 import argparse
 import ctypes
 import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -77,6 +79,10 @@ def read_address(address):  # type: ignore[no-untyped-def]
     return ctypes.string_at(address)
 
 
+def give_up():  # type: ignore[no-untyped-def]
+    os.abort()
+
+
 def check_step(step):  # type: ignore[no-untyped-def]
     learning_rate = 0.1 * step
     raise ValueError(f"diverged at step {step} (lr {learning_rate})")
@@ -90,6 +96,8 @@ def worker() -> None:
 def act(command: str, step: int) -> None:
     if command == "segv":
         read_address(0)
+    elif command == "abort":
+        give_up()
     elif command == "raise":
         check_step(step)
     elif command == "thread-raise":
