@@ -83,12 +83,17 @@ def run_commands(
     job: ScaleJob, alive: List[int], label: str, rows: List[Tuple[str, ...]], options: Any
 ) -> None:
     """Each command in each form: `probing 1 ...` (the job found from node 0's zygote, the other
-    nodes' ranks through the store) and `probing --endpoints @FILE ...` (no store)."""
-    targets = {"store": ["1"], "endpoints": ["--endpoints", f"@{job.endpoints_file()}"]}
+    nodes' ranks through the store, each node's through its relay), the same with every rank asked
+    directly (`direct`: PROBING_RELAY=0, the baseline of relays in the same run), and
+    `probing --endpoints @FILE ...` (no store)."""
+    targets = {"store": ["1"], "direct": ["1"], "endpoints": ["--endpoints", f"@{job.endpoints_file()}"]}
     commands = [(name, COMMANDS[name]) for name in options.commands.split(",")]
     for (name, args), form in itertools.product(commands, options.forms.split(",")):
         argv = job.cli_command(0, *targets[form], *args)
-        result = measure(argv, job.cli_environment(), options.timeout)
+        environment = job.cli_environment()
+        if form == "direct":
+            environment["PROBING_RELAY"] = "0"
+        result = measure(argv, environment, options.timeout)
         if options.outputs:
             stem = os.path.join(options.outputs, re.sub(r"\W+", "_", f"{label}-{form}-{name}"))
             Path(f"{stem}.out").write_text(result.stdout)
@@ -153,7 +158,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--no-degraded", action="store_true", help="skip the 5%%-dead, one-node-frozen case")
     parser.add_argument(
-        "--forms", default="store,endpoints", help="store: `probing 1`; endpoints: --endpoints @FILE"
+        "--forms",
+        default="store,direct,endpoints",
+        help="store: `probing 1` (relays); direct: the same, PROBING_RELAY=0; endpoints: --endpoints @FILE",
     )
     parser.add_argument("--commands", default=",".join(COMMANDS), help="which of " + ", ".join(COMMANDS))
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a command is killed")

@@ -153,8 +153,12 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
     queue = list(reversed(calls))
     lock = allocate_lock()
 
+    gate = allocate_lock()
+    gate.acquire()
+
     def work() -> None:
-        server.own_threads.add(get_ident())  # the agent's: in no backtrace of the job
+        with gate:  # every worker is the agent's before any asks (the relay may ask itself)
+            pass
         try:
             while True:
                 with lock:
@@ -170,9 +174,15 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
 
     count = min(RELAY_THREADS, len(calls))
     threads = [AgentThread(target=work, name="probing-relay") for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
+    started = []
+    try:
+        for thread in threads:
+            thread.start()
+            started.append(thread)
+            server.own_threads.add(thread.ident)  # in no backtrace of the job
+    finally:
+        gate.release()
+    for thread in started:
         thread.join(max(0.0, deadline - monotonic()) + 0.5)
     answers: List[Dict[str, Any]] = []
     chunks: List[Any] = []

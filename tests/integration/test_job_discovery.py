@@ -189,6 +189,6 @@ def test_a_rank_that_is_gone_shows_why_and_the_others_still_answer(idle: Torchru
         assert gone["error"].startswith("not running: no process of the job has it on this machine")
         text = probing(str(idle.agent_pid), "ranks").stdout.splitlines()
         assert text[0].endswith("; world size 2, 1 rank on this machine, 1 gone")
-        assert text[-1].split()[:4] == ["1", "1", "0", "-"] and "could not look: rank 1" in text[-1]
+        assert text[-1].split()[:4] == ["1", "1", "0", "-"] and "could not look: not running" in text[-1]
     finally:
         os.kill(idle.agent_pid, signal.SIGCONT)

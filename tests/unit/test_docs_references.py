@@ -49,7 +49,13 @@ def repository_files() -> List[str]:
 
 
 FILES = repository_files()
-DIRECTORY_NAMES: Set[str] = {part for name in FILES for part in Path(name).parts[:-1]}
+# Stand-ins for a job's libraries (the scale harness's torch/distributed/distributed_c10d.py,
+# whose path ends as torch's does) are not the repository's kind of directory: `torch/...` in
+# the docs is the job's torch.
+STAND_INS = "benchmarks/scale/stacks/"
+DIRECTORY_NAMES: Set[str] = {
+    part for name in FILES if not name.startswith(STAND_INS) for part in Path(name).parts[:-1]
+}
 
 
 def prose(text: str) -> str:

@@ -8,10 +8,12 @@ hands each request to its node's NodeRelay. The relay sends what the node's rank
 after the first did), and each rank's thread reads its own reply out of the answer with the
 checks of a reply of its own (client/connection.py `_receive`).
 
-A relay that cannot be reached before anything was sent is not the node's ranks' failure: they
-are then asked directly, each over its own connection, as without relays. A relay that fails
-once its request went out says so for each rank it carried: a request may have run, and only
-the user may run it again.
+A relay that cannot be reached before anything was sent (refused, gone, an older agent) is not
+the node's ranks' failure: they are then asked directly, each over its own connection, as without
+relays. A relay that fails once its request went out says so for each rank it carried: a request
+may have run, and only the user may run it again. A relay that accepts and then says nothing in
+time is a node that hangs: its ranks are named missing, and the rest of the command does not
+wait for that node again (asked directly, each rank would keep the command waiting as long).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class NodeRelay:
         self._waiting: List[_Asked] = []
         self._busy = False
         self._client: Optional[Client] = None
-        self.unreachable: Optional[ProbingError] = None
+        self.unreachable: Optional[ProbingError] = None  # refused or gone: its ranks asked directly
+        self.silent: Optional[ProbingError] = None  # answered nothing in time: not asked again
 
     def expect(self, ranks: int) -> None:
         """A command's ranks of this node are about to ask (fanout.gather): requests wait for
@@ -121,10 +124,16 @@ class NodeRelay:
                 self._cond.notify_all()
 
     def _connect(self, timeout: float) -> Optional[Client]:
-        if self._client is None and self.unreachable is None:
+        if self._client is None and self.unreachable is None and self.silent is None:
             try:
                 self._client = Client(self.url, timeout, self.log)
                 self.log(f"node {self.node}: its ranks are asked through its relay at {self.url}")
+            except AgentTimeout as error:
+                # Accepted, then nothing in time: a node that hangs (stopped, swapping), whose
+                # ranks would each keep a connection of their own waiting as long again.
+                self.silent = AgentTimeout(
+                    f"node {self.node}'s relay at {self.url} did not answer: {error.message}"
+                )
             except ProbingError as error:
                 self.log(f"node {self.node}: its relay at {self.url} cannot be reached ({error.message}); "
                          "asking its ranks one by one")  # fmt: skip
@@ -134,6 +143,10 @@ class NodeRelay:
     def _send(self, batch: List[_Asked]) -> None:
         wait = max(each.timeout for each in batch)
         client = self._connect(wait)
+        if self.silent is not None:  # the node is not waited for again in this command
+            for each in batch:
+                each.error = self.silent
+            return
         if client is None:
             for each in batch:
                 each.direct = True
@@ -158,6 +171,8 @@ class NodeRelay:
         except ProbingError as error:
             self._drop(client, error)
             failed = AgentUnreachable(f"node {self.node}'s relay at {self.url} failed: {error.message}")
+            if isinstance(error, AgentTimeout):
+                self.silent = failed
             for each in batch:
                 each.error = failed
             return
