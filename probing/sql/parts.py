@@ -42,7 +42,8 @@ class Piece:
 
 
 class Part:
-    """One load: its row count, its columns by name, and the added columns' values for its rows."""
+    """One load: its row count, its columns by name (lower case), and the added columns' values
+    for its rows."""
 
     __slots__ = ("rows", "columns", "constants")
 
@@ -60,7 +61,7 @@ def part_of_table(table: DecodedTable, constants: Optional[Dict[str, Any]]) -> P
     for column in table.columns:
         data = numpy.frombuffer(column.data, dtype=_DTYPES[column.encoding])  # type: ignore[call-overload]
         valid = None if column.valid is None else numpy.frombuffer(column.valid, dtype=numpy.int8)  # type: ignore[call-overload]
-        columns[column.name] = Piece(column.type, data, valid, column.dictionary)
+        columns[column.name.lower()] = Piece(column.type, data, valid, column.dictionary)
     return Part(table.rows, columns, constants)
 
 
@@ -81,15 +82,15 @@ def part_of_rows(
             data = numpy.array(
                 [-1 if v is None else codes.setdefault(v, len(codes)) for v in texts], numpy.int32
             )
-            columns[column.name] = Piece(column.type, data, None, list(codes))
+            columns[column.name.lower()] = Piece(column.type, data, None, list(codes))
         elif encoding == "bool":
             data = numpy.array([-1 if v is None else int(bool(v)) for v in values], numpy.int8)
-            columns[column.name] = Piece(column.type, data)
+            columns[column.name.lower()] = Piece(column.type, data)
         else:
             valid = numpy.array([v is not None for v in values], numpy.int8)
             zero = 0.0 if encoding == "f64" else 0
             data = numpy.array([zero if v is None else v for v in values], _DTYPES[encoding])
-            columns[column.name] = Piece(column.type, data, None if valid.all() else valid)
+            columns[column.name.lower()] = Piece(column.type, data, None if valid.all() else valid)
     return Part(len(rows), columns, constants)
 
 
@@ -132,7 +133,7 @@ def merged_column(name: str, kind: str, added: bool, parts: List[Part], word: An
         if added and part.constants is not None:
             pieces.append(_constant(kind, part.constants.get(name), part.rows))
             continue
-        piece = part.columns.get(name)
+        piece = part.columns.get(name.lower())  # by name, as SQL reads names: any case
         pieces.append(piece if piece is not None and piece.type == kind else _missing(kind, part.rows))
     encoding = encoding_of(kind)
     valid = None

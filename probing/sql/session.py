@@ -158,14 +158,6 @@ def table_problem(name: str, columns: Sequence[Tuple[str, str]]) -> Optional[str
     return None
 
 
-def _numpy_column(column: DecodedColumn) -> Any:
-    import numpy
-
-    data: Any = column.data
-    dtypes = {"i64": numpy.int64, "f64": numpy.float64, "bool": numpy.int8, "dict": numpy.int32}
-    return numpy.frombuffer(data, dtype=dtypes[column.encoding])
-
-
 def referenced_tables(names: Sequence[str], sql: str) -> List[str]:
     """Those of `names` whose name appears in the query (one too many is cheap, one too few wrong)."""
     found = []
@@ -193,16 +185,6 @@ def notes_on_what_is_read(notes: Sequence[str], sql: str) -> List[str]:
                 continue
         kept.append(note)
     return kept
-
-
-def _literal(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return "'" + str(value).replace("'", "''") + "'"
 
 
 class SqlSession:
