@@ -17,9 +17,9 @@ from typing import Counter, Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import BIN, PROBING, ScaleJob  # noqa: E402
 from measure import measure  # noqa: E402
 from run import COMMANDS  # noqa: E402
+from scale_job import BIN, PROBING, ScaleJob  # noqa: E402
 
 # Phase -> functions (py-spy's "qualname (file:line)" without the place) whose samples, anywhere
 # below them in a stack, are that phase's. The first phase of a stack that matches wins.

@@ -4,8 +4,8 @@ so that those pages are shared, as torchrun's launcher on a real node has its ra
 
     python benchmarks/scale/node.py --node N --ranks-per-node R --stuck-rank S
 
-Run by harness.py as the init of the node's PID namespace (killing it ends the node). The job's
-identity comes from the environment harness.py gives (WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT,
+Run by scale_job.py as the init of the node's PID namespace (killing it ends the node). The job's
+identity comes from the environment scale_job.py gives (WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT,
 TORCHELASTIC_RUN_ID, PROBING_LISTEN, PROBING_TOKEN, and the per-rank placeholders). It reaps its
 ranks, and ends them and itself when its stdin closes or after rank.LIFETIME_S.
 """

@@ -1,5 +1,5 @@
 """Today's CLI against a whole job of real agents at scale (issue 28's baseline): for each size,
-start the job (harness.py), time `ranks`, `backtrace --ranks all`, `query --ranks all`, `hang
+start the job (scale_job.py), time `ranks`, `backtrace --ranks all`, `query --ranks all`, `hang
 --ranks all --duration 10`, each run in node 0 as a user on that node would, with its peak RSS
 and descriptors; then the same job with 5% of its ranks killed and one node frozen.
 
@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import PROBING, ScaleJob  # noqa: E402
 from measure import Measured, measure, memory_of_ranks  # noqa: E402
+from scale_job import PROBING, ScaleJob  # noqa: E402
 
 COMMANDS: Dict[str, List[str]] = {
     "ranks": ["ranks"],

@@ -184,6 +184,11 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
         gate.release()
     for thread in started:
         thread.join(max(0.0, deadline - monotonic()) + 0.5)
+    return _answer(calls)
+
+
+def _answer(calls: List[_Call]) -> Tuple[Dict[str, Any], List[Any]]:
+    """The relay's reply: each call's headers and where its payload lies, or why it has none."""
     answers: List[Dict[str, Any]] = []
     chunks: List[Any] = []
     offset = 0

@@ -19,7 +19,7 @@ import pytest
 SCALE = Path(__file__).resolve().parents[2] / "benchmarks" / "scale"
 sys.path.insert(0, str(SCALE))
 
-from harness import ScaleJob  # noqa: E402
+from scale_job import ScaleJob  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the simulated nodes need root (unshare, nsenter, mount)"),
