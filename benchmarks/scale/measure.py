@@ -96,16 +96,23 @@ def memory_of_ranks(rank_pids: List[int], zygote_pids: List[int]) -> MemoryOfRan
     return MemoryOfRanks(len(ranks), mean("Pss"), mean("Rss"), private / 1024, zygote_pss, total)
 
 
+def children(pid: int) -> List[int]:
+    """Children of `pid` as this side's /proc numbers them (every thread's children)."""
+    found: List[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found.extend(int(word) for word in handle.read().split())
+    except OSError:
+        pass
+    return found
+
+
 def descendants(pid: int) -> List[int]:
-    """`pid` and every process under it, from /proc/PID/task/TID/children (bounded depth)."""
+    """`pid` and every process under it (bounded: 64 processes' children read)."""
     found, index = [pid], 0
     while index < len(found) and index < 64:
-        try:
-            for task in os.listdir(f"/proc/{found[index]}/task"):
-                with open(f"/proc/{found[index]}/task/{task}/children") as handle:
-                    found.extend(int(word) for word in handle.read().split())
-        except OSError:
-            pass
+        found.extend(children(found[index]))
         index += 1
     return found
 

@@ -36,6 +36,7 @@ PROBING = str(BIN / "probing")
 sys.path.insert(0, str(HERE))
 
 import rank as rank_body  # noqa: E402
+from measure import children  # noqa: E402
 
 TOKEN = "scale-harness-token-0123456789abcdef"
 MAX_NODES = 200  # 127.0.0.2 .. 127.0.0.201
@@ -44,18 +45,6 @@ OUTPUT_LINES_KEPT = 200
 
 def node_address(index: int) -> str:
     return f"127.0.0.{index + 2}"
-
-
-def _outer_children(pid: int) -> List[int]:
-    """Children of `pid` as this side's /proc numbers them (every thread's children)."""
-    found: List[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                found.extend(int(word) for word in handle.read().split())
-    except OSError:
-        pass
-    return found
 
 
 def _inner_pid(pid: int) -> Optional[int]:
@@ -125,15 +114,15 @@ class SimNode:
     @property
     def init_pid(self) -> Optional[int]:
         """The zygote's PID as seen from outside (what nsenter needs)."""
-        children = _outer_children(self.process.pid)
-        return children[0] if children else None
+        under = children(self.process.pid)
+        return under[0] if under else None
 
     def rank_pids_outside(self) -> Dict[int, int]:
         """rank -> its PID seen from outside, for the ranks alive now."""
         init = self.init_pid
         inner_to_rank = {pid: rank for rank, pid in self.pids.items()}
         found = {}
-        for pid in _outer_children(init) if init else []:
+        for pid in children(init) if init else []:
             rank = inner_to_rank.get(_inner_pid(pid) or -1)
             if rank is not None:
                 found[rank] = pid
@@ -150,7 +139,7 @@ class SimNode:
         """`number` to the zygote and every rank (SIGSTOP: the node hangs, its sockets still
         accept; SIGCONT: it goes on)."""
         init = self.init_pid
-        for pid in [init, *_outer_children(init)] if init else []:
+        for pid in [init, *children(init)] if init else []:
             try:
                 os.kill(pid, number)
             except ProcessLookupError:

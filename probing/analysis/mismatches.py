@@ -201,20 +201,29 @@ def compared(by_rank: Dict[int, Rows]) -> List[Mismatch]:
 LISTED_RANKS = 8
 
 
-def rank_numbers(ranks: Sequence[int]) -> str:
-    """The numbers of `ranks`: each of a few, or runs of consecutive ones as ranges."""
+def rank_runs(ranks: Sequence[int], shortest: int) -> str:
+    """`ranks` in order, each run of at least `shortest` consecutive ones as a range: 0-3,5."""
     ordered = sorted(set(ranks))
-    if len(ordered) <= LISTED_RANKS:
-        return ", ".join(str(rank) for rank in ordered)
-    runs: List[str] = []
+    parts: List[str] = []
     start = 0
     while start < len(ordered):
         end = start
         while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
             end += 1
-        runs.append(str(ordered[start]) if end == start else f"{ordered[start]}-{ordered[end]}")
+        if end - start + 1 >= shortest:
+            parts.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            parts.extend(str(rank) for rank in ordered[start : end + 1])
         start = end + 1
-    return ",".join(runs)
+    return ",".join(parts)
+
+
+def rank_numbers(ranks: Sequence[int]) -> str:
+    """The numbers of `ranks`: each of a few, or runs of consecutive ones as ranges."""
+    ordered = sorted(set(ranks))
+    if len(ordered) <= LISTED_RANKS:
+        return ", ".join(str(rank) for rank in ordered)
+    return rank_runs(ordered, 2)
 
 
 def ranks_text(ranks: Sequence[int]) -> str:

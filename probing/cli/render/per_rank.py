@@ -15,6 +15,7 @@ import io
 import sys
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
 
+from ...analysis.mismatches import rank_runs
 from ...errors import RemoteError
 from ...schema.rows import backtrace_values_of
 from ...schema.tables import BACKTRACE, RANK_COLUMNS
@@ -34,19 +35,7 @@ if TYPE_CHECKING:
 
 def ranks_text(ranks: Sequence[int]) -> str:
     """0,1,3 or 0-3: runs of three or more as ranges."""
-    ordered = sorted(set(ranks))
-    parts: List[str] = []
-    start = 0
-    while start < len(ordered):
-        end = start
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        if end - start >= 2:
-            parts.append(f"{ordered[start]}-{ordered[end]}")
-        else:
-            parts.extend(str(rank) for rank in ordered[start : end + 1])
-        start = end + 1
-    return ",".join(parts)
+    return rank_runs(ranks, 3)
 
 
 def _pid_text(rank: Rank) -> str:
