@@ -164,51 +164,81 @@ def fast_ms(times: List[float]) -> float:
     return statistics.quantiles(times, n=5)[0] * 1e3
 
 
+def thread_cpu_s(pid: int, name: str) -> float:
+    """CPU seconds of the job's thread named `name` (schedstat: nanoseconds, unlike the tick)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/comm") as comm:
+            if comm.read().strip() == name:
+                with open(f"/proc/{pid}/task/{task}/schedstat") as schedstat:
+                    return int(schedstat.read().split()[0]) / 1e9
+    raise AssertionError(f"the job has no thread named {name}")
+
+
+def flood(listening_job: Target, control: Target) -> Tuple[Dict[str, float], float, float]:
+    """200 silent connections and, behind them, a client with the token, answered within 1 s;
+    held until the agent ends every one. Returns each job's fast-step ratio (during the flood
+    over just before it), the listener thread's CPU seconds and the flood's seconds."""
+    endpoint = endpoint_of(listening_job.pid)
+    before_start = time.monotonic()
+    enough = lambda job: len(step_times(job, before_start, float("inf"))) >= 60  # noqa: E731
+    assert wait_until(lambda: enough(listening_job) and enough(control), 30)
+    flood_start, cpu_start = time.monotonic(), thread_cpu_s(listening_job.pid, "probing-tcp")
+    silent = []
+    try:
+        for _ in range(200):
+            silent.append(socket.create_connection(address_of(endpoint), timeout=10))
+        started = time.monotonic()
+        sock, _, verdict = tcp_handshake(endpoint)
+        with sock:
+            assert verdict[:1] == auth.ACCEPTED
+            send_frame(sock, request(1, "hello", {"protocol": PROTOCOL_VERSION}))
+            send_frame(sock, request(2, "backtrace", {}))
+            replies = [recv_frame(sock, MAX_REPLY_BYTES) for _ in range(2)]
+            answered = time.monotonic() - started
+        assert all(reply is not None and reply.header["ok"] for reply in replies)
+        assert answered < 1.0, f"hello + backtrace took {answered:.2f} s behind 200 silent connections"
+        # Held past the handshake deadline (or pushed out by newer ones): the agent ends
+        # every one itself (with a reset), each having had its challenge and nothing more.
+        for held in silent:
+            held.settimeout(10)
+            assert len(recv_exactly(held, auth.CHALLENGE_BYTES)) == auth.CHALLENGE_BYTES
+            try:
+                assert held.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        flood_end, cpu_end = time.monotonic(), thread_cpu_s(listening_job.pid, "probing-tcp")
+    finally:
+        for held in silent:
+            held.close()
+    ratios = {}
+    for name, job in (("flooded", listening_job), ("control", control)):
+        before = step_times(job, before_start, flood_start)
+        during = step_times(job, flood_start, flood_end)
+        assert len(before) >= 60 and len(during) >= 50
+        ratios[name] = fast_ms(during) / fast_ms(before)
+        print(f"{name}: fast steps {fast_ms(before):.2f} ms before, {fast_ms(during):.2f} ms during")
+    print(f"listener thread: {(cpu_end - cpu_start) * 1e3:.1f} ms of CPU in {flood_end - flood_start:.2f} s")
+    return ratios, cpu_end - cpu_start, flood_end - flood_start
+
+
+def slowed(ratios: Dict[str, float]) -> bool:
+    return ratios["flooded"] >= max(1.5, 1.5 * ratios["control"])
+
+
 @pytest.mark.serial  # fast-step ratios and a 1 s answer: the control job evens out load, not 3 workers'
 def test_200_silent_connections_hold_neither_the_agent_nor_the_job(listening_job: Target) -> None:
-    """The step-time comparison is paired with a control job (the same target, no listener)
-    over the same windows: on a shared machine, whatever slows every process shows in both."""
-    endpoint = endpoint_of(listening_job.pid)
+    """The listener thread's own CPU is the direct measure (8-13 ms over the 3 s flood, quiet
+    or beside two CPU hogs; a polling loop or a thread per connection would spend far more).
+    The step times are paired with a control job (the same target, no listener) over the same
+    windows; on a loaded machine the fast steps of one job still swing 2x between windows
+    with no flood at all (4 to 10 ms measured beside two hogs), so a slow reading must repeat
+    in a second flood before it fails: a listener that holds the job slows both."""
     with Target("timed_stepper.py", via="env") as control:
-        before_start = time.monotonic()
-        enough = lambda job: len(step_times(job, before_start, float("inf"))) >= 60  # noqa: E731
-        assert wait_until(lambda: enough(listening_job) and enough(control), 30)
-        flood_start = time.monotonic()
-        silent = []
-        try:
-            for _ in range(200):
-                silent.append(socket.create_connection(address_of(endpoint), timeout=10))
-            started = time.monotonic()
-            sock, _, verdict = tcp_handshake(endpoint)
-            with sock:
-                assert verdict[:1] == auth.ACCEPTED
-                send_frame(sock, request(1, "hello", {"protocol": PROTOCOL_VERSION}))
-                send_frame(sock, request(2, "backtrace", {}))
-                replies = [recv_frame(sock, MAX_REPLY_BYTES) for _ in range(2)]
-                answered = time.monotonic() - started
-            assert all(reply is not None and reply.header["ok"] for reply in replies)
-            assert answered < 1.0, f"hello + backtrace took {answered:.2f} s behind 200 silent connections"
-            # Held past the handshake deadline (or pushed out by newer ones): the agent ends
-            # every one itself (with a reset), each having had its challenge and nothing more.
-            for held in silent:
-                held.settimeout(10)
-                assert len(recv_exactly(held, auth.CHALLENGE_BYTES)) == auth.CHALLENGE_BYTES
-                try:
-                    assert held.recv(1) == b""
-                except ConnectionResetError:
-                    pass
-            flood_end = time.monotonic()
-        finally:
-            for held in silent:
-                held.close()
-        ratios = {}
-        for name, job in (("flooded", listening_job), ("control", control)):
-            before = step_times(job, before_start, flood_start)
-            during = step_times(job, flood_start, flood_end)
-            assert len(before) >= 60 and len(during) >= 50
-            ratios[name] = fast_ms(during) / fast_ms(before)
-            print(f"{name}: fast steps {fast_ms(before):.2f} ms before, {fast_ms(during):.2f} ms during")
-    assert ratios["flooded"] < max(1.5, 1.5 * ratios["control"]), ratios
+        ratios, cpu_s, window_s = flood(listening_job, control)
+        assert cpu_s < 0.03 * window_s, f"the listener spent {cpu_s * 1e3:.0f} ms of CPU in {window_s:.1f} s"
+        if slowed(ratios):
+            ratios, _, _ = flood(listening_job, control)
+    assert not slowed(ratios), ratios
     assert listening_job.alive()
 
 
