@@ -213,7 +213,7 @@ class Target:
         if self.rank is not None and self.rank.relay is not None:  # asked through its node's relay
             from .jobs.relayed import RelayedClient
 
-            return self._checked(RelayedClient(self.rank.relay, self.rank, timeout, self.log), timeout)
+            return RelayedClient(self.rank.relay, self.rank, timeout, self.log)  # checks each reply's hello
         if self.socket is not None:
             started = time.monotonic()
             try:

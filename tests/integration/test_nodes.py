@@ -140,6 +140,26 @@ def test_query_over_all_ranks_returns_rows_of_both_nodes(stalled: TwoNodeJob, re
     assert {row["func"] for row in rows if row["rank"] != 3} >= {"all_reduce"}
 
 
+def test_a_rank_its_relay_cannot_reach_is_asked_directly_and_still_checked(stalled: TwoNodeJob) -> None:
+    """Rank 3's Unix socket moved aside on node 1 (where the relay, rank 2's agent, reaches its
+    node's ranks): rank 3 is asked over its own TCP connection instead, and what answers there
+    is checked to be rank 3 as any direct answer is; a look and a request that acts both work."""
+    pids = stalled.nodes[1].pids
+    path = os.path.join(stalled.socket_dir, f"{pids[3]}.sock")
+    assert stalled.in_node(1, "mv", path, f"{path}.aside").returncode == 0
+    try:
+        looked = stalled.probing(0, "-v", "1", "query", "--ranks", "all", "--format", "json", FIRST_FRAMES)
+        acted = stalled.probing(0, "-v", "1", "eval", "--ranks", "2-3", "import os; print(os.getpid())")
+    finally:
+        assert stalled.in_node(1, "mv", f"{path}.aside", path).returncode == 0
+    rows: List[Dict[str, Any]] = _json(looked, 0)
+    assert {(row["rank"], row["node"]) for row in rows} == {(0, 0), (1, 0), (2, 1), (3, 1)}
+    assert "rank 3: its node's relay could not reach it" in looked.stderr, looked.stderr
+    assert acted.returncode == 0, acted.stdout + acted.stderr
+    assert "rank 3: its node's relay could not reach it" in acted.stderr, acted.stderr
+    assert f"── rank 3 (PID {pids[3]} on node1) ──\n{pids[3]}\n" in acted.stdout, acted.stdout
+
+
 def test_eval_over_all_ranks_runs_on_each_node(stalled: TwoNodeJob) -> None:
     result = stalled.probing(0, "1", "eval", "--ranks", "all", "import socket; print(socket.gethostname())")
     assert result.returncode == 0, result.stdout + result.stderr

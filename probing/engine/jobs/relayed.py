@@ -19,7 +19,6 @@ wait for that node again (asked directly, each rank would keep the command waiti
 from __future__ import annotations
 
 import threading
-import time
 
 from ...client.connection import Client
 from ...client.replies import check_result, error_from_reply
@@ -36,6 +35,7 @@ from ...errors import (
 )
 from ...protocol.frames import FrameError
 from ...protocol.messages import parse_reply
+from .job import STALE_ENDPOINT_HINT, NotTheRank, identity_mismatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,17 +51,19 @@ RELAY_SLACK_S = 1.0
 # A relay that answers the `relay` request itself with one of these ran none of it (an older
 # agent without relays, a full agent, one that refused): its node's ranks are asked directly.
 REFUSED = (RequestRefused, ProtocolMismatch, AgentBusy, PermissionDenied)
+# Methods that only look: sent before the rank proved who it is, their reply read only once the
+# hello that came with it did. Any other waits for a ping's hello (Target._checked's rule).
+LOOKS = frozenset(("ping", "tables", "table", "backtrace", "endpoints"))
 
 
 class _Asked:
     """One rank's request on its way through the relay, and what came back for it."""
 
-    __slots__ = ("pid", "method", "params", "timeout", "since", "done", "entry", "payload", "error", "direct")
+    __slots__ = ("pid", "method", "params", "timeout", "answered", "entry", "payload", "error", "direct")
 
     def __init__(self, pid: int, method: str, params: Optional[Dict[str, Any]], timeout: float) -> None:
         self.pid, self.method, self.params, self.timeout = pid, method, params or {}, timeout
-        self.since = time.monotonic()
-        self.done = False
+        self.answered = threading.Event()  # set once its batch came back (or failed)
         self.entry: Dict[str, Any] = {}
         self.payload = bytearray()
         self.error: Optional[ProbingError] = None
@@ -77,9 +79,11 @@ class NodeRelay:
         self.node = node
         self.log = log
         self.expected = expected
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._waiting: List[_Asked] = []
-        self._busy = False
+        self._full = threading.Event()  # the batch being gathered has every rank at work
+        self._gathering = False  # a rank's thread is gathering the next batch (its leader)
+        self._sending = threading.Lock()  # one batch out at a time on the one connection
         self._client: Optional[Client] = None
         self.unreachable: Optional[ProbingError] = None  # refused or gone: its ranks asked directly
         self.silent: Optional[ProbingError] = None  # answered nothing in time: not asked again
@@ -87,41 +91,45 @@ class NodeRelay:
     def expect(self, ranks: int) -> None:
         """A command's ranks of this node are about to ask (fanout.gather): requests wait for
         that many of them."""
-        with self._cond:
+        with self._lock:
             self.expected = ranks
-            self._cond.notify_all()
+            self._check_full()
 
     def finished(self) -> None:
         """A rank of the node is done asking (its client closed): the others wait for it no more."""
-        with self._cond:
+        with self._lock:
             self.expected -= 1
-            self._cond.notify_all()
+            self._check_full()
+
+    def _check_full(self) -> None:
+        if self._waiting and len(self._waiting) >= self.expected:
+            self._full.set()
 
     def ask(self, asked: _Asked) -> None:
-        """Send `asked` with its node's others; returns once its answer (or error) is in."""
-        with self._cond:
+        """Send `asked` with its node's others; returns once its answer (or error) is in.
+
+        The first rank to ask gathers the batch (its leader): it waits until every rank at work
+        has asked or BATCH_WINDOW_S has passed, and until the batch before is answered, then
+        sends all that wait. The others sleep on their own event until their batch is answered:
+        a thousand ranks wake once each, not once per rank that asked before them."""
+        with self._lock:
             self._waiting.append(asked)
-            self._cond.notify_all()
-            batch: List[_Asked] = []
-            while not asked.done:
-                first = self._waiting[0].since if self._waiting else time.monotonic()
-                ready = len(self._waiting) >= self.expected or time.monotonic() >= first + BATCH_WINDOW_S
-                if not self._busy and self._waiting and ready:
-                    batch, self._waiting, self._busy = self._waiting, [], True
-                    break
-                # While a batch is out, its end wakes everyone; else the window's end does.
-                timed = self._waiting and not self._busy
-                self._cond.wait(max(0.001, first + BATCH_WINDOW_S - time.monotonic()) if timed else None)
-        if not batch:
+            lead = not self._gathering
+            self._gathering = True
+            self._check_full()
+        if not lead:
+            asked.answered.wait()
             return
-        try:
-            self._send(batch)
-        finally:
-            with self._cond:
+        self._full.wait(BATCH_WINDOW_S)
+        with self._sending:
+            with self._lock:
+                batch, self._waiting, self._gathering = self._waiting, [], False
+                self._full.clear()
+            try:
+                self._send(batch)
+            finally:
                 for each in batch:
-                    each.done = True
-                self._busy = False
-                self._cond.notify_all()
+                    each.answered.set()
 
     def _connect(self, timeout: float) -> Optional[Client]:
         if self._client is None and self.unreachable is None and self.silent is None:
@@ -208,6 +216,7 @@ class RelayedClient(Client):
         self._direct: Optional[Client] = None
         self._sent: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None
         self._closed = False
+        self._identified = False
 
     def close(self) -> None:
         if self._direct is not None:
@@ -231,7 +240,14 @@ class RelayedClient(Client):
             return self._direct.receive(method, wait)
         sent_method, params = self._sent or (method, None)
         self._sent = None
-        asked = _Asked(self.rank.pid, sent_method, params, wait)
+        if not self._identified and sent_method not in LOOKS:
+            self._relayed("ping", None, wait)  # who it is, before a request that acts
+        return self._relayed(sent_method, params, wait)
+
+    def _relayed(self, method: str, params: Optional[Dict[str, Any]], wait: float) -> Tuple[Any, bytearray]:
+        if self._direct is not None:  # the relay could not reach it before (the ping): no more
+            return self._direct.call(method, params, timeout=wait)
+        asked = _Asked(self.rank.pid, method, params, wait)
         self.relay.ask(asked)
         if asked.entry.get("sent") is False:  # the relay could not reach it: nothing ran
             self.log(f"rank {self.rank.rank}: its node's relay could not reach it "
@@ -239,12 +255,19 @@ class RelayedClient(Client):
             asked.direct = True
         if asked.direct:  # nothing went out: this rank is asked as it would be without relays
             self._direct = Client(self.path, wait, self.log)
-            result = self._direct.call(sent_method, params, timeout=wait)
-            self.info = self._direct.info
-            return result
+            answer = self._direct.call(method, params, timeout=wait)  # a ping or a look
+            self._identify(self._direct.info)  # its hello came with the answer
+            return answer
         if asked.error is not None:
             raise asked.error
         return self._read(method, asked)
+
+    def _identify(self, info: Dict[str, Any]) -> None:
+        """The agent whose hello is `info` is this rank, or NotTheRank (a stale registry entry)."""
+        mismatch = identity_mismatch(self.rank, self.path, info)
+        if mismatch is not None:
+            raise NotTheRank(mismatch, hint=STALE_ENDPOINT_HINT)
+        self.info, self._identified = info, True
 
     def _read(self, method: str, asked: _Asked) -> Tuple[Any, bytearray]:
         """The rank's hello and reply as the relay passed them on, checked as a Client checks its own."""
@@ -257,11 +280,12 @@ class RelayedClient(Client):
                 raise NoAgent(message)
             raise (AgentTimeout if "in time" in str(why) else AgentUnreachable)(message)
         try:
-            if not self.info:
-                hello_id, hello_ok, hello = parse_reply(entry.get("hello") or {})
-                if not hello_ok:
-                    raise error_from_reply(hello)
-                self.info = check_result("hello", hello)
+            # Every reply comes with the hello of the relay's own connection to the rank: each
+            # is checked to be this rank's before its reply is read (the relay checked its PID).
+            hello_id, hello_ok, hello = parse_reply(entry.get("hello") or {})
+            if not hello_ok:
+                raise error_from_reply(hello)
+            self._identify(check_result("hello", hello))
             reply_id, ok, body = parse_reply(entry["reply"] if isinstance(entry["reply"], dict) else {})
         except FrameError as error:
             raise BadReply(f"unusable reply to {method!r} through the relay: {error}") from None
