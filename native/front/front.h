@@ -88,5 +88,7 @@ int outside_answer(int pid, const char *dump, size_t size, answer_t *answer, buf
 
 /* render.c: cli/render/backtrace.py write_backtrace_text. */
 int render_backtrace(int pid, const answer_t *answer, buf_t *out);
+/* render.c: whether a thread runs an asyncio loop (its tasks are the Python CLI's to show). */
+int runs_asyncio_loop(const answer_t *answer);
 
 #endif

@@ -117,6 +117,7 @@ def main() -> None:
     root, output = sys.argv[1], sys.argv[2]
     sys.path.insert(0, root)
     from probing import __version__
+    from probing.analysis import asyncio_tasks
     from probing.cli import render
     from probing.cli.spec import BACKTRACE_OPTIONS, TARGET
     from probing.engine import backtrace, sources, target
@@ -146,6 +147,10 @@ def main() -> None:
     lines.append(
         f"static const struct column_type COLUMN_TYPES[] = {{\n    {pairs},\n    {{NULL, NULL}}}};\n"
     )
+    # A thread running an asyncio loop (analysis/asyncio_tasks.py runs_loop): its answer goes
+    # to the Python CLI, which shows the loop's tasks.
+    lines.append(f"#define ASYNCIO_LOOP_FILE {c_string(asyncio_tasks.LOOP_FILE)}\n")
+    lines.append(strings("ASYNCIO_LOOP_FUNCTIONS", asyncio_tasks.LOOP_FUNCTIONS))
     state_rules(lines)
     layout(lines)
     escapes = sorted(render.ESCAPED.items())

@@ -279,7 +279,7 @@ int main(int argc, char **argv)
     int asked = ask_agent(pid, &answer);
     if (asked == ASK_STILL)
         from_outside(&place, pid, asked_at);
-    if (asked != ASK_OK)
+    if (asked != ASK_OK || runs_asyncio_loop(&answer))
         run_python(&place, argv);
     buf_t out = {0};
     if (render_backtrace(pid, &answer, &out) < 0)

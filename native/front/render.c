@@ -116,6 +116,32 @@ static int thread_line(const row_t *innermost, str_t state, buf_t *out)
     return failed ? -1 : 0;
 }
 
+static int ends_with(str_t text, const char *tail)
+{
+    size_t length = strlen(tail);
+    return text.n >= length && memcmp(text.p + text.n - length, tail, length) == 0;
+}
+
+static int is_text(str_t text, const char *word)
+{
+    return text.n == strlen(word) && memcmp(text.p, word, text.n) == 0;
+}
+
+/* analysis/asyncio_tasks.py runs_loop: whether a thread runs an asyncio event loop, whose tasks
+ * only the Python CLI reads and shows. */
+int runs_asyncio_loop(const answer_t *answer)
+{
+    for (size_t i = 0; i < answer->count; i++) {
+        const row_t *row = &answer->rows[i];
+        if (!ends_with(row->file, ASYNCIO_LOOP_FILE))
+            continue;
+        for (const char *const *name = ASYNCIO_LOOP_FUNCTIONS; *name; name++)
+            if (is_text(row->func, *name))
+                return 1;
+    }
+    return 0;
+}
+
 int render_backtrace(int pid, const answer_t *answer, buf_t *out)
 {
     const jval *hello_pid = json_get(&answer->hello, "pid");

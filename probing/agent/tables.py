@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List
 from .. import __version__
 from ..procfs import process_start_time, thread_cpu_seconds
 from ..schema.tables import (
+    ASYNCIO_TASKS,
     BACKTRACE,
     COLLECTIVES,
     CUDA_MEMORY,
@@ -61,6 +62,13 @@ def _build_threads(server: Any, params: Dict[str, Any]) -> TableBuilder:
             user, system,
         ))  # fmt: skip
     return builder
+
+
+def _build_asyncio_tasks(server: Any, params: Dict[str, Any]) -> TableBuilder:
+    from .asyncio_tasks import asyncio_task_rows
+
+    rows, notes = asyncio_task_rows(server.own_threads, Pacer())
+    return _with_notes(_filled(new_builder(ASYNCIO_TASKS), rows), notes)
 
 
 def _build_process_info(server: Any, params: Dict[str, Any]) -> TableBuilder:
@@ -214,6 +222,7 @@ def step_wait(params: Dict[str, Any]) -> float:
 BUILDERS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     BACKTRACE.name: _build_backtrace,
     THREADS.name: _build_threads,
+    ASYNCIO_TASKS.name: _build_asyncio_tasks,
     PROCESS_INFO.name: _build_process_info,
     TORCH_TRACE.name: _build_torch_trace,
     NAN_EVENTS.name: _build_nan_events,

@@ -48,11 +48,12 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from .asyncio_tasks import describe_stuck, loop_tasks, task_signatures
 from .carriers import carriers_of, thread_list, thread_options
 from .states import is_waiting, thread_state
 
 if TYPE_CHECKING:
-    from ..schema.rows import BacktraceRow
+    from ..schema.rows import AsyncioTasksRow, BacktraceRow
 
 Rows = List["BacktraceRow"]
 CodeLine = Callable[["BacktraceRow"], str]  # a frame's source line (engine/sources.py reads it)
@@ -82,6 +83,9 @@ class ThreadReport(NamedTuple):
     activity: str = "still"  # moved, busy, looping or still (the module docstring says which is progress)
     holds_gil: bool = False  # seen holding the GIL in every sample (from outside, by py-spy)
     carries: bool = False  # one of the threads whose progress decided the verdict
+    # A thread running an asyncio loop whose tasks all awaited the same futures throughout: the
+    # tasks and where they await (analysis/asyncio_tasks.py describe_stuck); "" otherwise.
+    stuck_tasks: str = ""
 
 
 class HangReport(NamedTuple):
@@ -143,6 +147,7 @@ class Sample(NamedTuple):
     rows: Rows  # python.backtrace rows of the process
     counters: Dict[Any, Tuple[Optional[int], Optional[int]]]  # native_id -> (CPU ticks, wake-ups)
     gil_holder: Optional[Any]  # native_id of the thread seen holding the GIL, when read from outside
+    tasks: Sequence[AsyncioTasksRow] = ()  # python.asyncio_tasks rows, where a thread runs a loop
 
 
 def _activity(
@@ -184,6 +189,20 @@ def _wakeups(native: Any, first: Sample, final: Sample) -> Tuple[Optional[int], 
     return after - before, (after - before) / max(1e-6, final.taken - first.taken)
 
 
+def _loop_progress(samples: List[Sample]) -> Tuple[Dict[Any, bool], Dict[Any, str]]:
+    """Per thread running an asyncio loop (by thread_id): whether its tasks moved between the
+    samples that read them (a task came or went, or one awaited another future or elsewhere),
+    and its tasks in words as the last sample saw them."""
+    seen: Dict[Any, Set[Any]] = {}
+    for taken in samples:
+        if taken.tasks:
+            for thread_id, signature in task_signatures(taken.tasks).items():
+                seen.setdefault(thread_id, set()).add(frozenset(signature))
+    last = next((taken.tasks for taken in reversed(samples) if taken.tasks), ())
+    described = {thread_id: describe_stuck(tasks) for thread_id, tasks in loop_tasks(last).items() if tasks}
+    return {thread_id: len(kinds) > 1 for thread_id, kinds in seen.items()}, described
+
+
 def verdict(
     pid: int,
     samples: List[Sample],
@@ -202,6 +221,7 @@ def verdict(
         for key, frames in _by_thread(taken.rows).items():
             signatures.setdefault((key[0], key[1], source), set()).add(_signature(frames))
             last[key] = frames
+    tasks_moved, stuck_tasks = _loop_progress(samples)
     span = _agent_run(samples)
     holders = {taken.gil_holder for taken in samples}
     holder = final.gil_holder if len(holders) == 1 else None
@@ -224,6 +244,8 @@ def verdict(
         activity = _activity(
             moved, cpu, wakeups if counted else None, woke if counted else None, is_waiting(state)
         )
+        if activity in ("looping", "still") and tasks_moved.get(top["thread_id"]):
+            activity = "moved"  # its loop's tasks moved between the samples (a wait ended, one started)
         holds_gil = holder is not None and native == holder
         if holds_gil:
             state = thread_state(frames, code_line, {"owns_gil": True})
@@ -231,6 +253,7 @@ def verdict(
             ThreadReport(
                 pid, top["thread_id"], native, top["thread_name"] or "", bool(top["is_main"]),
                 activity == "moved", wakeups, cpu, state, _where(frames), activity, holds_gil,
+                stuck_tasks=stuck_tasks.get(top["thread_id"], "") if activity != "moved" else "",
             )
         )  # fmt: skip
     threads.sort(key=lambda t: (not t.is_main, str(t.name)))
@@ -259,6 +282,11 @@ def _judge(
             return False, f"thread {mover.name!r} {how}{basis}", carriers
     loopers = [thread for thread in carriers if thread.activity == "looping"]
     woke = f"; {thread_list(loopers)} only woke up to wait again" if loopers else ""
+    for loop in (thread for thread in carriers if thread.stuck_tasks):
+        woke += (
+            f"; the asyncio loop of {loop.name!r} idled while every task awaited the same futures: "
+            f"{loop.stuck_tasks}"
+        )
     # Threads that progressed without carrying the process: a heartbeat, or the real work of a
     # job whose main thread waits in a way the rule cannot tell from being stuck.
     bystanders = [thread for thread in threads if thread.activity in progressing and thread not in carriers]

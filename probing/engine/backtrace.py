@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..analysis.asyncio_tasks import runs_loop
 from ..client.connection import Client
 from ..client.replies import decode_reply_table
 from ..errors import AgentTimeout, AgentUnreachable, NoAgent, ProbingError, UsageError
@@ -33,7 +34,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    from ..schema.rows import BacktraceRow
+    from ..schema.rows import AsyncioTasksRow, BacktraceRow
     from .jobs.job import Rank
     from .target import Target
 
@@ -48,9 +49,10 @@ class Stacks:
     """python.backtrace rows of one process, what is known of the process (`info`: pid,
     python_version, argv, and `outside`: py-spy's threads by native id when read from
     outside), and notes for the user (why the answer came from outside). `sources`: whose
-    files the source lines are read as (default: the process's own, engine/sources.py)."""
+    files the source lines are read as (default: the process's own, engine/sources.py).
+    `tasks`: python.asyncio_tasks rows, read where a thread runs an asyncio loop."""
 
-    __slots__ = ("pid", "rows", "info", "notes", "sources", "_threads")
+    __slots__ = ("pid", "rows", "info", "notes", "sources", "tasks", "_threads")
 
     def __init__(
         self, pid: Optional[int], rows: List[BacktraceRow], info: Dict[str, Any], notes: List[str],
@@ -61,6 +63,7 @@ class Stacks:
         self.info = info
         self.notes = notes
         self.sources = sources
+        self.tasks: List[AsyncioTasksRow] = []
         self._threads: Optional[List[ShownThread]] = None
 
     @property
@@ -73,7 +76,7 @@ class Stacks:
                 # A PID given as text (a record's, a core's) may be another process's by now.
                 own = self.info.get("pid")
                 sources = SourceLines(self.pid or (own if isinstance(own, int) else None))
-            self._threads = shown_threads(self.rows, sources, self.info.get("outside"))
+            self._threads = shown_threads(self.rows, sources, self.info.get("outside"), self.tasks)
         return self._threads
 
 
@@ -144,7 +147,24 @@ def _from_agent(target: Target, params: Dict[str, Any], timeout: float) -> Stack
         # An endpoint's PID is its own machine's: here it may be any process's, root's too, and
         # the job names the files. Its source lines are read as nobody's (world-readable only).
         sources = SourceLines(None) if target.remote else None
-        return Stacks(target.pid or client.info.get("pid"), rows, dict(client.info), [], sources)
+        stacks = Stacks(target.pid or client.info.get("pid"), rows, dict(client.info), [], sources)
+        if runs_loop(rows):
+            left = max(0.5, timeout - (time.monotonic() - started))
+            stacks.tasks, stacks.notes = loop_tasks_of(client, left)
+        return stacks
+
+
+def loop_tasks_of(client: Client, timeout: float) -> Tuple[List[AsyncioTasksRow], List[str]]:
+    """python.asyncio_tasks from an agent, with its notes (what was cut); none, and why, from
+    an agent that cannot say (an older one, or one that failed)."""
+    from ..schema.tables import ASYNCIO_TASKS
+
+    try:
+        table = client.fetch_table(ASYNCIO_TASKS.name, timeout=timeout)
+    except ProbingError as error:
+        return [], [f"the asyncio tasks could not be read: {error.message}"]
+    # Typed as the schema has them: decoding refused other column types (client/replies.py).
+    return table.to_rows(), table.notes  # type: ignore[return-value]
 
 
 def _only_thread(rows: List[BacktraceRow], thread: str) -> List[BacktraceRow]:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # Sampling is here, judging in analysis.progress (pure: no /proc, no clock, no sleep).
 
 
-def take_sample(pid: int, rows: Rows, process: Dict[str, Any]) -> Sample:
+def take_sample(pid: int, rows: Rows, process: Dict[str, Any], tasks: Sequence[Any] = ()) -> Sample:
     """A Sample of `rows` just read, with the /proc counters of their threads read now.
     `process` is the backtrace's process info: its "outside" (py-spy's threads, when the stacks
     were read from outside) says which thread holds the GIL."""
@@ -35,7 +35,7 @@ def take_sample(pid: int, rows: Rows, process: Dict[str, Any]) -> Sample:
         (native for native, thread in (process.get("outside") or {}).items() if thread.get("owns_gil")),
         None,
     )
-    return Sample(time.monotonic(), rows, counters, holder)
+    return Sample(time.monotonic(), rows, counters, holder, tasks)
 
 
 def watch(
@@ -127,8 +127,9 @@ def sample_hang(
         if target.remote:
             # Its threads' counters are in its own node's /proc: here the same PID is another
             # process, or none. Its agent reads their CPU time there (python.threads).
-            return Sample(time.monotonic(), stacks.rows, remote_counters(target, timeout), None)
-        return take_sample(pid, stacks.rows, stacks.info)
+            counters = remote_counters(target, timeout)
+            return Sample(time.monotonic(), stacks.rows, counters, None, stacks.tasks)
+        return take_sample(pid, stacks.rows, stacks.info, stacks.tasks)
 
     report = watch(pid, sample, duration, samples, code_line, carriers)
     main = next((thread for thread in report.threads if thread.is_main), None)

@@ -133,7 +133,7 @@ class Watchdog:
             return None  # not started yet, or between processes: no verdict
         if self.tracker is None or self.tracker.pid != pid:
             self.tracker = self._tracker(pid)
-        report = self.tracker.add(take_sample(pid, stacks.rows, stacks.info))
+        report = self.tracker.add(take_sample(pid, stacks.rows, stacks.info, stacks.tasks))
         stalled = self.tracker.stalled_s(time.monotonic())
         if not report.hung or stalled < self.timeout:
             return None
@@ -152,7 +152,8 @@ class Watchdog:
             tracker = self.rank_trackers.get(rank.pid)
             if tracker is None:
                 tracker = self.rank_trackers[rank.pid] = self._tracker(rank.pid)
-            reports[rank.rank] = (rank, tracker.add(take_sample(rank.pid, stacks.rows, stacks.info)))
+            sample = take_sample(rank.pid, stacks.rows, stacks.info, stacks.tasks)
+            reports[rank.rank] = (rank, tracker.add(sample))
         stalled = max(
             (self.rank_trackers[rank.pid].stalled_s(now) for rank, report in reports.values() if report.hung),
             default=0.0,

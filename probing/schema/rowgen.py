@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import List
 
 from .definition import Table
-from .tables import BACKTRACE, COLLECTIVES, PROCESS_GROUPS, PYTHON_GC, THREADS
+from .tables import ASYNCIO_TASKS, BACKTRACE, COLLECTIVES, PROCESS_GROUPS, PYTHON_GC, THREADS
 
 # The tables whose rows the CLI side reads by column name.
-TYPED_TABLES = (BACKTRACE, THREADS, PYTHON_GC, COLLECTIVES, PROCESS_GROUPS)
+TYPED_TABLES = (BACKTRACE, THREADS, PYTHON_GC, COLLECTIVES, PROCESS_GROUPS, ASYNCIO_TASKS)
 # Those whose rows are built on both sides, in more than one place: built by the constructors only.
 BUILT_TABLES = (BACKTRACE,)
 

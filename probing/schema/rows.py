@@ -86,6 +86,23 @@ if TYPE_CHECKING:  # the agent imports this module inside the job: no typing the
         last_completed: Optional[int]
         source: Optional[str]
 
+    class AsyncioTasksRow(TypedDict):
+        """A row of python.asyncio_tasks."""
+
+        pid: Optional[int]
+        thread_id: Optional[int]
+        task_id: Optional[int]
+        task_name: Optional[str]
+        state: Optional[str]
+        coroutine: Optional[str]
+        awaits: Optional[str]
+        future_id: Optional[int]
+        awaited_by: Optional[int]
+        depth: Optional[int]
+        func: Optional[str]
+        file: Optional[str]
+        lineno: Optional[int]
+
     # python.backtrace's columns in table order.
     BacktraceValues = Tuple[
         Optional[int],

@@ -92,6 +92,54 @@ PROCESS_INFO = Table(
 )
 
 
+ASYNCIO_TASKS = Table(
+    "python.asyncio_tasks",
+    "One row per coroutine frame of every pending asyncio task of the process, read at the time "
+    "of the query without running anything on its event loops: each task's await chain from the "
+    "coroutine it wraps inward (depth 0 is where it awaits now). A task with no frame to show has "
+    "one row with NULL frame columns. At most 1 000 tasks are listed (parents before their children); "
+    "the query says how many more there were and where they waited.",
+    [
+        Column("pid", "BIGINT", "process the task belongs to"),
+        Column(
+            "thread_id",
+            "BIGINT",
+            "Python ident of the thread running the task's loop; NULL while it runs none",
+        ),
+        Column("task_id", "BIGINT", "id() of the task: the same task in every row and every read"),
+        Column("task_name", "VARCHAR", "Task.get_name(), e.g. Task-3"),
+        Column(
+            "state",
+            "VARCHAR",
+            "'running' (the loop runs it now), 'waiting' (on the future in awaits) or 'ready' "
+            "(its next step is scheduled)",
+        ),
+        Column("coroutine", "VARCHAR", "the function of the coroutine the task wraps"),
+        Column(
+            "awaits",
+            "VARCHAR",
+            "what the task waits for: another task (task 'name'), a gather (gather of N), a Future; "
+            "NULL when it waits for nothing",
+        ),
+        Column(
+            "future_id", "BIGINT", "id() of the future it waits for: the same wait in two reads has the same"
+        ),
+        Column(
+            "awaited_by",
+            "BIGINT",
+            "task_id of the task that waits for this one (directly, through a gather, or as its "
+            "TaskGroup's owner); NULL for a task nobody awaits",
+        ),
+        Column(
+            "depth", "BIGINT", "0 for the innermost coroutine frame (where the task awaits), then outwards"
+        ),
+        Column("func", "VARCHAR", "function name of the frame (code.co_name)"),
+        Column("file", "VARCHAR", "source file path of the frame (code.co_filename)"),
+        Column("lineno", "BIGINT", "current line of the frame: the await it is suspended at"),
+    ],
+)
+
+
 PROCESS_MEMORY = Table(
     "process.memory",
     "The process's memory over time: one row per sample, taken by the agent from /proc/self every "
@@ -166,8 +214,8 @@ GC_GENERATIONS = Table(
 AGENT_TABLES: Dict[str, Table] = {
     table.name: table
     for table in (
-        BACKTRACE, THREADS, PROCESS_INFO, PROCESS_MEMORY, TORCH_TRACE, NAN_EVENTS, MODULES, TENSORS,
-        OPTIMIZERS, PYTHON_GC, GC_GENERATIONS, CUDA_MEMORY, COLLECTIVES, PROCESS_GROUPS,
+        BACKTRACE, THREADS, ASYNCIO_TASKS, PROCESS_INFO, PROCESS_MEMORY, TORCH_TRACE, NAN_EVENTS, MODULES,
+        TENSORS, OPTIMIZERS, PYTHON_GC, GC_GENERATIONS, CUDA_MEMORY, COLLECTIVES, PROCESS_GROUPS,
     )
 }  # fmt: skip
 

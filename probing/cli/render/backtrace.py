@@ -27,6 +27,13 @@ UNKNOWN_LINENO = "?"
 CODE_LINE = "    {code}\n"
 LOCAL_LINE = "      {name} = {value}\n"
 NO_THREADS = "\n(no Python threads)\n"
+# A thread running an asyncio loop: its loop's tasks after its frames, each indented under the
+# task that awaits it (`indent`: two spaces a level), parents first.
+TASKS_LINE = "  asyncio tasks of its event loop: {count}\n"
+TASK_LINE = '{indent}  Task "{name}" ({coroutine}): {state}\n'
+TASK_FRAME = '{indent}    File "{file}", line {lineno}, in {func}\n'
+TASK_CODE = "{indent}      {code}\n"
+MORE_TASKS = "  ... and {count} more tasks: {where}\n"
 
 
 def fill(template: str, **fields: Any) -> str:
@@ -70,6 +77,24 @@ def write_thread(thread: ShownThread, out: IO[str], numbered: bool = True) -> No
             out.write(fill(CODE_LINE, code=frame.code))
         for name, value in frame.locals:
             out.write(fill(LOCAL_LINE, name=name, value=value))
+    if thread.task_count:
+        write_tasks(thread, out)
+
+
+def write_tasks(thread: ShownThread, out: IO[str]) -> None:
+    """The tasks of a thread's asyncio loop, each with its await chain outermost first."""
+    out.write(fill(TASKS_LINE, count=thread.task_count))
+    for task in thread.tasks:
+        indent = "  " * task.level
+        out.write(fill(TASK_LINE, indent=indent, name=task.name, coroutine=task.coroutine, state=task.state))
+        for frame in task.frames:
+            lineno = frame.lineno if frame.lineno is not None else UNKNOWN_LINENO
+            out.write(fill(TASK_FRAME, indent=indent, file=frame.file, lineno=lineno, func=frame.func))
+            if frame.code:
+                out.write(fill(TASK_CODE, indent=indent, code=frame.code))
+    more = thread.task_count - len(thread.tasks)
+    if more > 0:
+        out.write(fill(MORE_TASKS, count=more, where=thread.more_tasks))
 
 
 def write_tree(tree: TreeStacks, format: str) -> None:
