@@ -128,6 +128,12 @@ def _relay(server: Any, params: Dict[str, Any]) -> Reply:
     return relay(server, params)
 
 
+def _watch(server: Any, params: Dict[str, Any]) -> Reply:
+    from .watch import watch  # only `hang` of a rank on another node loads it
+
+    return watch(server, params)
+
+
 def _tables(server: Any, params: Dict[str, Any]) -> Any:
     return {"tables": [table.describe() for table in TABLES.values()]}
 
@@ -321,6 +327,7 @@ METHODS: Dict[str, Callable[[Any, Dict[str, Any]], Any]] = {
     "listen": _listen,
     "endpoints": _endpoints,
     "relay": _relay,
+    "watch": _watch,
 }
 
 

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 MAX_CALLS = 1024
 # Threads asking at once: a node's ranks answer in about one rank's time with 16 of them.
 RELAY_THREADS = 16
+# A call that waits out a window (`watch`: hang's samples) holds its thread for the window, so
+# each gets a thread of its own, up to this many in all: a node's ranks are watched at once.
+WINDOWED = ("watch",)
+MAX_RELAY_THREADS = 128
 # What one relay reply may carry in all: the sum of what its ranks send, at most what one reply
 # to the CLI may be.
 MAX_RELAYED_BYTES = MAX_REPLY_BYTES
@@ -172,7 +176,8 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
         finally:
             server.own_threads.discard(get_ident())
 
-    count = min(RELAY_THREADS, len(calls))
+    windowed = sum(1 for call in calls if call.method in WINDOWED)
+    count = min(RELAY_THREADS + windowed, MAX_RELAY_THREADS, len(calls))
     threads = [AgentThread(target=work, name="probing-relay") for _ in range(count)]
     started = []
     try:

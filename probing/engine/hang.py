@@ -18,6 +18,7 @@ from ..schema.tables import THREADS
 from .backtrace import Stacks, read_stacks
 from .processes import descendants
 from .target import Target
+from .watched import watch_remote
 
 if TYPE_CHECKING:
     from ..schema.rows import ThreadsRow
@@ -111,7 +112,16 @@ def sample_hang(
     carriers: Sequence[str] = (),
 ) -> HangAnswer:
     """`carriers`: the names (or globs) of the threads that carry the process (--thread); each
-    must name a thread of the first sample, or the watch ends there (UsageError)."""
+    must name a thread of the first sample, or the watch ends there (UsageError). A process on
+    another node is watched by its own agent in one request (watched.py), the names checked
+    once its samples are in."""
+    if target.remote:
+        watched = watch_remote(target, duration, samples, timeout)
+        if watched is not None:
+            if carriers:
+                _check_names(carriers, watched.samples[0].rows, watched.pid)
+            report = verdict(watched.pid, watched.samples, code_line, carriers)
+            return HangAnswer(report, None, watched.notes)
     # A remote agent's samples are all there is: its PID (on its node) only names it.
     pid = target.agent_pid(timeout) if target.remote else target.require_pid("hang")
     notes: List[str] = []

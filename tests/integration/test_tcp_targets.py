@@ -322,7 +322,7 @@ def test_hang_of_a_remote_target_never_reads_this_machine_proc(tmp_path: Path) -
     """PIDs are per machine. A sleeper stuck reading stdin is PID 1 (main thread 1) of a PID
     namespace of its own, listening on loopback; the CLI runs in another PID namespace whose PID
     1 spins in its main thread 1. Read from this side's /proc, the remote thread would look busy
-    and the process progressing; its agent's own counters say it is hung (exit 11)."""
+    and the process progressing; its agent's own counters (CPU, wake-ups) say it is hung (exit 11)."""
     port = free_port("127.0.0.1")
     environment = dict(os.environ, PYTHONUNBUFFERED="1", PROBING="1", PROBING_LISTEN=f"127.0.0.1:{port}",
                        PROBING_SOCKET_DIR=str(tmp_path), **TOKEN_ENV)  # fmt: skip
@@ -346,5 +346,7 @@ def test_hang_of_a_remote_target_never_reads_this_machine_proc(tmp_path: Path) -
     report = json.loads(result.stdout)
     assert report["pid"] == 1 and report["hung"] is True, report
     main = next(thread for thread in report["threads"] if thread["is_main"])
-    assert (main["native_id"], main["activity"], main["wakeups_per_s"]) == (1, "still", None), main
-    assert main["cpu_percent"] is not None and main["cpu_percent"] < 5, main  # the agent's reading
+    assert (main["native_id"], main["activity"]) == (1, "still"), main
+    # The agent's readings, on its own node (agent/watch.py): this side's PID 1 spins and wakes.
+    assert main["cpu_percent"] is not None and main["cpu_percent"] < 5, main
+    assert main["wakeups_per_s"] is not None and main["wakeups_per_s"] < 1, main

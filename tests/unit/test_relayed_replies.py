@@ -50,7 +50,7 @@ def ask_all(answer: Tuple[Any, bytearray], count: int = 2) -> List[Any]:
              for number in range(count)]  # fmt: skip
     relay = NodeRelay("127.0.0.3:4000", 1, count, lambda message: None)
     stand_in = StandInRelay(answer)
-    relay._client = stand_in  # type: ignore[assignment]
+    relay._idle = [stand_in]  # type: ignore[list-item]
     outcomes: List[Any] = [None] * count
 
     def one(index: int) -> None:
@@ -118,7 +118,7 @@ def test_a_payload_pointed_past_the_relays_own_is_empty_not_another_ranks() -> N
         {"pid": 101, "hello": hello(1), "reply": reply(table), "offset": 2, "size": 400},
     ]
     relay = NodeRelay("127.0.0.3:4000", 1, 1, lambda message: None)
-    relay._client = StandInRelay(({"replies": entries[1:]}, bytearray(b"rank")))  # type: ignore[assignment]
+    relay._idle = [StandInRelay(({"replies": entries[1:]}, bytearray(b"rank")))]  # type: ignore[list-item]
     client = RelayedClient(
         relay, Rank(1, 1, 1, 101, "127.0.0.3:4001", "node1", remote=True), 5.0, lambda m: None
     )
@@ -144,7 +144,7 @@ def test_a_request_that_acts_waits_for_the_ranks_hello_and_a_look_does_not() -> 
     ping = {"pid": 100, "hello": hello(0), "reply": reply({}), "offset": 0, "size": 0}
     relay = NodeRelay("127.0.0.3:4000", 1, 1, lambda message: None)
     stand_in = StandInRelay(({"replies": [ping]}, bytearray()))
-    relay._client = stand_in  # type: ignore[assignment]
+    relay._idle = [stand_in]  # type: ignore[list-item]
     rank = Rank(0, 0, 1, 100, "127.0.0.3:4000", "node1", remote=True)
     RelayedClient(relay, rank, 5.0, lambda m: None).call("eval", {"code": "1"})
     assert [asked["calls"][0]["method"] for asked in stand_in.asked] == ["ping", "eval"]

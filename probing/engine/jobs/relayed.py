@@ -19,6 +19,7 @@ wait for that node again (asked directly, each rank would keep the command waiti
 from __future__ import annotations
 
 import threading
+import time
 
 from ...client.connection import Client
 from ...client.replies import check_result, error_from_reply
@@ -44,8 +45,14 @@ if TYPE_CHECKING:
     from ...client.discovery import Log
     from .job import Rank
 
-# How long the first rank's request waits for its node's other ranks to ask too.
-BATCH_WINDOW_S = 0.05
+# How long a batch waits for its node's other ranks to ask too: until none has asked for
+# BATCH_WINDOW_S, at most MAX_GATHER_S (a thousand ranks' threads take a while to start, and a
+# batch gone without some leaves them for the next, after it: a `watch` window later for hang).
+BATCH_WINDOW_S = 0.2
+MAX_GATHER_S = 1.0
+# Batches out at once, each on a connection of its own: a batch never waits for the one before
+# it (a `watch`, hang's window of samples, holds its connection for the window).
+MAX_BATCHES_OUT = 4
 # What the relay's own work adds to the longest wait of the requests it carries.
 RELAY_SLACK_S = 1.0
 # A relay that answers the `relay` request itself with one of these ran none of it (an older
@@ -53,7 +60,7 @@ RELAY_SLACK_S = 1.0
 REFUSED = (RequestRefused, ProtocolMismatch, AgentBusy, PermissionDenied)
 # Methods that only look: sent before the rank proved who it is, their reply read only once the
 # hello that came with it did. Any other waits for a ping's hello (Target._checked's rule).
-LOOKS = frozenset(("ping", "tables", "table", "backtrace", "endpoints"))
+LOOKS = frozenset(("ping", "tables", "table", "backtrace", "endpoints", "watch"))
 
 
 class _Asked:
@@ -83,8 +90,10 @@ class NodeRelay:
         self._waiting: List[_Asked] = []
         self._full = threading.Event()  # the batch being gathered has every rank at work
         self._gathering = False  # a rank's thread is gathering the next batch (its leader)
-        self._sending = threading.Lock()  # one batch out at a time on the one connection
-        self._client: Optional[Client] = None
+        self._last_asked = 0.0  # when a rank last asked
+        self._out = threading.BoundedSemaphore(MAX_BATCHES_OUT)
+        self._idle: List[Client] = []  # connections to the relay between batches
+        self._opened = 0
         self.unreachable: Optional[ProbingError] = None  # refused or gone: its ranks asked directly
         self.silent: Optional[ProbingError] = None  # answered nothing in time: not asked again
 
@@ -109,19 +118,20 @@ class NodeRelay:
         """Send `asked` with its node's others; returns once its answer (or error) is in.
 
         The first rank to ask gathers the batch (its leader): it waits until every rank at work
-        has asked or BATCH_WINDOW_S has passed, and until the batch before is answered, then
-        sends all that wait. The others sleep on their own event until their batch is answered:
-        a thousand ranks wake once each, not once per rank that asked before them."""
+        has asked (or none did for a while, `_gather`), then sends all that wait, on a connection
+        of its own while other batches are out. The others sleep on their own event until their
+        batch is answered: a thousand ranks wake once each, not once per rank that asked before."""
         with self._lock:
             self._waiting.append(asked)
+            self._last_asked = time.monotonic()
             lead = not self._gathering
             self._gathering = True
             self._check_full()
         if not lead:
             asked.answered.wait()
             return
-        self._full.wait(BATCH_WINDOW_S)
-        with self._sending:
+        self._gather()
+        with self._out:
             with self._lock:
                 batch, self._waiting, self._gathering = self._waiting, [], False
                 self._full.clear()
@@ -131,26 +141,45 @@ class NodeRelay:
                 for each in batch:
                     each.answered.set()
 
-    def _connect(self, timeout: float) -> Optional[Client]:
-        if self._client is None and self.unreachable is None and self.silent is None:
-            try:
-                self._client = Client(self.url, timeout, self.log)
-                self.log(f"node {self.node}: its ranks are asked through its relay at {self.url}")
-            except AgentTimeout as error:
-                # Accepted, then nothing in time: a node that hangs (stopped, swapping), whose
-                # ranks would each keep a connection of their own waiting as long again.
-                self.silent = AgentTimeout(
-                    f"node {self.node}'s relay at {self.url} did not answer: {error.message}"
-                )
-            except ProbingError as error:
-                self.log(f"node {self.node}: its relay at {self.url} cannot be reached ({error.message}); "
-                         "asking its ranks one by one")  # fmt: skip
-                self.unreachable = error
-        return self._client
+    def _gather(self) -> None:
+        """Wait until every rank at work asked, or none did for BATCH_WINDOW_S, or MAX_GATHER_S."""
+        end = time.monotonic() + MAX_GATHER_S
+        while not self._full.wait(BATCH_WINDOW_S):
+            now = time.monotonic()
+            with self._lock:
+                quiet = now - self._last_asked
+            if quiet >= BATCH_WINDOW_S or now >= end:
+                return
+
+    def _checkout(self, timeout: float) -> Optional[Client]:
+        """A connection to the relay no other batch is using; None when the relay is not used."""
+        with self._lock:
+            if self.unreachable is not None or self.silent is not None:
+                return None
+            if self._idle:
+                return self._idle.pop()
+            first, self._opened = self._opened == 0, self._opened + 1
+        try:
+            client = Client(self.url, timeout, self.log)
+        except AgentTimeout as error:
+            # Accepted, then nothing in time: a node that hangs (stopped, swapping), whose
+            # ranks would each keep a connection of their own waiting as long again.
+            self.silent = AgentTimeout(
+                f"node {self.node}'s relay at {self.url} did not answer: {error.message}"
+            )
+            return None
+        except ProbingError as error:
+            self.log(f"node {self.node}: its relay at {self.url} cannot be reached ({error.message}); "
+                     "asking its ranks one by one")  # fmt: skip
+            self.unreachable = error
+            return None
+        if first:
+            self.log(f"node {self.node}: its ranks are asked through its relay at {self.url}")
+        return client
 
     def _send(self, batch: List[_Asked]) -> None:
         wait = max(each.timeout for each in batch)
-        client = self._connect(wait)
+        client = self._checkout(wait)
         if self.silent is not None:  # the node is not waited for again in this command
             for each in batch:
                 each.error = self.silent
@@ -184,6 +213,8 @@ class NodeRelay:
             for each in batch:
                 each.error = failed
             return
+        with self._lock:
+            self._idle.append(client)
         view = memoryview(payload)
         for each, entry in zip(batch, replies):
             each.entry = entry if isinstance(entry, dict) else {}
@@ -197,7 +228,7 @@ class NodeRelay:
 
     def _drop(self, client: Client, error: ProbingError) -> None:
         """The relay is not used again by this command: its node's ranks are asked directly."""
-        self._client, self.unreachable = None, error
+        self.unreachable = error
         client.close()
 
 
