@@ -195,7 +195,10 @@ class Client:
         pending = getattr(self._sock, "pending", None)
         if pending is not None and pending():
             return True
-        return bool(select.select([self._sock], [], [], max(0.0, timeout))[0])
+        # poll, not select: a command over a thousand ranks holds descriptors past select's 1 024.
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        return bool(poller.poll(max(0.0, timeout) * 1000))
 
     def receive(self, method: str, timeout: Optional[float] = None) -> Tuple[Any, bytearray]:
         wait = self.timeout if timeout is None else timeout

@@ -72,10 +72,26 @@ def _expect_relayed(ranks: List[Rank]) -> None:
         relay.expect(count)
 
 
+def _enough_descriptors(ranks: int) -> None:
+    """Raise this process's soft limit on open files toward its hard limit when a connection
+    per rank (PROBING_RELAY=0, or ranks a relay could not reach) could pass it: the default soft
+    limit, 1 024, is what a thousand ranks and their replies take."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2 * ranks + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if raised > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+
+
 def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) -> Gathered:
     """`work(rank)` for every rank in parallel; what each answered by the deadline."""
     import threading  # not at import: `backtrace --ranks all` of a healthy job needs no thread
 
+    if len(ranks) > 256:
+        _enough_descriptors(len(ranks))
     outcomes: Dict[int, _Outcome] = {}
     _expect_relayed(ranks)
 
