@@ -34,6 +34,9 @@ MAX_SAMPLES = 100
 # The longest window: what one request may keep a connection of the agent's.
 MAX_DURATION_S = 600.0
 NATIVE_ID = [name for name, _ in BACKTRACE.column_types()].index("native_id")
+# Tables built once the window is over, into the same reply (hang's python.collectives and
+# python.process_groups): at most this many.
+MAX_TABLES = 4
 
 
 def _counters(natives: List[Optional[int]]) -> Dict[str, List[Optional[int]]]:
@@ -54,15 +57,52 @@ def _tasks_into(builder: TableBuilder, exclude: Any) -> Optional[List[str]]:
     return notes
 
 
+def _tables_asked(params: Dict[str, Any]) -> Tuple[List[str], Dict[str, Any]]:
+    """The tables to build after the window and their parameters, checked before it begins."""
+    names = params.get("tables") or []
+    if not isinstance(names, list) or len(names) > MAX_TABLES or not all(isinstance(n, str) for n in names):
+        raise RequestError(ErrorKind.BAD_REQUEST, f"tables must be a list of at most {MAX_TABLES} names")
+    table_params = params.get("table_params") or {}
+    if not isinstance(table_params, dict):
+        raise RequestError(ErrorKind.BAD_REQUEST, "table_params must be an object")
+    float_param(table_params, "scan_budget_s", 1.0, 0.0, float("inf"))
+    float_param(table_params, "step_wait_s", 1.0, 0.0, 600.0)
+    return names, table_params
+
+
+def _tables_after(
+    server: Any, names: List[str], table_params: Dict[str, Any], chunks: List[Any]
+) -> List[Dict[str, Any]]:
+    """The tables `names`, built now and their chunks added to `chunks`: each with its `offset`
+    in the payload, or the `error` that kept it (a table this agent has not)."""
+    from .tables import BUILDERS
+
+    built: List[Dict[str, Any]] = []
+    for name in names:
+        if name not in BUILDERS:
+            built.append({"name": name, "error": f"no table {name!r:.200}"})
+            continue
+        try:
+            descriptor, more = BUILDERS[name](server, dict(table_params, name=name)).encode()
+        except RequestError as error:
+            built.append({"name": name, "error": error.message})
+            continue
+        built.append({"name": name, "table": descriptor, "offset": sum(len(chunk) for chunk in chunks)})
+        chunks.extend(more)
+    return built
+
+
 def watch(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
     """`samples` samples spread over `duration` seconds. The reply: the python.backtrace rows of
     every sample in one table (`table`), and per sample (`samples`) when it was taken (seconds
     from the first), its rows ([start, end) in the table), its threads' counters and its
-    python.asyncio_tasks rows (in `tasks`, a second table after the first in the payload)."""
+    python.asyncio_tasks rows (in `tasks`, a second table after the first in the payload); then
+    the tables `tables` names, built once the window is over (`tables`, _tables_after)."""
     duration = float_param(params, "duration", 10.0, 0.0, MAX_DURATION_S)
     samples = int_param(params, "samples", 2) or 10
     if samples > MAX_SAMPLES:
         raise RequestError(ErrorKind.BAD_REQUEST, f"samples must be at most {MAX_SAMPLES}, not {samples}")
+    names, table_params = _tables_asked(params)
     exclude = server.own_threads
     stacks = TableBuilder(BACKTRACE.name, BACKTRACE.column_types())
     tasks = TableBuilder(ASYNCIO_TASKS.name, ASYNCIO_TASKS.column_types())
@@ -92,4 +132,5 @@ def watch(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
         result["tasks"], more = tasks.encode()
         result["tasks_offset"] = sum(len(chunk) for chunk in chunks)
         chunks = chunks + more
+    result["tables"] = _tables_after(server, names, table_params, chunks)
     return result, chunks

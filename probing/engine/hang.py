@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # Sampling is here, judging in analysis.progress (pure: no /proc, no clock, no sleep).
 
+# How the tables read after a remote watch are built: as jobs/hang.py's collectives_of asks.
+TABLE_PARAMS = {"scan_budget_s": 0.5, "step_wait_s": 0.0}
+
 
 def take_sample(pid: int, rows: Rows, process: Dict[str, Any], tasks: Sequence[Any] = ()) -> Sample:
     """A Sample of `rows` just read, with the /proc counters of their threads read now.
@@ -101,6 +104,9 @@ class HangAnswer(NamedTuple):
     report: HangReport
     worker: Optional[Stacks]  # the stuck DataLoader worker, with locals, when there is one
     notes: List[str]
+    # The tables asked for after the window, name -> rows (None: the agent gave none); None
+    # when the process was not watched by its agent in one request (watched.py).
+    tables: Optional[Dict[str, Optional[List[Any]]]] = None
 
 
 def sample_hang(
@@ -110,18 +116,19 @@ def sample_hang(
     timeout: float,
     code_line: CodeLine,
     carriers: Sequence[str] = (),
+    tables: Sequence[str] = (),
 ) -> HangAnswer:
     """`carriers`: the names (or globs) of the threads that carry the process (--thread); each
     must name a thread of the first sample, or the watch ends there (UsageError). A process on
     another node is watched by its own agent in one request (watched.py), the names checked
-    once its samples are in."""
+    once its samples are in, and the `tables` read in the same request after the window."""
     if target.remote:
-        watched = watch_remote(target, duration, samples, timeout)
+        watched = watch_remote(target, duration, samples, timeout, tables, TABLE_PARAMS)
         if watched is not None:
             if carriers:
                 _check_names(carriers, watched.samples[0].rows, watched.pid)
             report = verdict(watched.pid, watched.samples, code_line, carriers)
-            return HangAnswer(report, None, watched.notes)
+            return HangAnswer(report, None, watched.notes, watched.tables)
     # A remote agent's samples are all there is: its PID (on its node) only names it.
     pid = target.agent_pid(timeout) if target.remote else target.require_pid("hang")
     notes: List[str] = []

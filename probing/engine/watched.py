@@ -11,7 +11,7 @@ a reply that does not hold together is a BadReply, never a verdict on half of it
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..analysis.progress import Sample
 from ..client.replies import decode_reply_table
@@ -29,18 +29,30 @@ WATCH_SLACK_S = 5.0
 class Watched:
     """The samples an agent took of its process, and the notes it sent with them."""
 
-    __slots__ = ("pid", "samples", "notes")
+    __slots__ = ("pid", "samples", "notes", "tables")
 
-    def __init__(self, pid: int, samples: List[Sample], notes: List[str]) -> None:
+    def __init__(
+        self, pid: int, samples: List[Sample], notes: List[str], tables: Dict[str, Optional[List[Any]]]
+    ) -> None:
         self.pid = pid
         self.samples = samples
         self.notes = notes
+        self.tables = tables  # name -> rows of each table asked for after the window; None: not given
 
 
-def watch_remote(target: Target, duration: float, samples: int, timeout: float) -> Optional[Watched]:
-    """The samples of `target`'s agent over `duration` seconds; None when the agent has no
-    `watch` (an older one): then the caller asks it sample by sample."""
-    params = {"duration": duration, "samples": max(2, samples)}
+def watch_remote(
+    target: Target,
+    duration: float,
+    samples: int,
+    timeout: float,
+    tables: Sequence[str] = (),
+    table_params: Optional[Dict[str, Any]] = None,
+) -> Optional[Watched]:
+    """The samples of `target`'s agent over `duration` seconds, and the `tables` it builds once
+    the window is over (in the same reply: hang's collectives cost no more round trips); None
+    when the agent has no `watch` (an older one): then the caller asks it sample by sample."""
+    params = {"duration": duration, "samples": max(2, samples), "tables": list(tables),
+              "table_params": table_params or {}}  # fmt: skip
     asked_at = time.monotonic()
     try:
         with target.connect(timeout) as client:
@@ -66,7 +78,30 @@ def watch_remote(target: Target, duration: float, samples: int, timeout: float) 
         raise BadReply(f"the agent's answer to 'watch' holds {count} samples, asked for {samples}")
     built = [_sample(each, rows, tasks, asked_at) for each in taken]
     notes = [note for note in result.get("notes") or () if isinstance(note, str)][:20]
-    return Watched(pid, built, notes)
+    return Watched(pid, built, notes, _tables_after(result, payload, tables, notes))
+
+
+def _tables_after(
+    result: Dict[str, Any], payload: bytearray, asked: Sequence[str], notes: List[str]
+) -> Dict[str, Optional[List[Any]]]:
+    """Each table asked for: its rows, or None with a note of why the agent gave none."""
+    given = result.get("tables") or []
+    if not isinstance(given, list) or len(given) != len(asked):
+        count = len(given) if isinstance(given, list) else "no"
+        raise BadReply(f"the agent's answer to 'watch' holds {count} of the {len(asked)} tables asked for")
+    tables: Dict[str, Optional[List[Any]]] = {}
+    for name, entry in zip(asked, given):
+        if not isinstance(entry, dict) or entry.get("name") != name:
+            raise BadReply(f"the agent's answer to 'watch' gives another table where {name} was asked for")
+        if "table" not in entry:
+            notes.append(f"no {name}: {str(entry.get('error'))[:200]}")
+            tables[name] = None
+            continue
+        offset = entry.get("offset")
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= len(payload):
+            raise BadReply(f"the agent's answer to 'watch' puts {name} outside its payload")
+        tables[name] = _table(entry, payload[offset:], "table", name)
+    return tables
 
 
 def _table(result: Dict[str, Any], payload: Any, key: str, name: str) -> List[Dict[str, Any]]:

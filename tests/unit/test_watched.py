@@ -16,6 +16,8 @@ from probing.agent.watch import watch
 from probing.engine.watched import watch_remote
 from probing.errors import BadReply, RequestRefused
 
+TABLES = ("python.threads", "python.no_such_table")
+
 
 class StandInServer:
     own_threads: set = set()  # type: ignore[type-arg]
@@ -57,7 +59,7 @@ def reply() -> Tuple[Dict[str, Any], bytearray]:
     waiter = threading.Thread(target=stop.wait, name="waiter")
     waiter.start()
     try:
-        result, chunks = watch(StandInServer(), {"duration": 0.2, "samples": 3})
+        result, chunks = watch(StandInServer(), {"duration": 0.2, "samples": 3, "tables": list(TABLES)})
     finally:
         stop.set()
         waiter.join()
@@ -65,8 +67,14 @@ def reply() -> Tuple[Dict[str, Any], bytearray]:
 
 
 def test_each_sample_is_read_with_its_rows_and_counters(reply: Tuple[Dict[str, Any], bytearray]) -> None:
-    watched = watch_remote(StandInTarget(reply), 0.2, 3, 5.0)  # type: ignore[arg-type]
+    watched = watch_remote(StandInTarget(reply), 0.2, 3, 5.0, TABLES)  # type: ignore[arg-type]
     assert watched is not None and len(watched.samples) == 3
+    # The tables asked for, built after the window into the same reply; one the agent has not
+    # is None, with a note of why.
+    threads = watched.tables["python.threads"]
+    assert threads is not None and {"MainThread", "waiter"} <= {row["name"] for row in threads}
+    assert watched.tables["python.no_such_table"] is None
+    assert any("no python.no_such_table" in note for note in watched.notes), watched.notes
     for sample in watched.samples:
         names = {row["thread_name"] for row in sample.rows}
         assert {"MainThread", "waiter"} <= names
@@ -97,13 +105,16 @@ def spoiled(reply: Tuple[Dict[str, Any], bytearray], change: Any) -> Tuple[Dict[
         (lambda r: r.pop("pid"), "names no PID"),
         (lambda r: r.update(tasks_offset=10**9), "outside its payload"),
         (lambda r: r["table"].update(name="python.threads"), "not python.backtrace"),
+        (lambda r: r["tables"][0].update(offset=10**9), "puts python.threads outside"),
+        (lambda r: r["tables"][0].update(name="python.backtrace"), "another table where python.threads"),
+        (lambda r: r["tables"].pop(), "holds 1 of the 2 tables"),
     ],
 )
 def test_a_reply_that_does_not_hold_together_fails_the_rank(
     reply: Tuple[Dict[str, Any], bytearray], change: Any, why: str
 ) -> None:
     with pytest.raises(BadReply, match=why):
-        watch_remote(StandInTarget(spoiled(reply, change)), 0.2, 3, 5.0)  # type: ignore[arg-type]
+        watch_remote(StandInTarget(spoiled(reply, change)), 0.2, 3, 5.0, TABLES)  # type: ignore[arg-type]
 
 
 def test_an_agent_without_watch_is_sampled_request_by_request() -> None:

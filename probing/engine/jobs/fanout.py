@@ -105,7 +105,10 @@ def gather(ranks: List[Rank], work: Callable[[Rank], Any], deadline_s: float) ->
         finally:
             outcome.done.set()
 
-    for rank in ranks:
+    # Ranks asked through a relay first: their threads only wait for their node's batch, which
+    # goes once the node's ranks have all asked; a local rank's thread works (decodes, reads
+    # /proc) and would hold the starting of the rest.
+    for rank in sorted(ranks, key=lambda each: each.relay is None):
         outcome = outcomes[rank.rank] = _Outcome(threading.Event())
         if rank.unreachable is not None:
             outcome.error = AgentUnreachable(rank.unreachable)

@@ -74,8 +74,15 @@ def _watch_rank(
     # A remote rank's files are read here, where a shared file system usually has them too.
     sources = SourceLines(None if target.remote else target.require_pid("hang"))
 
-    answer = sample_hang(target, duration, samples, timeout, sources.frame_line, carriers)
-    tables = collectives_of(target, timeout)
+    asked = (COLLECTIVES.name, PROCESS_GROUPS.name)
+    answer = sample_hang(target, duration, samples, timeout, sources.frame_line, carriers, asked)
+    if answer.tables is None:
+        tables = collectives_of(target, timeout)
+    else:  # read by the rank's agent after its window, in the same request
+        tables = RankCollectives(
+            cast("Optional[List[CollectivesRow]]", answer.tables.get(COLLECTIVES.name)),
+            cast("Optional[List[ProcessGroupsRow]]", answer.tables.get(PROCESS_GROUPS.name)),
+        )
     return RankHang(answer.report, tables.collectives, tables.process_groups, answer.notes)
 
 
