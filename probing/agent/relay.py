@@ -151,7 +151,7 @@ def relay(server: Any, params: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any
     its payload lies in this reply's payload (`offset`, `size`), or the `error` that kept it and
     whether the request had gone out (`sent`)."""
     calls = _calls(params)
-    timeout = float_param(params, "timeout", 5.0, 0.001, 600.0)
+    timeout = float_param(params, "timeout", 5.0, 0.001, 1200.0)  # a `watch` of 600 s and its slack
     deadline = monotonic() + timeout
     directory = os.path.dirname(server.path)
     queue = list(reversed(calls))
