@@ -109,6 +109,26 @@ class HangAnswer(NamedTuple):
     tables: Optional[Dict[str, Optional[List[Any]]]] = None
 
 
+def _watched_by_its_agent(
+    target: Target,
+    duration: float,
+    samples: int,
+    timeout: float,
+    code_line: CodeLine,
+    carriers: Sequence[str],
+    tables: Sequence[str],
+) -> Optional[HangAnswer]:
+    """A remote process's answer from its agent's own samples (watched.py); None when its agent
+    has no `watch`."""
+    watched = watch_remote(target, duration, samples, timeout, tables, TABLE_PARAMS)
+    if watched is None:
+        return None
+    if carriers:
+        _check_names(carriers, watched.samples[0].rows, watched.pid)
+    report = verdict(watched.pid, watched.samples, code_line, carriers)
+    return HangAnswer(report, None, watched.notes, watched.tables)
+
+
 def sample_hang(
     target: Target,
     duration: float,
@@ -118,17 +138,13 @@ def sample_hang(
     carriers: Sequence[str] = (),
     tables: Sequence[str] = (),
 ) -> HangAnswer:
-    """`carriers`: the names (or globs) of the threads that carry the process (--thread); each
-    must name a thread of the first sample, or the watch ends there (UsageError). A process on
-    another node is watched by its own agent in one request (watched.py), the names checked
-    once its samples are in, and the `tables` read in the same request after the window."""
+    """`carriers`: the names (or globs) of the threads that carry the process (--thread), each a
+    thread of the first sample or a UsageError. A process on another node is watched by its own
+    agent in one request, the names checked after it, `tables` read after the window (watched.py)."""
     if target.remote:
-        watched = watch_remote(target, duration, samples, timeout, tables, TABLE_PARAMS)
+        watched = _watched_by_its_agent(target, duration, samples, timeout, code_line, carriers, tables)
         if watched is not None:
-            if carriers:
-                _check_names(carriers, watched.samples[0].rows, watched.pid)
-            report = verdict(watched.pid, watched.samples, code_line, carriers)
-            return HangAnswer(report, None, watched.notes, watched.tables)
+            return watched
     # A remote agent's samples are all there is: its PID (on its node) only names it.
     pid = target.agent_pid(timeout) if target.remote else target.require_pid("hang")
     notes: List[str] = []

@@ -80,6 +80,7 @@ def test_information_schema_sees_every_table(target: Target) -> None:
         "process.info",
         "process.memory",
         "process.stats",
+        "python.asyncio_tasks",
         "python.backtrace",
         "python.collectives",
         "python.gc",
@@ -120,6 +121,7 @@ def test_tables_describes_every_column(target: Target) -> None:
     assert [table["name"] for table in described] == [
         "python.backtrace",
         "python.threads",
+        "python.asyncio_tasks",
         "process.info",
         "process.memory",
         "python.torch_trace",
