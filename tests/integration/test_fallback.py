@@ -47,6 +47,23 @@ def test_no_attach_reads_from_outside() -> None:
         assert probing(str(job.pid), "--no-attach", "eval", "1").returncode != 0  # still no agent
 
 
+def test_a_job_stuck_on_its_gil_before_any_attach_is_read_from_outside_once_it_is_seen_still() -> None:
+    """The first command injects, then finds no thread running (the GIL held by a blocked
+    thread): it looks from outside at once, rather than after a fixed wait for an agent that
+    cannot start, and that look is kept for the answer."""
+    with Target("gil_holder.py", via="plain") as job:
+        result = probing("-v", str(job.pid), "backtrace")
+        assert result.returncode == 0, result.stderr
+        lines = result.stderr.splitlines()
+        injected = next(i for i, line in enumerate(lines) if "stopped for" in line)
+        still = next(i for i, line in enumerate(lines) if "the agent is not up and no thread of PID" in line)
+        assert injected < still
+        assert "thread 'gil-holder' holds the GIL in hold_the_gil_forever" in result.stderr
+        assert "the agent will start when it is released; answered from outside" in result.stderr
+        assert '"gil-holder": holds the GIL' in result.stdout
+        assert job.alive()
+
+
 def test_native_frames_are_merged_with_their_library_names() -> None:
     with Target("c_sleeper.py", via="plain") as job:
         rows = rows_of(probing(str(job.pid), "backtrace", "--native", "--format", "json"))
