@@ -269,9 +269,17 @@ def test_an_idle_listener_costs_next_to_nothing(store: str) -> None:
             registered = lambda: unix_call(target.pid, "hello")["result"]["listener"]["registered"]  # noqa: E731
             assert wait_until(registered, 30, 0.1)
             assert [entry["rank"] for entry in unix_call(target.pid, "endpoints")["result"]["ranks"]] == [0]
-        before = cpu_seconds(target.pid)
-        time.sleep(1.0)  # the quantity under test is what a second of idling costs
-        assert cpu_seconds(target.pid) - before < 0.01
+        # The quantity under test is what a second of idling costs. A polling loop spends in every
+        # second; one second of three is enough to show there is none (CI, 3 workers: the second
+        # right after `endpoints` once cost 17 ms, the next ones nothing).
+        spent = []
+        for _ in range(3):
+            before = cpu_seconds(target.pid)
+            time.sleep(1.0)
+            spent.append(cpu_seconds(target.pid) - before)
+            if spent[-1] < 0.01:
+                break
+        assert min(spent) < 0.01, spent
 
 
 def port_closed(endpoint: str) -> bool:
