@@ -321,6 +321,15 @@ def agent_threads(pid: int) -> List[str]:
     return sorted(names)
 
 
+def no_request_in_flight(pid: int, timeout: float = 10) -> bool:
+    """Wait until the agent of `pid` serves no connection (no thread probing-conn-N): a job
+    that then puts its own files on the agent's descriptor numbers meets no agent thread
+    halfway through a system call on one (between its poll() and its recv(), say), which no
+    check made beforehand could see coming."""
+    serving = lambda: [name for name in agent_threads(pid) if name.startswith("probing-conn")]  # noqa: E731
+    return wait_until(lambda: not serving(), timeout)
+
+
 def agent_thread_ids(pid: int, name: str) -> List[int]:
     """The OS thread ids of a process's threads named `name` (comm)."""
     found = []

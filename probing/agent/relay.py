@@ -32,6 +32,7 @@ from ..protocol.frames import (
 )
 from ..protocol.messages import PROTOCOL_VERSION, request
 from .requests import ErrorKind, RequestError, float_param
+from .sockets import lifted
 from .threads import AgentThread
 
 TYPE_CHECKING = False
@@ -96,7 +97,7 @@ def _connect(directory: str, pid: int, timeout: float) -> Any:
         raise ValueError(f"no agent socket at {path}") from None
     if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
         raise ValueError(f"{path} is not a socket of this user's")
-    sock = Socket(1, 1)  # AF_UNIX, SOCK_STREAM
+    sock = lifted(Socket(1, 1))  # AF_UNIX, SOCK_STREAM, up high (sockets.high_descriptor)
     try:
         sock.settimeout(max(0.001, timeout))
         sock.connect(path)

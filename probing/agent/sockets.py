@@ -5,7 +5,9 @@ credentials, sockets left by dead processes, and closing only what is still ours
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import resource
 import socket
 import stat
 import struct
@@ -77,6 +79,38 @@ def remove_dead_sockets(directory: str) -> None:
             probe.close()
 
 
+def high_descriptor(fd: int) -> int:
+    """`fd` moved to a high number (half the soft limit on descriptors), the old one closed; `fd`
+    itself when there is no room up there.
+
+    New descriptors take the lowest free number. A job that closes every descriptor
+    (os.closerange before daemonizing, or to clean up after fork) and opens files again gets the
+    low numbers back: ours, up high, are then free numbers, never the job's files, so an agent
+    thread still on its way through a recv() or a settimeout() on one (between its poll() and its
+    recv(), say) meets a closed descriptor instead of reading or changing the job's socket.
+    """
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, max(3, min(soft, 1 << 16) // 2))
+    except Exception:  # noqa: BLE001 - a low descriptor still works
+        return fd
+    os.close(fd)
+    return high
+
+
+def lifted(sock: Socket) -> Socket:
+    """`sock` on a high descriptor number (high_descriptor), as the C type, timeout kept."""
+    timeout = sock.gettimeout()
+    high = high_descriptor(sock.detach())
+    try:
+        moved = Socket(sock.family, sock.type, sock.proto, fileno=high)
+    except BaseException:
+        os.close(high)
+        raise
+    moved.settimeout(timeout)
+    return moved
+
+
 def descriptor_identity(sock: Socket) -> Optional[Tuple[int, int]]:
     """(st_dev, st_ino) of what the socket's descriptor number refers to now; None if closed."""
     try:
@@ -123,7 +157,7 @@ def bind_listener(socket_dir: Optional[str], backlog: int) -> Tuple[Socket, str]
         os.unlink(path)
     except FileNotFoundError:
         pass
-    listener = Socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    listener = lifted(Socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC))
     try:
         listener.settimeout(None)  # not the job's socket.setdefaulttimeout()
         listener.bind(path)
@@ -143,6 +177,7 @@ def accept(listener: Socket) -> Tuple[Socket, Any]:
     originals.py)."""
     descriptor, address = listener._accept()  # type: ignore[attr-defined]
     try:
+        descriptor = high_descriptor(descriptor)
         conn = Socket(listener.family, listener.type, listener.proto, fileno=descriptor)
     except BaseException:
         os.close(descriptor)
@@ -212,7 +247,7 @@ def socket_pair() -> Tuple[Socket, Socket]:
     import _socket
 
     first, second = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    return first, second
+    return lifted(first), lifted(second)
 
 
 def remove_socket_file(path: str) -> None:

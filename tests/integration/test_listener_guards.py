@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
@@ -18,7 +19,7 @@ from probing.agent.listener.launcher import LAUNCHER_REFUSAL
 from probing.protocol.frames import MAX_REPLY_BYTES, recv_frame, send_frame
 from probing.protocol.messages import ErrorKind, request
 
-from support import Target, TorchrunJob, agent_threads, probing, wait_until
+from support import Target, TorchrunJob, agent_threads, no_request_in_flight, probing, wait_until
 
 TOKEN = "the job's shared secret, 32 chars"
 LISTEN = {"PROBING_LISTEN": "127.0.0.1:0", "PROBING_TOKEN": TOKEN}
@@ -131,12 +132,37 @@ def tell(job: Target, line: str, answer: str) -> str:
     return fresh()[0]
 
 
+def test_the_agents_sockets_sit_high_where_a_jobs_new_files_never_land() -> None:
+    """Every socket of the agent (its Unix and TCP listeners, their wakers, a connection being
+    served) is at half the job's limit on descriptors or above: a job that closes every
+    descriptor and opens files again gets low numbers, never one an agent thread may still be
+    on its way to use (between poll() and recv(): CI once saw the job's socket read there)."""
+    with Target("closes_sockets.py", via="env", env=LISTEN) as job:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as held:  # a connection in service
+            held.connect(os.path.join(os.environ["PROBING_SOCKET_DIR"], f"{job.pid}.sock"))
+            send_frame(held, request(1, "hello", {}))
+            assert recv_frame(held, MAX_REPLY_BYTES) is not None
+            limits = Path(f"/proc/{job.pid}/limits").read_text()
+            soft = int(
+                next(line for line in limits.splitlines() if line.startswith("Max open files")).split()[3]
+            )
+            floor = min(soft, 1 << 16) // 2
+            sockets = {
+                int(fd): os.readlink(f"/proc/{job.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{job.pid}/fd")
+            }
+            sockets = {fd: link for fd, link in sockets.items() if link.startswith("socket:")}
+            # listener, conn, TCP listener, its waker pair; the job itself has none yet
+            assert len(sockets) >= 5 and min(sockets) >= floor, (floor, sockets)
+
+
 def test_a_job_that_closes_the_listeners_descriptors_keeps_its_own_sockets_intact() -> None:
     """The job closes every descriptor (the listener's port, its waker, its handshakes) and
-    its socketpairs take the numbers: the old listener stops without closing or writing any of
-    them, also when a detach stops it, and the job's sockets carry exactly what it sent."""
+    puts socketpairs of its own on their numbers: the old listener stops without closing or
+    writing any of them, also when a detach stops it, and the job's sockets carry exactly what
+    it sent."""
     with Target("closes_sockets.py", via="env", env=LISTEN) as job:
         assert unix_call(job.pid, "hello")["result"]["listener"] is not None
+        assert no_request_in_flight(job.pid)
         tell(job, "close", "reopened")
         first = probing(str(job.pid), "backtrace")  # may still reach the old agent (see hostile/)
         assert first.returncode == 0, first.stderr

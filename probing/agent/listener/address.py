@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional, Tuple
 from ...originals import Socket, getaddrinfo
 from ...protocol import endpoints
 from ...protocol.endpoints import AddressError as AddressError
+from ..sockets import lifted
 
 WILDCARD_HOSTS = ("", endpoints.EVERY_INTERFACE, "::")
 LISTEN_ENV = "PROBING_LISTEN"
@@ -38,7 +39,7 @@ def bind_tcp(host: str, port: int, backlog: int) -> Socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     infos = getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
-    listener = Socket(family, kind | socket.SOCK_CLOEXEC, proto)
+    listener = lifted(Socket(family, kind | socket.SOCK_CLOEXEC, proto))
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(address)

@@ -16,13 +16,12 @@ taking it would silence the job's own dump; no .fatal file is made and the recor
 from __future__ import annotations
 
 import faulthandler
-import fcntl
 import os
-import resource
 import sys
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 from ...originals import json_dumps
+from ..sockets import high_descriptor
 from . import settings
 
 FATAL_LINE_PREFIX = "#probing-fatal 1 "
@@ -78,20 +77,6 @@ def _identity(fd: int) -> Optional[Tuple[int, int]]:
     return info.st_dev, info.st_ino
 
 
-def _high_descriptor(fd: int) -> int:
-    """`fd` moved to a high number: new descriptors take the lowest free one, so a job that
-    closes every descriptor and opens files again is unlikely to be handed this one (after
-    which a fault would write into the job's file)."""
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        floor = max(3, min(soft, 1 << 16) // 2)
-        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
-    except Exception:  # noqa: BLE001 - a low descriptor still works
-        return fd
-    os.close(fd)
-    return high
-
-
 def open_fatal_file(directory: str, header: Dict[str, Any], notes: List[str]) -> Optional[FatalFile]:
     """Open the file and enable faulthandler on it; None (and a note) when the job has
     faulthandler on already or the file cannot be made."""
@@ -115,7 +100,7 @@ def open_fatal_file(directory: str, header: Dict[str, Any], notes: List[str]) ->
         notes.append(f"fatal signals: no .fatal file ({_why(error)})")
         return None
     try:
-        fd = _high_descriptor(fd)
+        fd = high_descriptor(fd)
         stream = os.fdopen(fd, "w", encoding="utf-8", errors="replace", closefd=False)
     except Exception as error:  # noqa: BLE001
         _discard(path, None, fd)

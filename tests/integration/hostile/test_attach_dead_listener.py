@@ -20,7 +20,7 @@ import pytest
 
 from probing.errors import ExitCode
 
-from support import Target, agent_threads, interpreter_params, probing, wait_until
+from support import Target, agent_threads, interpreter_params, no_request_in_flight, probing, wait_until
 
 FROM_OUTSIDE = "answered from outside the process (py-spy)"
 
@@ -83,11 +83,12 @@ def _tell(job: Target, line: str) -> None:
 
 
 def test_descriptors_the_job_reused_after_closing_ours_are_never_touched_by_the_agent() -> None:
-    """The job closes every descriptor and opens pipes that get the agent's old numbers (its
+    """The job closes every descriptor and puts pipes on the agent's old numbers (its
     listener, a connection): attaching again, detaching and the old agent's threads ending
     must shut down or close none of them."""
     with Target("closes_fds.py", via="plain") as job:
         assert probing(str(job.pid), "eval", "1").stdout == "1\n"
+        assert no_request_in_flight(job.pid)
         _tell(job, "close")
         assert wait_until(lambda: "closed" in job.stdout_lines, timeout=10)
         _tell(job, "reopen")
