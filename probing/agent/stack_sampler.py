@@ -345,6 +345,11 @@ def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: 
             # What one more sample may take: a third of what is left once the answer is paid
             # for, as new stacks add up to twice their walk to the answer.
             left = budget - sampling.cost_s - ANSWER_BASE_S - sampling.new_frames * ANSWER_S_PER_FRAME
+            # The first sample is taken whenever one fits the whole budget: on a loaded machine
+            # the thread count above, descheduled for a few ms, could spend it all (CI drew an
+            # empty graph of an idle two-thread job).
+            if not sampling.samples and not sampling.abandoned and smoothed <= (budget - ANSWER_BASE_S) / 3:
+                left = max(left, budget - ANSWER_BASE_S)
             if smoothed <= left / 3:
                 taken = sampling.samples
                 spent = sampling.sample(left / 3)
