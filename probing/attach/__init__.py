@@ -142,17 +142,29 @@ def _attach_errors(pid: int) -> List[str]:
     return [path[: -len(".sock")] + ".attach-error" for path in socket_candidates(pid)]
 
 
-# With `give_up_early`, a look from outside after this long decides whether to wait on.
+# With `give_up_early`, a look from outside after this long decides whether to wait on; sooner
+# when no thread of the process runs (engine/target.py Stillness): the GIL is then held by a
+# blocked thread, and the agent cannot start until it lets go.
 _EARLY_LOOK_S = 0.3
+
+# Which thread holds the GIL, read from outside ("thread 'x' holds the GIL in f (file.py:3)"),
+# or None: a caller's own look (engine/target.py Target.gil_holder keeps it for its answer).
+GilLook = Callable[[], Optional[str]]
+# Why waiting on is pointless (no thread of the process runs), or None: engine/target.py
+# Stillness.check, called every few milliseconds.
+Stuck = Callable[[], Optional[str]]
 
 
 def attach(
-    pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet, give_up_early: bool = False
-) -> Attached:
+    pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet, give_up_early: bool = False,
+    look: Optional[GilLook] = None, stuck: Optional[Stuck] = None,
+) -> Attached:  # fmt: skip
     """Make sure `pid` has an agent; returns where it listens.
 
-    `give_up_early`: when the agent is not up after a moment and py-spy shows a thread
-    holding the GIL, stop waiting at once (the caller will answer from outside).
+    `give_up_early`: when the agent is not up after a moment (or no thread of the process
+    runs: `stuck` says so) and py-spy shows a thread holding the GIL, stop waiting at once (the
+    caller will answer from outside); `look` reads that holder (default: py-spy, the look then
+    discarded).
     """
     version = check_target(pid)
     existing = _answering_socket(pid)
@@ -166,7 +178,11 @@ def attach(
     loading = _Loading(pid)
     report = _inject(pid, method, version, timeout, log)
     injected = time.monotonic()
-    attached = _wait_for_agent(pid, started + timeout, injected, report, loading, log, give_up_early)
+    if give_up_early:
+        early: Optional[_EarlyLook] = _EarlyLook(look or (lambda: _gil_holder(pid)), stuck, injected, log)
+    else:
+        early = None
+    attached = _wait_for_agent(pid, started + timeout, injected, report, loading, log, early)
     if attached is not None:
         return attached
     raise _timed_out(pid, started, timeout, loading)
@@ -196,11 +212,11 @@ def _inject(pid: int, method: str, version: str, timeout: float, log: Log) -> Op
 
 def _wait_for_agent(
     pid: int, deadline: float, injected: float, report: Optional[InjectReport], loading: _Loading, log: Log,
-    give_up_early: bool,
+    early: Optional[_EarlyLook],
 ) -> Optional[Attached]:  # fmt: skip
     """Wait until the agent listens (past `deadline` while its loader makes headway), the
-    attach fails, or the process exits; None when the time is up."""
-    looked = not give_up_early
+    attach fails, or the process exits; None when the time is up. `early`: give up as soon as
+    a look from outside finds the GIL held (AttachTimeout)."""
     while True:
         loading.look()
         now = time.monotonic()
@@ -217,12 +233,33 @@ def _wait_for_agent(
                     raise AttachFailed(f"the agent could not start in PID {pid}: {reason.read().strip()}")
         if not process_alive(pid):
             raise ProcessNotFound(f"PID {pid} exited during the attach")
-        if not looked and time.monotonic() - injected > _EARLY_LOOK_S:
-            looked = True
-            holder = _gil_holder(pid)
-            if holder is not None:
-                raise AttachTimeout(f"{holder}; the agent will start when it is released")
+        if early is not None:
+            early.check()
         time.sleep(_POLL_S)
+
+
+class _EarlyLook:
+    """One look from outside while the agent starts: after _EARLY_LOOK_S, or as soon as no
+    thread of the process runs. A healthy process always has one running while its agent loads
+    (the loader itself, or a thread it waits for), so it is not read from outside any sooner."""
+
+    def __init__(self, look: GilLook, stuck: Optional[Stuck], injected: float, log: Log) -> None:
+        self.look, self.stuck, self.injected, self.log = look, stuck, injected, log
+        self.looked = False
+
+    def check(self) -> None:
+        """AttachTimeout when the look finds a thread holding the GIL."""
+        if self.looked:
+            return
+        still = self.stuck() if self.stuck is not None else None
+        if still is None and time.monotonic() - self.injected <= _EARLY_LOOK_S:
+            return
+        self.looked = True
+        if still is not None:
+            self.log(f"the agent is not up and {still}: looking from outside")
+        holder = self.look()
+        if holder is not None:
+            raise AttachTimeout(f"{holder}; the agent will start when it is released")
 
 
 def _timed_out(pid: int, started: float, timeout: float, loading: _Loading) -> AttachTimeout:

@@ -241,7 +241,9 @@ class Target:
         from ..attach import attach
 
         wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
-        path = attach(pid, "auto", wait, self.log, give_up_early).socket
+        # The look that decides to give up is kept for the answer from outside (fresh_look).
+        look, stuck = (self.gil_holder, Stillness(pid).check) if give_up_early else (None, None)
+        path = attach(pid, "auto", wait, self.log, give_up_early, look, stuck).socket
         return Client(path, timeout, self.log, pid=pid)
 
     def connect_existing(self, timeout: float) -> Client:
