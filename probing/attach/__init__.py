@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 from ..client.discovery import agent_listens, python_version_of, require_process, socket_candidates
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProbingError, ProcessNotFound
-from ..outside.pyspy import dump, gil_holder
+from ..outside.pyspy import dump, gil_holder, threads_among
 from ..procfs import executable, process_alive, thread_names, thread_work_done
 from .containers import helper_paths
 from .diagnose import why_no_agent
@@ -131,11 +131,18 @@ _LOOK_EVERY_S = 0.05
 _LOADING_GRACE_S = 30.0
 
 
-def _gil_holder(pid: int) -> Optional[str]:
+def _gil_holder(pid: int, among: FrozenSet[int]) -> Optional[str]:
     try:
-        return gil_holder(dump(pid, timeout=1.0))
+        return gil_holder(threads_among(dump(pid, timeout=1.0), among))
     except ProbingError:
         return None
+
+
+def _thread_ids(pid: int) -> FrozenSet[int]:
+    try:
+        return frozenset(int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit())
+    except OSError:
+        return frozenset()
 
 
 def _attach_errors(pid: int) -> List[str]:
@@ -148,8 +155,9 @@ def _attach_errors(pid: int) -> List[str]:
 _EARLY_LOOK_S = 0.3
 
 # Which thread holds the GIL, read from outside ("thread 'x' holds the GIL in f (file.py:3)"),
-# or None: a caller's own look (engine/target.py Target.gil_holder keeps it for its answer).
-GilLook = Callable[[], Optional[str]]
+# or None, among the given thread ids (the job's before the injection): a caller's own look
+# (engine/target.py Target.gil_holder keeps it for its answer).
+GilLook = Callable[[FrozenSet[int]], Optional[str]]
 # Why waiting on is pointless (no thread of the process runs), or None: engine/target.py
 # Stillness.check, called every few milliseconds.
 Stuck = Callable[[], Optional[str]]
@@ -176,12 +184,13 @@ def attach(
             os.unlink(stale)
     started = time.monotonic()
     loading = _Loading(pid)
+    jobs_threads = _thread_ids(pid) if give_up_early else frozenset()
     report = _inject(pid, method, version, timeout, log)
     injected = time.monotonic()
+    early: Optional[_EarlyLook] = None
     if give_up_early:
-        early: Optional[_EarlyLook] = _EarlyLook(look or (lambda: _gil_holder(pid)), stuck, injected, log)
-    else:
-        early = None
+        looking = look or (lambda among: _gil_holder(pid, among))
+        early = _EarlyLook(looking, stuck, injected, log, jobs_threads)
     attached = _wait_for_agent(pid, started + timeout, injected, report, loading, log, early)
     if attached is not None:
         return attached
@@ -239,25 +248,32 @@ def _wait_for_agent(
 
 
 class _EarlyLook:
-    """One look from outside while the agent starts: after _EARLY_LOOK_S, or as soon as no
-    thread of the process runs. A healthy process always has one running while its agent loads
-    (the loader itself, or a thread it waits for), so it is not read from outside any sooner."""
+    """A look from outside while the agent starts, at the job's own threads (`among`, those
+    before the injection): as soon as no thread of the process runs, and after _EARLY_LOOK_S
+    (once each). A healthy process always has one running while its agent loads (the loader
+    itself, or a thread it waits for), so it is not read from outside any sooner; the loader
+    may hold the GIL in a read for a moment, and is never taken for the job's holder."""
 
-    def __init__(self, look: GilLook, stuck: Optional[Stuck], injected: float, log: Log) -> None:
-        self.look, self.stuck, self.injected, self.log = look, stuck, injected, log
-        self.looked = False
+    def __init__(
+        self, look: GilLook, stuck: Optional[Stuck], injected: float, log: Log, among: FrozenSet[int]
+    ) -> None:
+        self.look, self.stuck, self.injected, self.log, self.among = look, stuck, injected, log, among
+        self.looked_still = self.looked_late = False
 
     def check(self) -> None:
-        """AttachTimeout when the look finds a thread holding the GIL."""
-        if self.looked:
+        """AttachTimeout when the look finds a thread of the job holding the GIL."""
+        if self.looked_late:
             return
-        still = self.stuck() if self.stuck is not None else None
-        if still is None and time.monotonic() - self.injected <= _EARLY_LOOK_S:
+        late = time.monotonic() - self.injected > _EARLY_LOOK_S
+        still = self.stuck() if self.stuck is not None and not self.looked_still else None
+        if still is None and not late:
             return
-        self.looked = True
         if still is not None:
+            self.looked_still = True
             self.log(f"the agent is not up and {still}: looking from outside")
-        holder = self.look()
+        else:
+            self.looked_late = True
+        holder = self.look(self.among)
         if holder is not None:
             raise AttachTimeout(f"{holder}; the agent will start when it is released")
 
