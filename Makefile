@@ -88,6 +88,7 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_attach.py
 	$(BIN)/python benchmarks/bench_backtrace.py
+	$(BIN)/python benchmarks/bench_outside.py
 	$(BIN)/python benchmarks/bench_torch.py
 	$(BIN)/python benchmarks/bench_memory.py
 	$(BIN)/python benchmarks/bench_unharmed.py

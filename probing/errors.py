@@ -38,6 +38,7 @@ class ExitCode:
     NOT_LIVE = 16
     TRACED = 17
     RECORD_NOT_WRITTEN = 18
+    GIL_DISABLED = 19
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -64,6 +65,8 @@ class ExitCode:
         TRACED: "another tracer (gdb, strace...) holds the process, so probing cannot attach to it",
         RECORD_NOT_WRITTEN: "record: the agent could not write the record (its disk is full, or its "
         "record directory is refused)",
+        GIL_DISABLED: "the job runs a free-threaded CPython with the GIL disabled, and the command "
+        "would read its threads' frames, which is safe only under the GIL",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }
@@ -236,6 +239,17 @@ class RecordNotWritten(ProbingError):
         "`probing records` lists them, oldest last), or give the live job another directory, "
         "mode 0700 and its user's: probing PID eval \"import os; os.environ['PROBING_RECORD_DIR'] "
         "= '/other/dir'\""
+    )
+
+
+class GilDisabled(ProbingError):
+    """The job's CPython is free-threaded and runs with the GIL off: the agent refuses to read
+    other threads' frames, which would race them (agent/gil.py)."""
+
+    exit_code = ExitCode.GIL_DISABLED
+    default_hint = (
+        "restart the job with PYTHON_GIL=1 (the GIL back on) to read its threads from inside; "
+        "eval, and tables the agent fills itself, work as they are (docs/install.md)"
     )
 
 

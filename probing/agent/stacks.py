@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..originals import get_ident, get_native_id, json_dumps
 from ..schema.rows import backtrace_values
+from .gil import refuse_without_gil
 from .requests import ErrorKind, RequestError
 
 TYPE_CHECKING = False
@@ -35,7 +36,12 @@ def current_frames() -> Dict[int, FrameType]:
     """sys._current_frames(), with gc paused around it where it could deadlock: disable, read,
     enable, called one after the other from C (map, unpacked in one instruction), so that no
     bytecode runs in between and no thread of the job can see gc off, or turn it on or off,
-    meanwhile. A job that has gc off already keeps it off."""
+    meanwhile. A job that has gc off already keeps it off.
+
+    Every read of other threads' frames starts here, so here a free-threaded job running with
+    its GIL off is refused (agent/gil.py): walking frames that their threads change meanwhile
+    could follow freed memory."""
+    refuse_without_gil("reading the threads' frames")
     if not _GC_INSIDE_CURRENT_FRAMES or not gc.isenabled():
         return sys._current_frames()
     try:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 from ..client.discovery import agent_listens, python_version_of, require_process, socket_candidates
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProbingError, ProcessNotFound
-from ..outside.pyspy import dump, gil_holder
+from ..outside.pyspy import dump, gil_holder, threads_among
 from ..procfs import executable, process_alive, thread_names, thread_work_done
 from .containers import helper_paths
 from .diagnose import why_no_agent
@@ -131,28 +131,48 @@ _LOOK_EVERY_S = 0.05
 _LOADING_GRACE_S = 30.0
 
 
-def _gil_holder(pid: int) -> Optional[str]:
+def _gil_holder(pid: int, among: FrozenSet[int]) -> Optional[str]:
     try:
-        return gil_holder(dump(pid, timeout=1.0))
+        return gil_holder(threads_among(dump(pid, timeout=1.0), among))
     except ProbingError:
         return None
+
+
+def _thread_ids(pid: int) -> FrozenSet[int]:
+    try:
+        return frozenset(int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit())
+    except OSError:
+        return frozenset()
 
 
 def _attach_errors(pid: int) -> List[str]:
     return [path[: -len(".sock")] + ".attach-error" for path in socket_candidates(pid)]
 
 
-# With `give_up_early`, a look from outside after this long decides whether to wait on.
+# With `give_up_early`, a look from outside after this long decides whether to wait on; sooner
+# when no thread of the process runs (engine/target.py Stillness): the GIL is then held by a
+# blocked thread, and the agent cannot start until it lets go.
 _EARLY_LOOK_S = 0.3
+
+# Which thread holds the GIL, read from outside ("thread 'x' holds the GIL in f (file.py:3)"),
+# or None, among the given thread ids (the job's before the injection): a caller's own look
+# (engine/target.py Target.gil_holder keeps it for its answer).
+GilLook = Callable[[FrozenSet[int]], Optional[str]]
+# Why waiting on is pointless (no thread of the process runs), or None: engine/target.py
+# Stillness.check, called every few milliseconds.
+Stuck = Callable[[], Optional[str]]
 
 
 def attach(
-    pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet, give_up_early: bool = False
-) -> Attached:
+    pid: int, method: str = "auto", timeout: float = 5.0, log: Log = _quiet, give_up_early: bool = False,
+    look: Optional[GilLook] = None, stuck: Optional[Stuck] = None,
+) -> Attached:  # fmt: skip
     """Make sure `pid` has an agent; returns where it listens.
 
-    `give_up_early`: when the agent is not up after a moment and py-spy shows a thread
-    holding the GIL, stop waiting at once (the caller will answer from outside).
+    `give_up_early`: when the agent is not up after a moment (or no thread of the process
+    runs: `stuck` says so) and py-spy shows a thread holding the GIL, stop waiting at once (the
+    caller will answer from outside); `look` reads that holder (default: py-spy, the look then
+    discarded).
     """
     version = check_target(pid)
     existing = _answering_socket(pid)
@@ -164,9 +184,14 @@ def attach(
             os.unlink(stale)
     started = time.monotonic()
     loading = _Loading(pid)
+    jobs_threads = _thread_ids(pid) if give_up_early else frozenset()
     report = _inject(pid, method, version, timeout, log)
     injected = time.monotonic()
-    attached = _wait_for_agent(pid, started + timeout, injected, report, loading, log, give_up_early)
+    early: Optional[_EarlyLook] = None
+    if give_up_early:
+        looking = look or (lambda among: _gil_holder(pid, among))
+        early = _EarlyLook(looking, stuck, injected, log, jobs_threads)
+    attached = _wait_for_agent(pid, started + timeout, injected, report, loading, log, early)
     if attached is not None:
         return attached
     raise _timed_out(pid, started, timeout, loading)
@@ -196,11 +221,11 @@ def _inject(pid: int, method: str, version: str, timeout: float, log: Log) -> Op
 
 def _wait_for_agent(
     pid: int, deadline: float, injected: float, report: Optional[InjectReport], loading: _Loading, log: Log,
-    give_up_early: bool,
+    early: Optional[_EarlyLook],
 ) -> Optional[Attached]:  # fmt: skip
     """Wait until the agent listens (past `deadline` while its loader makes headway), the
-    attach fails, or the process exits; None when the time is up."""
-    looked = not give_up_early
+    attach fails, or the process exits; None when the time is up. `early`: give up as soon as
+    a look from outside finds the GIL held (AttachTimeout)."""
     while True:
         loading.look()
         now = time.monotonic()
@@ -217,12 +242,40 @@ def _wait_for_agent(
                     raise AttachFailed(f"the agent could not start in PID {pid}: {reason.read().strip()}")
         if not process_alive(pid):
             raise ProcessNotFound(f"PID {pid} exited during the attach")
-        if not looked and time.monotonic() - injected > _EARLY_LOOK_S:
-            looked = True
-            holder = _gil_holder(pid)
-            if holder is not None:
-                raise AttachTimeout(f"{holder}; the agent will start when it is released")
+        if early is not None:
+            early.check()
         time.sleep(_POLL_S)
+
+
+class _EarlyLook:
+    """A look from outside while the agent starts, at the job's own threads (`among`, those
+    before the injection): as soon as no thread of the process runs, and after _EARLY_LOOK_S
+    (once each). A healthy process always has one running while its agent loads (the loader
+    itself, or a thread it waits for), so it is not read from outside any sooner; the loader
+    may hold the GIL in a read for a moment, and is never taken for the job's holder."""
+
+    def __init__(
+        self, look: GilLook, stuck: Optional[Stuck], injected: float, log: Log, among: FrozenSet[int]
+    ) -> None:
+        self.look, self.stuck, self.injected, self.log, self.among = look, stuck, injected, log, among
+        self.looked_still = self.looked_late = False
+
+    def check(self) -> None:
+        """AttachTimeout when the look finds a thread of the job holding the GIL."""
+        if self.looked_late:
+            return
+        late = time.monotonic() - self.injected > _EARLY_LOOK_S
+        still = self.stuck() if self.stuck is not None and not self.looked_still else None
+        if still is None and not late:
+            return
+        if still is not None:
+            self.looked_still = True
+            self.log(f"the agent is not up and {still}: looking from outside")
+        else:
+            self.looked_late = True
+        holder = self.look(self.among)
+        if holder is not None:
+            raise AttachTimeout(f"{holder}; the agent will start when it is released")
 
 
 def _timed_out(pid: int, started: float, timeout: float, loading: _Loading) -> AttachTimeout:

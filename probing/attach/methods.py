@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
@@ -265,6 +263,8 @@ class PyrasiteMethod:
             ) from None
         _refuse_if_traced(pid)
         _refuse_broken_gdb("pyrasite", log)  # pyrasite drives gdb
+        import tempfile  # only here: its import costs every attach a few ms
+
         with tempfile.TemporaryDirectory() as scratch:
             # pyrasite execs a file in __main__'s namespace: hand it one that runs attach.py
             # in a namespace of its own, on the job's thread that gdb stopped (which goes on).
@@ -302,5 +302,6 @@ METHODS = {method.name: method for method in (PtraceMethod(), GdbMethod(), Pyras
 
 def choose_method(name: str) -> Any:
     if name == "auto":
-        return METHODS["ptrace" if platform.machine() in ("x86_64", "AMD64") else "gdb"]
+        # os.uname() rather than platform.machine(): importing platform cost every attach ~3 ms.
+        return METHODS["ptrace" if os.uname().machine in ("x86_64", "AMD64") else "gdb"]
     return METHODS[name]

@@ -21,6 +21,7 @@ from ..errors import (
     AgentUnreachable,
     BadReply,
     EvalTimedOut,
+    GilDisabled,
     NoCuda,
     NotFound,
     NoTorch,
@@ -269,6 +270,7 @@ ERROR_OF_KIND: Dict[str, Type[ProbingError]] = {
     ErrorKind.EVAL_TIMEOUT: EvalTimedOut,
     ErrorKind.NO_SESSION: SessionGone,
     ErrorKind.RECORD_NOT_WRITTEN: RecordNotWritten,
+    ErrorKind.NO_GIL: GilDisabled,
 }
 
 

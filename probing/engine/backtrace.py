@@ -205,6 +205,10 @@ def from_outside(
         "outside": outside,
     }
     notes = [] if why is None else [f"{why}; answered from outside the process (py-spy)"]
+    if native:
+        from ..outside.symbols import native_notes
+
+        notes += native_notes(pid, view.threads)
     return Stacks(pid, rows, info, notes)
 
 

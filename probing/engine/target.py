@@ -25,7 +25,7 @@ from .records.path import FATAL_SUFFIX, is_record_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+    from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, Union
 
     Log = Callable[[str], None]
 
@@ -241,7 +241,9 @@ class Target:
         from ..attach import attach
 
         wait = min(self.attach_timeout, attach_budget) if attach_budget else self.attach_timeout
-        path = attach(pid, "auto", wait, self.log, give_up_early).socket
+        # The look that decides to give up is kept for the answer from outside (fresh_look).
+        look, stuck = (self._gil_holder_among, Stillness(pid).check) if give_up_early else (None, None)
+        path = attach(pid, "auto", wait, self.log, give_up_early, look, stuck).socket
         return Client(path, timeout, self.log, pid=pid)
 
     def connect_existing(self, timeout: float) -> Client:
@@ -275,13 +277,16 @@ class Target:
 
     # --- the look from outside, which decides whether to wait on a silent agent ---------------
 
-    def gil_holder(self, timeout: float = 0.0) -> Optional[str]:
+    def _gil_holder_among(self, among: FrozenSet[int]) -> Optional[str]:
+        return self.gil_holder(among=among)
+
+    def gil_holder(self, timeout: float = 0.0, among: Optional[FrozenSet[int]] = None) -> Optional[str]:
         """Which thread holds the GIL, read from outside (py-spy) within `timeout` (at least
         pyspy.OUTSIDE_FLOOR_S); None when none does, when it cannot be read, or when /proc does
         not show the thread py-spy flags keeping it (pyspy.checked_gil: py-spy flags starting
         and exited threads too, and passing holders). The look is kept for the answer that
-        follows."""
-        from ..outside.pyspy import dump, gil_holder
+        follows. `among`: only these thread ids (attach.threads_among)."""
+        from ..outside.pyspy import dump, gil_holder, threads_among
 
         if self.pid is None:
             return None
@@ -290,6 +295,7 @@ class Target:
         except ProbingError as error:
             self.log(f"no look from outside: {error.message}")
             return None
+        threads = threads_among(threads, among)
         self._look = (time.monotonic(), threads)
         return gil_holder(threads)
 

@@ -22,7 +22,7 @@ from .gil import keeps_the_gil, live_thread
 # `probing PID backtrace` when a stuck job is read from outside, timed against py-spy itself.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
     from ..schema.rows import BacktraceRow
 
@@ -329,6 +329,17 @@ def checked_gil(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]
             looked = (tid, keeps_the_gil(pid, tid))
         thread["owns_gil"] = looked == (tid, True)
     return threads
+
+
+def threads_among(threads: List[Dict[str, Any]], among: Optional[FrozenSet[int]]) -> List[Dict[str, Any]]:
+    """`threads` whose ids are among `among` (None: all): a look taken while an agent starts
+    leaves out the thread the injection started, which is not the job's (reading its files, it
+    may hold the GIL for a moment)."""
+    if among is None:
+        return threads
+    return [
+        thread for thread in threads if thread.get("os_thread_id") in among or not thread.get("os_thread_id")
+    ]
 
 
 def gil_holder(threads: List[Dict[str, Any]]) -> Optional[str]:

@@ -42,11 +42,12 @@ class ErrorKind:
     NO_SESSION = "NoSession"  # the repl session is gone
     STATEMENT_RUNNING = "StatementRunning"  # the repl session still runs a statement
     RECORD_NOT_WRITTEN = "RecordNotWritten"  # `record`: the disk is full, the directory refused...
+    NO_GIL = "NoGil"  # a free-threaded job with the GIL off: reading its threads is refused (agent/gil.py)
 
     ALL = (
         BAD_REQUEST, BAD_FRAME, UNKNOWN_METHOD, PROTOCOL_MISMATCH, TIMEOUT, PERMISSION_DENIED, BUSY,
         NOT_FOUND, CANCELLED, REPLY_TOO_LARGE, INTERNAL_ERROR, NO_TORCH, NO_CUDA, REMOTE_ERROR,
-        EVAL_TIMEOUT, NO_SESSION, STATEMENT_RUNNING, RECORD_NOT_WRITTEN,
+        EVAL_TIMEOUT, NO_SESSION, STATEMENT_RUNNING, RECORD_NOT_WRITTEN, NO_GIL,
     )  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from support import Target, probing, wait_until
+from support import INTERPRETER_PATTERNS, Target, find_interpreter, probing, wait_until
 
 
 def rows_of(result: Any) -> List[Dict[str, Any]]:
@@ -47,6 +47,23 @@ def test_no_attach_reads_from_outside() -> None:
         assert probing(str(job.pid), "--no-attach", "eval", "1").returncode != 0  # still no agent
 
 
+def test_a_job_stuck_on_its_gil_before_any_attach_is_read_from_outside_once_it_is_seen_still() -> None:
+    """The first command injects, then finds no thread running (the GIL held by a blocked
+    thread): it looks from outside at once, rather than after a fixed wait for an agent that
+    cannot start, and that look is kept for the answer."""
+    with Target("gil_holder.py", via="plain") as job:
+        result = probing("-v", str(job.pid), "backtrace")
+        assert result.returncode == 0, result.stderr
+        lines = result.stderr.splitlines()
+        injected = next(i for i, line in enumerate(lines) if "stopped for" in line)
+        still = next(i for i, line in enumerate(lines) if "the agent is not up and no thread of PID" in line)
+        assert injected < still
+        assert "thread 'gil-holder' holds the GIL in hold_the_gil_forever" in result.stderr
+        assert "the agent will start when it is released; answered from outside" in result.stderr
+        assert '"gil-holder": holds the GIL' in result.stdout
+        assert job.alive()
+
+
 def test_native_frames_are_merged_with_their_library_names() -> None:
     with Target("c_sleeper.py", via="plain") as job:
         rows = rows_of(probing(str(job.pid), "backtrace", "--native", "--format", "json"))
@@ -58,6 +75,33 @@ def test_native_frames_are_merged_with_their_library_names() -> None:
         assert any(row["func"] == "<module>" for row in python)
         text = probing(str(job.pid), "backtrace", "--native").stdout
         assert '"MainThread", main thread: sleeping' in text and "[native] " in text
+
+
+STRIPPED = find_interpreter(INTERPRETER_PATTERNS["debian-3.11"])
+WITH_SYMBOLS = find_interpreter(INTERPRETER_PATTERNS["3.11"])
+
+
+@pytest.mark.skipif(STRIPPED is None, reason="no stripped interpreter: Debian's /usr/bin/python3.11")
+@pytest.mark.skipif(WITH_SYMBOLS is None, reason="no pyenv 3.11 (an interpreter with its symbols)")
+def test_native_frames_of_a_stripped_interpreter_say_why_none_of_cpython_is_named() -> None:
+    """Debian's python3.11 is stripped: py-spy names none of CPython's own frames (thread_run,
+    lock_PyThread_acquire_lock), and the output says so instead of leaving them to be guessed.
+    pyenv's 3.11 names them, and gets no such note."""
+    assert STRIPPED is not None and WITH_SYMBOLS is not None
+    with Target("sleeper.py", python=STRIPPED, via="plain") as job:
+        result = probing("--no-attach", str(job.pid), "backtrace", "--native")
+        assert result.returncode == 0, result.stderr
+        assert (
+            "/usr/bin/python3.11 is stripped (it has no symbol table): no frame of the CPython "
+            in result.stderr
+        )
+        assert "(py-spy --native shows the same)" in result.stderr
+        assert "thread_run" not in result.stdout and "[native] " in result.stdout
+    with Target("sleeper.py", python=WITH_SYMBOLS, via="plain") as job:
+        result = probing("--no-attach", str(job.pid), "backtrace", "--native")
+        assert result.returncode == 0, result.stderr
+        assert "is stripped" not in result.stderr
+        assert "[native] thread_run in libpython3.11" in result.stdout
 
 
 def test_thread_states_at_a_glance() -> None:

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from ...originals import Event, allocate_lock
+from ..gil import running_without_gil, why_unsafe
 from ..imported import imported
 from ..lifecycle import JOB_HOOKS, on_stop
 from ..stacks import current_frames, thread_names
@@ -204,7 +205,11 @@ def busy_thread(own_threads: Any) -> Optional[str]:
 
 def while_quiet(own_threads: Any, function: Callable[[], Result]) -> Result:
     """`function()` from this thread, when no thread of the job is changing gradients or
-    optimizer state before or after it; NotAtSafePoint otherwise."""
+    optimizer state before or after it; NotAtSafePoint otherwise. The check holds only under
+    the GIL (no thread of the job enters a step while this one reads): a free-threaded job
+    running without it is read at a step only."""
+    if running_without_gil():
+        raise NotAtSafePoint(why_unsafe("reading values between steps"))
     busy = busy_thread(own_threads)
     if busy is None:
         result = function()
