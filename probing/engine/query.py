@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from .. import __version__
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 from ..outside.pyspy import outside_budget
 from ..protocol.tables import DecodedTable
@@ -65,18 +66,8 @@ def fetch_tables(
     if target.pid is None or not wanted or len(local) < len(wanted):
         try:
             with target.connect(timeout, attach_budget=timeout, give_up_early=True) as client:
-                answer, _ = ask(client, "tables", {}, timeout, target)
-                described = list(answer["tables"])
+                described, tables = _fetch_from(client, target, sql, timeout, scan_budget, step_wait, notes)
                 pid = pid or client.info.get("pid")  # ours: the agent's may be a container's
-                for name in referenced_tables([table["name"] for table in described], sql):
-                    if name in LOCAL_TABLES:
-                        continue
-                    target.log(f"fetching {name}")
-                    params = {"scan_budget_s": scan_budget, "step_wait_s": step_wait}
-                    wait = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
-                    table = client.fetch_table(name, params, wait)
-                    notes.extend(notes_on_what_is_read(table.notes, sql))
-                    tables.append(table)
         except (AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout) as error:
             fell_back: Optional[Tuple[str, bool]] = (error.message, isinstance(error, AgentUnreachable))
         except Fallback as fallback:
@@ -90,6 +81,51 @@ def fetch_tables(
         target.log(f"reading {name} with psutil")
         rows.append((LOCAL_TABLES[name], local_rows(name, pid or 0)))
     return Fetched(described, tables, rows, pid, notes)
+
+
+def _fetch_from(
+    client: Any, target: Target, sql: str, timeout: float, scan_budget: float, step_wait: float,
+    notes: List[str],
+) -> Tuple[List[Dict[str, Any]], List[DecodedTable]]:  # fmt: skip
+    """The agent's table list and the tables `sql` names, in as few rounds as it allows. The
+    hello comes with the first answer (pipelined), so the first table is asked for by this CLI's
+    name for it; an agent of this version then needs no `tables` request (described_in_hello),
+    any other is asked for its list, and its other tables are fetched by that list."""
+    params = {"scan_budget_s": scan_budget, "step_wait_s": step_wait}
+    wait = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
+    fetched: Dict[str, DecodedTable] = {}
+
+    def fetch(name: str) -> None:
+        target.log(f"fetching {name}")
+        table = client.fetch_table(name, params, wait)
+        notes.extend(notes_on_what_is_read(table.notes, sql))
+        fetched[name] = table
+
+    first = referenced_tables(list(AGENT_TABLES), sql)
+    if not client.info and first:
+        fetch(first[0])
+    described = described_in_hello(client.info)
+    if described is None:
+        answer, _ = ask(client, "tables", {}, timeout, target)
+        described = list(answer["tables"])
+    theirs = referenced_tables([table["name"] for table in described], sql)
+    for name in theirs:
+        if name not in LOCAL_TABLES and name not in fetched:
+            fetch(name)
+    return described, [fetched[name] for name in theirs if name in fetched]
+
+
+def described_in_hello(info: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
+    """The agent's tables as its hello names them, described here, when the agent is this CLI's
+    own version (whose schema is this one): a query then costs one round, not two. None when
+    the hello came from another version, names a table unknown here, or has not come yet (a
+    relayed rank's comes with its first answer)."""
+    names = info.get("tables")
+    if info.get("probing_version") != __version__ or not isinstance(names, list):
+        return None
+    if not all(isinstance(name, str) and name in AGENT_TABLES for name in names):
+        return None
+    return [AGENT_TABLES[name].describe() for name in names]
 
 
 def fill(session: SqlSession, fetched: Fetched, constants: Optional[Dict[str, Any]] = None) -> None:

@@ -81,10 +81,12 @@ def test_each_sample_is_read_with_its_rows_and_counters(reply: Tuple[Dict[str, A
         # Counters of every thread with a native id (a thread started with _thread.start_new_thread
         # by another test in this process may have none).
         assert set(sample.counters) == {row["native_id"] for row in sample.rows} - {None}
-        assert all(
-            isinstance(ticks, int) and isinstance(woken, int) for ticks, woken in sample.counters.values()
-        )
-    assert watched.samples[2].taken - watched.samples[0].taken == pytest.approx(0.2, abs=0.15)
+        # ... read for the threads of this test (another test's may end between rows and counters).
+        ours = {row["native_id"] for row in sample.rows if row["thread_name"] in ("MainThread", "waiter")}
+        assert all(isinstance(sample.counters[native][0], int) for native in ours)
+        assert all(isinstance(sample.counters[native][1], int) for native in ours)
+    # Spread over the 0.2 s window, not taken at once (later only by a loaded machine's delays).
+    assert 0.1 <= watched.samples[2].taken - watched.samples[0].taken < 2.0
 
 
 def spoiled(reply: Tuple[Dict[str, Any], bytearray], change: Any) -> Tuple[Dict[str, Any], bytearray]:
