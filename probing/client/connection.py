@@ -26,7 +26,7 @@ from ..protocol.texts import quoted
 # The `X as X` names are re-exported: cli/ imports them from here. TODO(lead, at merge): import
 # them from discovery and replies in the engine/CLI branch's modules, then drop the re-exports.
 from .discovery import no_log, require_process
-from .replies import ReplyReader, check_result, decode_reply_table, error_from_reply, read_reply
+from .replies import ReplyReader, check_result, error_from_reply, named_table, read_reply
 from .trust import ExpectedPeer, check_peer, check_socket_file, expected_for_path
 
 TYPE_CHECKING = False
@@ -229,10 +229,7 @@ class Client:
         self, name: str, params: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None
     ) -> DecodedTable:
         result, payload = self.call("table", dict(params or {}, name=name), timeout)
-        table = decode_reply_table(result, payload)
-        if table.name != name:
-            raise BadReply(f"asked for table {name!r}, the agent sent {quoted(table.name)}")
-        return table
+        return named_table(name, result, payload)
 
     def describe_tables(self) -> List[Dict[str, Any]]:
         result, _ = self.call("tables")

@@ -295,3 +295,11 @@ def error_from_reply(error: Dict[str, Any], payload: ByteChunk = b"") -> Probing
     if cls is AgentFailed:
         return AgentFailed(f"the agent failed: {message}")
     return (cls or ProbingError)(message)
+
+
+def named_table(name: str, result: Dict[str, Any], payload: bytearray) -> DecodedTable:
+    """The table of the reply to a `table` request for `name`, checked, and that table."""
+    table = decode_reply_table(result, payload)
+    if table.name != name:
+        raise BadReply(f"asked for table {name!r}, the agent sent {quoted(table.name)}")
+    return table

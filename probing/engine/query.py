@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import __version__
+from ..client.replies import named_table
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 from ..outside.pyspy import outside_budget
 from ..protocol.tables import DecodedTable
@@ -97,7 +98,11 @@ def _fetch_from(
 
     def fetch(name: str) -> None:
         target.log(f"fetching {name}")
-        table = client.fetch_table(name, params, wait)
+        if fetched or client.info:
+            table = client.fetch_table(name, params, wait)
+        else:  # the first request: an agent silent on a held GIL is looked at from outside (ask)
+            result, payload = ask(client, "table", dict(params, name=name), wait, target)
+            table = named_table(name, result, payload)
         notes.extend(notes_on_what_is_read(table.notes, sql))
         fetched[name] = table
 
