@@ -250,9 +250,9 @@ def _wait_for_agent(
 class _EarlyLook:
     """A look from outside while the agent starts, at the job's own threads (`among`, those
     before the injection): as soon as no thread of the process runs, and after _EARLY_LOOK_S
-    (once each). A healthy process always has one running while its agent loads (the loader
-    itself, or a thread it waits for), so it is not read from outside any sooner; the loader
-    may hold the GIL in a read for a moment, and is never taken for the job's holder."""
+    (once each). A healthy process almost always has one running while its agent loads (the
+    loader itself, or a thread it waits for); when a loaded machine finds it still, the loader may
+    be holding the GIL in a read, and it is never taken for the job's holder."""
 
     def __init__(
         self, look: GilLook, stuck: Optional[Stuck], injected: float, log: Log, among: FrozenSet[int]
