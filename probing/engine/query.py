@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import __version__
-from ..client.replies import named_table
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
 from ..outside.pyspy import outside_budget
 from ..protocol.tables import DecodedTable
@@ -89,25 +88,26 @@ def _fetch_from(
     notes: List[str],
 ) -> Tuple[List[Dict[str, Any]], List[DecodedTable]]:  # fmt: skip
     """The agent's table list and the tables `sql` names, in as few rounds as it allows. The
-    hello comes with the first answer (pipelined), so the first table is asked for by this CLI's
-    name for it; an agent of this version then needs no `tables` request (described_in_hello),
-    any other is asked for its list, and its other tables are fetched by that list."""
+    hello comes with the first answer (pipelined); for a rank on another node that answer is the
+    first table, asked for by this CLI's name for it, and an agent of this version then needs no
+    `tables` request (described_in_hello); any other agent is asked for its list, and its tables
+    are fetched by that list."""
     params = {"scan_budget_s": scan_budget, "step_wait_s": step_wait}
     wait = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
     fetched: Dict[str, DecodedTable] = {}
 
     def fetch(name: str) -> None:
         target.log(f"fetching {name}")
-        if fetched or client.info:
-            table = client.fetch_table(name, params, wait)
-        else:  # the first request: an agent silent on a held GIL is looked at from outside (ask)
-            result, payload = ask(client, "table", dict(params, name=name), wait, target)
-            table = named_table(name, result, payload)
+        table = client.fetch_table(name, params, wait)
         notes.extend(notes_on_what_is_read(table.notes, sql))
         fetched[name] = table
 
+    # A process this CLI can look at from outside is asked something quick first (`ask`: a
+    # silent agent is looked at after EARLY_LOOK_S, and a table that takes longer, at a step or
+    # past a big heap, must not be taken for silence). A rank on another node cannot be looked at:
+    # its first table goes at once, and its hello comes with it.
     first = referenced_tables(list(AGENT_TABLES), sql)
-    if not client.info and first:
+    if not client.info and first and target.pid is None:
         fetch(first[0])
     described = described_in_hello(client.info)
     if described is None:
