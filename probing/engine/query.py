@@ -123,8 +123,8 @@ def _fetch_from(
 def described_in_hello(info: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
     """The agent's tables as its hello names them, described here, when the agent is this CLI's
     own version (whose schema is this one): a query then costs one round, not two. None when
-    the hello came from another version, names a table unknown here, or has not come yet (a
-    relayed rank's comes with its first answer)."""
+    the hello came from another version, names a table unknown here, or has not come yet (it
+    comes with the first answer)."""
     names = info.get("tables")
     if info.get("probing_version") != __version__ or not isinstance(names, list):
         return None
