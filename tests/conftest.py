@@ -121,6 +121,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """PROBING_TEST_TIMES=FILE: each test's setup, call and teardown seconds appended to FILE, one
     line each, from every worker: where the suite's minutes go, summed by file in CONTRIBUTING.md."""
     path = os.environ.get("PROBING_TEST_TIMES")
-    if path:
+    # Under xdist the controller gets each worker's report too (with `node` set): written once.
+    if path and not hasattr(report, "node"):
         with open(path, "a") as out:
             out.write(f"{report.duration:.3f}\t{report.when}\t{report.nodeid}\n")
