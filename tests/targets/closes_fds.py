@@ -6,11 +6,11 @@ agent's old ones among them, whatever they were), and print "reopened FDS"; `che
 through each and reads it back, printing "pipes ok" or "pipes broken: ...". A thread named
 "worker" waits meanwhile. Exits when its stdin closes."""
 
-import errno
 import os
 import sys
 import threading
-import time
+
+from taken_numbers import close_every_descriptor, pairs_on
 
 stop = threading.Event()
 
@@ -19,44 +19,19 @@ def worker_loop():
     stop.wait()
 
 
-def put(fd, number):
-    """dup2(), again while the number is being handed out by an open() elsewhere (EBUSY)."""
-    for _ in range(100):
-        try:
-            os.dup2(fd, number)
-            return
-        except OSError as error:
-            if error.errno != errno.EBUSY:
-                raise
-            time.sleep(0.001)
-    os.dup2(fd, number)
-
-
-def taking(numbers):
-    """Pipes whose ends are dup2()ed onto `numbers`, two by two."""
-    pipes = []
-    for read_at, write_at in zip(numbers[::2], numbers[1::2]):
-        read_end, write_end = os.pipe()
-        put(read_end, read_at)
-        put(write_end, write_at)
-        os.close(read_end)
-        os.close(write_end)
-        pipes.append((read_at, write_at))
-    return pipes
-
-
 threading.Thread(target=worker_loop, name="worker", daemon=True).start()
 print("ready", os.getpid(), flush=True)
 had = []
 for line in sys.stdin:
     command = line.strip()
     if command == "close":
-        had = sorted(int(name) for name in os.listdir("/proc/self/fd") if int(name) > 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        had = close_every_descriptor()
         print("closed", flush=True)
     elif command == "reopen":
         pipes = [os.pipe() for _ in range(8)]
-        pipes += taking([number for number in had if number not in {fd for pair in pipes for fd in pair}])
+        pipes += pairs_on(
+            [number for number in had if number not in {fd for pair in pipes for fd in pair}], os.pipe
+        )
         print("reopened", *[fd for pair in pipes for fd in pair], flush=True)
     elif command == "check":
         broken = []

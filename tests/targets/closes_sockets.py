@@ -6,38 +6,17 @@ pair both ways and reads the bytes back, printing "sockets ok" or "sockets broke
 the job never sent, found in its sockets, count as broken). A thread named "worker" waits
 meanwhile. Exits when its stdin closes."""
 
-import errno
 import os
 import socket
 import sys
 import threading
-import time
+
+from taken_numbers import close_every_descriptor, pairs_on
 
 
-def put(fd, number):
-    """dup2(), again while the number is being handed out by an open() elsewhere (EBUSY)."""
-    for _ in range(100):
-        try:
-            os.dup2(fd, number)
-            return
-        except OSError as error:
-            if error.errno != errno.EBUSY:
-                raise
-            time.sleep(0.001)
-    os.dup2(fd, number)
-
-
-def taking(numbers):
-    """Socketpairs whose ends are dup2()ed onto `numbers`, two by two."""
-    pairs = []
-    for left_at, right_at in zip(numbers[::2], numbers[1::2]):
-        left, right = socket.socketpair()
-        put(left.fileno(), left_at)
-        put(right.fileno(), right_at)
-        left.close()
-        right.close()
-        pairs.append((socket.socket(fileno=left_at), socket.socket(fileno=right_at)))
-    return pairs
+def socketpair_descriptors():
+    left, right = socket.socketpair()
+    return left.detach(), right.detach()
 
 
 stop = threading.Event()
@@ -47,11 +26,11 @@ pairs = []
 for line in sys.stdin:
     command = line.strip()
     if command == "close":
-        had = sorted(int(name) for name in os.listdir("/proc/self/fd") if int(name) > 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        had = close_every_descriptor()
         pairs = [socket.socketpair() for _ in range(12)]
         taken = {end.fileno() for pair in pairs for end in pair}
-        pairs += taking([number for number in had if number not in taken])
+        on_ours = pairs_on([number for number in had if number not in taken], socketpair_descriptors)
+        pairs += [(socket.socket(fileno=left), socket.socket(fileno=right)) for left, right in on_ours]
         print("reopened", *[end.fileno() for pair in pairs for end in pair], flush=True)
     elif command == "check":
         broken = []
