@@ -295,6 +295,14 @@ def thread_name(tid: int) -> Optional[str]:
     return name.decode("utf-8", "replace").strip() if name is not None else None
 
 
+def thread_ids(pid: Pid) -> FrozenSet[int]:
+    """The native ids of the process's threads now; empty when /proc does not show them."""
+    try:
+        return frozenset(int(task) for task in os.listdir(f"/proc/{pid}/task") if task.isdigit())
+    except OSError:
+        return frozenset()
+
+
 def thread_names(pid: Pid) -> Dict[int, str]:
     """{native thread id: OS name} of every thread of the process (pthread_setname_np names)."""
     try:

@@ -18,7 +18,7 @@ from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Set, T
 from ..client.discovery import agent_listens, python_version_of, require_process, socket_candidates
 from ..errors import AttachFailed, AttachTimeout, NotPython, ProbingError, ProcessNotFound
 from ..outside.pyspy import dump, gil_holder, threads_among
-from ..procfs import executable, process_alive, thread_names, thread_work_done
+from ..procfs import executable, process_alive, thread_ids, thread_names, thread_work_done
 from .containers import helper_paths
 from .diagnose import why_no_agent
 from .methods import InjectReport, choose_method
@@ -138,13 +138,6 @@ def _gil_holder(pid: int, among: FrozenSet[int]) -> Optional[str]:
         return None
 
 
-def _thread_ids(pid: int) -> FrozenSet[int]:
-    try:
-        return frozenset(int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit())
-    except OSError:
-        return frozenset()
-
-
 def _attach_errors(pid: int) -> List[str]:
     return [path[: -len(".sock")] + ".attach-error" for path in socket_candidates(pid)]
 
@@ -184,7 +177,7 @@ def attach(
             os.unlink(stale)
     started = time.monotonic()
     loading = _Loading(pid)
-    jobs_threads = _thread_ids(pid) if give_up_early else frozenset()
+    jobs_threads = thread_ids(pid) if give_up_early else frozenset()
     report = _inject(pid, method, version, timeout, log)
     injected = time.monotonic()
     early: Optional[_EarlyLook] = None

@@ -106,9 +106,10 @@ def _fetch_from(
     # silent agent is looked at after EARLY_LOOK_S, and a table that takes longer, at a step or
     # past a big heap, must not be taken for silence). A rank on another node cannot be looked at:
     # its first table goes at once, and its hello comes with it.
-    first = referenced_tables(list(AGENT_TABLES), sql)
-    if not client.info and first and target.pid is None:
-        fetch(first[0])
+    if target.pid is None and not client.info:
+        first = referenced_tables(list(AGENT_TABLES), sql)
+        if first:
+            fetch(first[0])
     described = described_in_hello(client.info)
     if described is None:
         answer, _ = ask(client, "tables", {}, timeout, target)
