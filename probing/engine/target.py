@@ -285,7 +285,7 @@ class Target:
         pyspy.OUTSIDE_FLOOR_S); None when none does, when it cannot be read, or when /proc does
         not show the thread py-spy flags keeping it (pyspy.checked_gil: py-spy flags starting
         and exited threads too, and passing holders). The look is kept for the answer that
-        follows. `among`: only these thread ids (attach.threads_among)."""
+        follows. `among`: only these thread ids (pyspy.threads_among)."""
         from ..outside.pyspy import dump, gil_holder, threads_among
 
         if self.pid is None:
