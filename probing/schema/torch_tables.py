@@ -56,8 +56,13 @@ NAN_EVENTS = Table(
             "VARCHAR",
             "which tensor, its dtype, shape and device, e.g. output[0] float32[32, 10] on cpu",
         ),
-        Column("nan_count", "BIGINT", "NaN values in that tensor"),
-        Column("inf_count", "BIGINT", "Inf values in that tensor"),
+        Column(
+            "nan_count",
+            "BIGINT",
+            "NaN values in that tensor where counted: the check keeps one value a tensor on its device, "
+            "so NULL where it held a NaN, 0 where it held Infs and no NaN",
+        ),
+        Column("inf_count", "BIGINT", "Inf values in that tensor where counted: NULL, as above"),
         Column(
             "input_finite",
             "BOOLEAN",
@@ -68,7 +73,8 @@ NAN_EVENTS = Table(
             "weights_finite",
             "BOOLEAN",
             "whether this module's own parameters and buffers (and those of its children that are not "
-            "hooked) were finite when it was seen: false means its weights held NaN/Inf (an update or a "
+            "hooked) were finite in the step it was seen (read when the step ended, before the "
+            "update): false means its weights held NaN/Inf (an update or a "
             "load wrote them before); NULL when not checked (its input was not finite, or the check, "
             "cut short at 10 ms, found none by then)",
         ),
@@ -104,7 +110,11 @@ MODULES = Table(
             "grad_norm", "DOUBLE", "L2 norm of the gradients of its own parameters; NULL when none has one"
         ),
         Column("has_nonfinite_grad", "BOOLEAN", "whether those gradients hold NaN or Inf"),
-        Column("traced", "BOOLEAN", "whether `trace on` or `nan on` hooks are on it"),
+        Column(
+            "traced",
+            "BOOLEAN",
+            "whether `trace on` or `nan on` watches its calls (hooked for the steps watched)",
+        ),
     ],
 )
 

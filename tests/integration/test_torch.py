@@ -175,13 +175,14 @@ def test_nan_events_name_the_layer_at_its_step_and_nothing_earlier() -> None:
             "forward",
             True,
         )
-        assert first["nan_count"] == 32 * 16 and first["inf_count"] == 0
+        # A NaN, uncounted: the check reduces the tensor to one value on its device (ledger.py).
+        assert first["nan_count"] is None and first["inf_count"] is None
         assert first["tensor"] == "output[0] float32[32, 16] on cpu"
         assert len({event["step"] for event in events}) == len(events)  # the first event of each step only
         seed = rows(
             job.pid, "SELECT step, module, stage, nan_count FROM python.nan_events ORDER BY step, seq LIMIT 5"
         )
-        assert seed[0] == {"step": 29, "module": "model.2", "stage": "forward", "nan_count": 512}
+        assert seed[0] == {"step": 29, "module": "model.2", "stage": "forward", "nan_count": None}
         assert status(job.pid, "nan")["nan_events"] == len(events)
         assert job.alive()
 
@@ -217,7 +218,7 @@ def test_nan_stop_raises_in_the_training_thread_so_the_job_handles_it() -> None:
         job.process.stdin.flush()  # type: ignore[union-attr]
         assert wait_until(lambda: any(line.startswith("stopped") for line in job.stdout_lines), 60, 0.1)
         line = next(line for line in job.stdout_lines if line.startswith("stopped"))
-        assert line.startswith("stopped at step 29: checkpoint saved; NonFiniteError: probing: 512 NaN")
+        assert line.startswith("stopped at step 29: checkpoint saved; NonFiniteError: probing: NaN in the ")
         assert "of model.2 (Middle) at step 29" in line
         assert status(job.pid, "nan")["stopped_at_step"] == 29
         assert job.alive()  # the job's own handler chose to stop training, not to die
@@ -331,7 +332,7 @@ def test_nan_on_a_cuda_device_names_the_layer_at_its_step() -> None:
         "forward",
         True,
     )
-    assert first["nan_count"] == 32 * 16
+    assert first["nan_count"] is None and first["inf_count"] is None
     assert first["tensor"] == "output[0] float32[32, 16] on cuda:0"
 
 

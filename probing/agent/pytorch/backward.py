@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...originals import perf_counter
 from .clock import StepClock, Traced
-from .finite import describe_tensor, nonfinite
-from .nonfinite import NanChecks, NonFiniteError
+from .ledger import Check, StepLedger
+from .nonfinite import NanChecks
 
 # A module whose autograd subgraph is larger than this is timed forward only (the walk would
 # cost more than the module); its backward shows up in its parent's row.
@@ -34,7 +34,9 @@ MAX_WALK_NODES = 20_000
 class _Backward:
     """The backward pass of one forward call of one module, timed by graph node hooks."""
 
-    __slots__ = ("clock", "nan", "traced", "step", "timed", "started", "seq", "left", "events", "checked")
+    __slots__ = (
+        "clock", "nan", "traced", "step", "timed", "started", "seq", "left", "events", "checked", "ledger",
+    )  # fmt: skip
 
     def __init__(
         self, clock: StepClock, nan: NanChecks, traced: Traced, step: int, timed: bool, edges: int
@@ -48,7 +50,10 @@ class _Backward:
         self.seq = 0
         self.left = edges
         self.events: Optional[List[Any]] = None
-        self.checked = False  # its output gradient was finite (so a bad input gradient is its own)
+        # The check of its output gradient, whose finiteness tells whether a bad input gradient
+        # is its own, and the ledger it is in.
+        self.checked: Optional[Check] = None
+        self.ledger: Optional[StepLedger] = None
 
     def begin(self, grad_outputs: Any) -> None:
         clock = self.clock
@@ -57,13 +62,12 @@ class _Backward:
                 self.started = perf_counter()
                 self.seq = next(clock.seqs)
                 if self.timed and self.traced.cuda:
-                    event = clock.torch.cuda.Event(enable_timing=True)
+                    event = clock.cuda_event()
                     event.record()
                     self.events = [event]
                 if clock.nan_on:
-                    self.checked = nonfinite(grad_outputs, clock.torch) is None
-        except NonFiniteError:
-            raise
+                    ledger = self.ledger = self.nan.ledger
+                    self.checked = ledger.add(self.traced, "backward", self.step, self.seq, [], grad_outputs)
         except Exception as error:  # noqa: BLE001 - never break the job's backward pass
             clock.failed(error)
 
@@ -73,22 +77,21 @@ class _Backward:
             if self.started is None:
                 return
             if clock.nan_on and self.nan.step != self.step:
-                found = nonfinite(grad_inputs, clock.torch)
-                if found is not None:
-                    tensor = grad_inputs[found[0]]
-                    self.nan.event(self.traced, "backward", self.step, self.seq, f"grad_input[{found[0]}] "
-                                   + describe_tensor(tensor), found[1], found[2], self.checked)  # fmt: skip
+                ledger = self.nan.ledger
+                check = ledger.add(
+                    self.traced, "backward", self.step, self.seq, list(grad_inputs), [], "grad_input"
+                )
+                if check is not None and ledger is self.ledger:
+                    check.inputs_of = self.checked
             self.left -= 1
             if self.left > 0 or not self.timed:
                 return
             end = perf_counter()
             if self.events is not None:
-                event = clock.torch.cuda.Event(enable_timing=True)
+                event = clock.cuda_event()
                 event.record()
                 self.events.append(event)
             clock.record(self.traced, "backward", self.step, self.seq, self.started, end, self.events)
-        except NonFiniteError:
-            raise
         except Exception as error:  # noqa: BLE001 - never break the job's backward pass
             clock.failed(error)
 

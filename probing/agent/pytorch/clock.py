@@ -8,7 +8,7 @@ other close one step. A job with no optimizer counts calls of its top-level modu
 Durations are perf_counter intervals on CPU. For modules on a CUDA device they come from CUDA
 events recorded around the call and read once the device has passed them (`Event.query()`, at
 step boundaries and when the table is fetched): nothing here ever synchronises the device on
-the training thread.
+the training thread. Events are made once and used again once read (`cuda_event`).
 
 The clock also holds the switches every hook reads on each call (what is on, and whether this
 step is traced), on one object, so that a hook pays one attribute lookup for each.
@@ -37,6 +37,8 @@ DEFAULT_BUDGET = 0.01
 MAX_AUTO_EVERY = 100
 DEFAULT_CAPACITY = 1_000_000
 MB = 1024.0 * 1024.0
+# CUDA events kept for use again once their durations are read.
+EVENT_POOL = 4096
 STAGES = ("forward", "backward", "optimizer")
 
 
@@ -61,6 +63,8 @@ class Traced:
         "cuda",
         "handles",
         "starts",
+        "root",
+        "pair",
     )
 
     def __init__(self, module: Any, name: str, depth: int, ring: Ring, cuda: bool) -> None:
@@ -72,6 +76,8 @@ class Traced:
         self.depth = depth
         self.cuda = cuda
         self.handles: List[Any] = []
+        self.root = depth == 0  # hooked whenever the tracer is: its calls mark steps (hooks.py)
+        self.pair: Any = None  # its forward pre-hook and hook
         # (start, seq, autograd counter, CUDA start event) per call under way: a stack, as a
         # module may call itself.
         self.starts: List[Tuple[float, int, int, Any]] = []
@@ -98,6 +104,9 @@ class StepClock:
         # Seconds measured in the hooks this step beyond call_cost: autograd graph walks, and on
         # CUDA the events and allocator reads (calibrate() times a CPU call, which has neither).
         self.step_extra = 0.0
+        # Seconds the last attaching and detaching of the module hooks took (hooks.py): a traced
+        # step among untraced ones pays both.
+        self.switch_cost = [0.0, 0.0]
         # Step numbering.
         self.step = 0
         self.seqs = itertools.count()
@@ -116,6 +125,7 @@ class StepClock:
         self.ring = trace_ring(DEFAULT_CAPACITY)
         self.stage_codes = {stage: self.ring.code(stage) for stage in STAGES}
         self.pending_cuda: List[Tuple[Tuple[Any, ...], Any, Any]] = []
+        self.events: List[Any] = []  # CUDA events read and free to record again
         # The allocator's nested counters in one call (cuda_memory), looked up once.
         self.read_cuda_stats = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
 
@@ -153,7 +163,7 @@ class StepClock:
         """The next step begins (in the training thread): choose whether it is traced."""
         now = perf_counter()
         if self.auto_every and self.tracing_now and self.step_calls:
-            cost = self.step_calls * self.call_cost + self.step_extra
+            cost = self.step_calls * self.call_cost + self.step_extra + sum(self.switch_cost)
             work = max(now - self.step_start - cost, 1e-9)
             self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(cost / (DEFAULT_BUDGET * work))))
         self.step_calls = 0
@@ -199,6 +209,13 @@ class StepClock:
             with self.lock:
                 self.pending_cuda.append((row, events[0], events[-1]))
 
+    def cuda_event(self) -> Any:
+        """A timing event: one read before, or a new one."""
+        try:
+            return self.events.pop()
+        except IndexError:
+            return self.torch.cuda.Event(enable_timing=True)
+
     def cuda_memory(self) -> Tuple[float, float, float]:
         """MB allocated, its peak, and reserved on the current CUDA device, now. One read of the
         allocator's nested counters: torch.cuda.memory_allocated() and its kin each flatten
@@ -228,4 +245,6 @@ class StepClock:
                 finished[5] = start.elapsed_time(end) / 1000.0
                 self.ring.append(finished)
                 done += 1
+                if len(self.events) < EVENT_POOL:
+                    self.events += (start, end)
             del self.pending_cuda[:done]

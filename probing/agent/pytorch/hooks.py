@@ -5,6 +5,14 @@ that `--modules`/`--depth` let through: a forward pre-hook and a forward hook ea
 global optimizer step hooks (before and after every optimizer's step), which end steps
 (clock.py). Module backward hooks are never used (backward.py says why).
 
+The hooks of the modules below the top-level ones are there only for a step whose calls are
+watched (a traced step, or every step while NaN checks are on): they are attached when such a
+step begins and detached when one that is not begins, in the training thread, at the first call
+of a top-level module, whose hooks stay (they mark the steps). An untraced step runs no hook
+of this tracer but those: one call each of the top-level modules' and optimizers' hooks.
+Torch copies a module's hooks before it calls them, so attaching from the agent's thread (`trace
+on`) cannot disturb a call under way.
+
 Every hook runs in the training thread, and nothing in one may hurt the job: every hook body is
 wrapped, a failure turns the feature off (`StepClock.failed`) and is reported by
 `trace status`; the one exception raised on purpose is `NonFiniteError` under `nan on --stop`.
@@ -49,6 +57,8 @@ class Hooks:
         self.optimizer_starts: Dict[int, Tuple[float, int, Any]] = {}
         self.global_handles: List[Any] = []
         self.discovery_handle: Any = None
+        self.steps_only: Dict[int, Traced] = {}  # top-level modules --modules/--depth leave out
+        self.attached = False  # the hooks below the top-level modules are on
         self.discovered: weakref.WeakSet[Any] = weakref.WeakSet()  # modules under a known root
         self.discovery_note: Optional[str] = None
 
@@ -88,6 +98,7 @@ class Hooks:
 
             self.edit_step_hooks(add)
             self.global_handles = handles
+        self.sync()
 
     def edit_step_hooks(self, change: Callable[[], None]) -> None:
         """Add or remove global optimizer hooks where no step is iterating them (safepoint.py)."""
@@ -106,37 +117,74 @@ class Hooks:
         for qualified, module in root.named_modules(prefix=name):
             depth = qualified.count(".") - name.count(".")
             if not self.wanted(qualified, depth):
+                if depth == 0 and id(module) not in self.steps_only:  # its calls still mark steps
+                    traced = Traced(module, qualified, 0, self.clock.ring, False)
+                    traced.pair = self.hooks_for(traced, True, record=False)
+                    if self.attach(traced):
+                        self.steps_only[id(module)] = traced
                 continue
             known = self.traced.get(id(module))
             if known is not None and known.module() is module:
                 continue
             device = device_of(module) or root_device
-            self._hook(module, qualified, depth, device is not None and device.startswith("cuda"), depth == 0)
+            self._hook(module, qualified, depth, device is not None and device.startswith("cuda"))
 
-    def _hook(self, module: Any, name: str, depth: int, cuda: bool, is_root: bool) -> None:
+    def _hook(self, module: Any, name: str, depth: int, cuda: bool) -> None:
         traced = Traced(module, name, depth, self.clock.ring, cuda)
-        pre, post = self.hooks_for(traced, is_root)
+        traced.pair = self.hooks_for(traced, traced.root)
+        if not self.attach(traced):  # e.g. a TorchScript module, which takes no hooks
+            return
+        if not traced.root and not self.attached:
+            self.detach(traced)
+        self.traced[id(module)] = traced
+
+    def attach(self, traced: Traced) -> bool:
+        module = traced.module()
+        if module is None or traced.handles:
+            return module is not None
+        pre, post = traced.pair
         try:
             traced.handles.append(module.register_forward_pre_hook(pre))
             try:
                 traced.handles.append(module.register_forward_hook(post, always_call=True))
             except TypeError:  # torch < 2.0 has no always_call
                 traced.handles.append(module.register_forward_hook(post))
-        except Exception:  # noqa: BLE001 - e.g. a TorchScript module, which takes no hooks
-            for handle in traced.handles:
-                handle.remove()
+        except Exception:  # noqa: BLE001
+            self.detach(traced)
+            return False
+        return True
+
+    @staticmethod
+    def detach(traced: Traced) -> int:
+        handles, traced.handles = traced.handles, []
+        for handle in handles:
+            handle.remove()
+        traced.starts.clear()
+        return len(handles)
+
+    def sync(self) -> None:
+        """Attach the hooks below the top-level modules for a watched step, detach them for one
+        that is not (under the lock; the training thread at a step's first call, or the agent's
+        when a switch changes)."""
+        want = self.clock.watching
+        if want == self.attached:
             return
-        self.traced[id(module)] = traced
+        started = perf_counter()
+        for traced in self.traced.values():
+            if not traced.root:
+                if want:
+                    self.attach(traced)
+                else:
+                    self.detach(traced)
+        self.attached = want
+        self.clock.switch_cost[want] = perf_counter() - started
 
     def remove_module_hooks(self) -> int:
         removed = 0
-        for traced in self.traced.values():
-            for handle in traced.handles:
-                handle.remove()
-                removed += 1
-            traced.handles = []
-            traced.starts.clear()
-        self.traced = {}
+        for traced in (*self.traced.values(), *self.steps_only.values()):
+            removed += self.detach(traced)
+        self.traced, self.steps_only = {}, {}
+        self.attached = False
         return removed
 
     def remove_all(self) -> int:
@@ -159,8 +207,9 @@ class Hooks:
         return removed
 
     def count(self) -> int:
-        hooks = sum(len(traced.handles) for traced in self.traced.values()) + len(self.global_handles)
-        return hooks + (self.discovery_handle is not None)
+        """The hooks on the job now: on an untraced step, those of the top-level modules."""
+        hooks = sum(len(traced.handles) for traced in (*self.traced.values(), *self.steps_only.values()))
+        return hooks + len(self.global_handles) + (self.discovery_handle is not None)
 
     def discover_at_first_call(self) -> None:
         """PROBING_TORCH_TRACE: hook each top-level module when it is first called, until the first
@@ -185,8 +234,16 @@ class Hooks:
     # --- steps (training thread) -------------------------------------------------------------------
 
     def new_step(self) -> None:
+        """The step ends at the first call of the next (training thread): the checks made since
+        the last optimizer step are read, then the next step is chosen traced or not."""
         self.walk.forget()
-        self.clock.advance()
+        clock = self.clock
+        if self.nan.ledger.checks:
+            self.nan.settle()
+        clock.advance()
+        if clock.watching != self.attached:
+            with self.lock:
+                self.sync()
 
     def name_optimizer(self, optimizer: Any) -> Tuple[str, int]:
         known = self.optimizers.get(optimizer)
@@ -206,12 +263,16 @@ class Hooks:
                 self.new_step()  # it steps again with no traced module call in between
             clock.stepped.add(id(optimizer))
             clock.optimizer_seen = True
+            if self.nan.ledger.checks:
+                self.nan.settle()  # before the update: --stop stops it, weights are as computed with
             if clock.tracing_now:
                 event = None
                 if optimizer_on_cuda(optimizer):
-                    event = self.torch.cuda.Event(enable_timing=True)
+                    event = clock.cuda_event()
                     event.record()
                 self.optimizer_starts[id(optimizer)] = (perf_counter(), next(clock.seqs), event)
+        except NonFiniteError:
+            raise
         except Exception as error:  # noqa: BLE001
             clock.failed(error)
 
@@ -223,7 +284,7 @@ class Hooks:
                 end = perf_counter()
                 events = None
                 if start[2] is not None:
-                    event = self.torch.cuda.Event(enable_timing=True)
+                    event = clock.cuda_event()
                     event.record()
                     events = [start[2], event]
                 name, code = self.name_optimizer(optimizer)
@@ -239,10 +300,13 @@ class Hooks:
         except Exception as error:  # noqa: BLE001
             clock.failed(error)
 
-    def hooks_for(self, traced: Traced, is_root: bool) -> Tuple[Callable[..., None], Callable[..., None]]:
+    def hooks_for(
+        self, traced: Traced, is_root: bool, record: bool = True
+    ) -> Tuple[Callable[..., None], Callable[..., None]]:
         """The forward pre-hook and hook of one module: the hottest code here, run at every call
-        of every hooked module, so each reads what it needs from closure variables."""
-        hooks, clock, nan, walk, torch = self, self.clock, self.nan, self.walk, self.torch
+        of every hooked module, so each reads what it needs from closure variables. A top-level
+        module that --modules/--depth leave out gets them with `record` False: they mark steps."""
+        hooks, clock, nan, walk = self, self.clock, self.nan, self.walk
         starts = traced.starts
         sequence_nr = walk.sequence_nr or (lambda: 0)
 
@@ -252,15 +316,17 @@ class Hooks:
                     hooks.new_step()
                 if nan.weights_due:  # the weights are read here: a module boundary (weights.py)
                     nan.work_on_weights()
-                if not clock.watching:
+                if not record or not clock.watching:
                     return
                 event = None
                 if traced.cuda and clock.tracing_now:
                     making = perf_counter()
-                    event = torch.cuda.Event(enable_timing=True)
+                    event = clock.cuda_event()
                     event.record()
                     clock.step_extra += perf_counter() - making
                 starts.append((perf_counter(), next(clock.seqs), sequence_nr(), event))
+            except NonFiniteError:
+                raise
             except Exception as error:  # noqa: BLE001
                 clock.failed(error)
 
@@ -276,23 +342,21 @@ class Hooks:
                 if clock.tracing_now:
                     events = None
                     if event is not None:
-                        finished = torch.cuda.Event(enable_timing=True)
+                        finished = clock.cuda_event()
                         finished.record()
                         events = [event, finished]
                         clock.step_extra += perf_counter() - end
                     clock.record(traced, "forward", step, seq, start, end, events)
                 backward = clock.tracing_now and clock.backward
                 if backward or clock.nan_on:
-                    outputs = flat_tensors(output, torch)
+                    outputs = flat_tensors(output, hooks.torch)
                     if clock.nan_on and nan.step != step:
                         nan.check_forward(traced, step, seq, args, outputs)
                     if walk.sequence_nr is not None:
                         walk.watch(traced, step, backward, counter, outputs)
                 if is_root and not clock.optimizer_seen and not hooks.optimizers:
                     clock.step_pending = True  # no optimizer: each call of a model is a step
-            except NonFiniteError:
-                raise
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:  # noqa: BLE001 - NonFiniteError is raised at the step's end
                 clock.failed(error)
 
         return pre, post

@@ -9,10 +9,13 @@ are NaN did not make the NaN there, an earlier update did. Every parameter and b
 checked when a session of checks begins, so that weights that were NaN before the checks are
 told apart from weights that went NaN since.
 
-The checks read each checked value (`.item()`), in the training thread (they run inside its
-hooks, never in the agent's threads), which on CUDA waits for the device: they are a
-diagnostic mode, off by default. The one exception a hook raises on purpose is
-`NonFiniteError`, under `--stop`.
+The checks run in the training thread (inside its hooks, never in the agent's threads). They
+reduce each tensor on its device and read nothing there (ledger.py): the step's values are read
+once, when the step ends, before the optimizer's update (`settle`, from the optimizer's
+pre-hook, or at the next step's first call in a job without one), so the weights the finding's
+module is checked for are the ones it computed with, and `--stop` stops the job before an
+update from a NaN gradient. The one exception a hook raises on purpose is `NonFiniteError`,
+under `--stop`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any, Callable, Dict, List, Optional
 from ...originals import wall_time
 from ..ring import Ring
 from .clock import StepClock, Traced, columns
-from .finite import describe_tensor, flat_tensors, nonfinite
+from .finite import flat_tensors
+from .ledger import Finding, StepLedger
 from .safepoint import DEFAULT_STEP_WAIT_S
 from .weights import EventWeights, WeightsAtStart, module_weights
 
@@ -63,6 +67,7 @@ class NanChecks:
         self.ring = Ring("python.nan_events", columns("python.nan_events"), NAN_CAPACITY)
         self.stage_codes = {stage: self.ring.code(stage) for stage in ("forward", "backward")}
         self.step = -1  # the last step with a finding: later values that step are its echoes
+        self.ledger = StepLedger(self.torch)  # the step's checks, read when it ends
         self.events = 0
         self.stopped_at: Optional[int] = None
         # Whether a module is hooked (its output is checked as its own): set by the tracer.
@@ -81,6 +86,7 @@ class NanChecks:
     def begin(self) -> None:
         """Checks go on while they were off: a new session, whose weights are checked afresh."""
         self.step = -1
+        self.ledger = StepLedger(self.torch)  # a new object: the training thread may hold the old
         self.weights = WeightsAtStart(self.torch, self.clock.step)
         self.weights_due = False
         self.sessions += 1
@@ -113,18 +119,22 @@ class NanChecks:
                 self.weights_due = True
 
     def check_forward(self, traced: Traced, step: int, seq: int, args: Any, outputs: List[Any]) -> None:
-        found = nonfinite(outputs, self.torch)
-        if found is None:
-            return
-        inputs_finite = nonfinite(flat_tensors(args, self.torch), self.torch) is None
-        where = f"output[{found[0]}] " + describe_tensor(outputs[found[0]])
-        self.event(traced, "forward", step, seq, where,
-                   found[1], found[2], inputs_finite)  # fmt: skip
+        self.ledger.add(traced, "forward", step, seq, outputs, flat_tensors(args, self.torch))
 
-    def event(
-        self, traced: Traced, stage: str, step: int, seq: int, tensor: str, nans: int, infs: int,
-        inputs_finite: bool,
-    ) -> None:  # fmt: skip
+    def settle(self) -> None:
+        """The step's checks are read (the step ends, before any update): its first finding is
+        recorded, and raised under --stop."""
+        ledger = self.ledger
+        found = ledger.settle()
+        if found is not None and self.clock.nan_on and ledger is self.ledger:
+            self.event(found)
+
+    def event(self, found: Finding) -> None:
+        check = found.check
+        traced, stage, step, seq, tensor = check.traced, check.stage, check.step, check.seq, found.tensor
+        inputs_finite = found.inputs_finite
+        # A NaN leaves both counts unknown; Infs alone, no NaN and the Infs uncounted (ledger.py).
+        nans, infs = (None, None) if found.nan else (0, None)
         ring = self.ring
         with self.clock.lock:
             if self.step == step:
@@ -158,7 +168,8 @@ class NanChecks:
                 self.stopped_at = step
         if stop:
             error = NonFiniteError(
-                f"probing: {nans} NaN and {infs} Inf in the {stage} {tensor.split(' ')[0]} of {traced.name} "
+                f"probing: {'NaN' if found.nan else 'Inf'} in the {stage} {tensor.split(' ')[0]} "
+                f"of {traced.name} "
                 f"({traced.type_name}) at step {step}{weights_words(traced.name, weights, already)}; "
                 "stopped by `probing nan on --stop`"
             )

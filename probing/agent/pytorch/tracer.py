@@ -124,6 +124,8 @@ class Tracer:
             clock.refresh()
             if not clock.trace_on and not clock.nan_on:
                 self.uninstall()
+            else:
+                self.hooks.sync()
             weights = self.nan.weights
         if starting and get_ident() in self.hooks.own_threads:
             weights.finished.wait(WEIGHTS_WAIT_S)
@@ -134,6 +136,8 @@ class Tracer:
             self.clock.refresh()
             if not self.clock.nan_on:
                 self.uninstall()
+            else:
+                self.hooks.sync()
 
     def discover_at_first_call(self) -> None:
         on_stop(stop, JOB_HOOKS)
@@ -157,8 +161,9 @@ class Tracer:
         return self.hooks.count()
 
     def is_hooked(self, module: Any) -> bool:
+        """Whether its calls are traced (its hooks are on for the steps that are)."""
         traced = self.hooks.traced.get(id(module))
-        return traced is not None and bool(traced.handles)
+        return traced is not None and traced.module() is module
 
     def optimizer_name(self, optimizer: Any) -> Optional[str]:
         known = self.hooks.optimizers.get(optimizer)

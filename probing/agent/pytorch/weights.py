@@ -10,8 +10,8 @@ begin (`WeightsAtStart`), and those of the blamed module at each event (`module_
 Values are read in the training thread only (DESIGN.md, "Agent rules"), at a module boundary:
 the hooks' forward pre-hook runs the start check, the event's own hook the module's check. No
 optimizer update or backward pass is under way in that thread there, so no weight is being
-written as it is read. One `aminmax` per floating tensor (nonfinite.py); counts only for a tensor
-that is not finite.
+written as it is read. One reduction per floating tensor, a module's read at once (ledger.py);
+counts only for a tensor that is not finite.
 
 "Already when checks began" is told from torch's version counters, read (metadata only) when a
 model is queued: a non-finite tensor whose counter has not moved since was so then, whenever the
@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 from ...originals import Event, perf_counter, thread_time
 from ..pacing import MAX_STALL_S
 from .finite import describe_tensor, nonfinite
+from .ledger import finite
 
 # The longest one piece of weight checking holds the training thread.
 SLICE_S = MAX_STALL_S
@@ -125,8 +126,10 @@ def module_weights(
     stack = [(name, module)]
     while stack:
         prefix, current = stack.pop()
-        for qualified, _, _, tensor in own_tensors(current, prefix):
-            if check_tensor(tensor, torch) is not None:
+        own = [(qualified, tensor) for qualified, _, _, tensor in own_tensors(current, prefix)
+               if readable(tensor, torch) is not None]  # fmt: skip
+        for (qualified, tensor), good in zip(own, finite([readable(t, torch) for _, t in own], torch)):
+            if not good:
                 found.count += 1
                 found.unwritten = found.unwritten or unwritten(tensor)
                 if len(found.names) < MAX_EVENT_NAMES:
@@ -228,8 +231,7 @@ class WeightsAtStart:
                     continue
                 prefix, module = self.modules[self.next_module]
                 self.next_module += 1
-                for named in own_tensors(module, prefix):
-                    self._check(named, step)
+                self._check(list(own_tensors(module, prefix)), step)
         except Exception as error:  # noqa: BLE001 - a model changed under the check: say so, stop
             self.error = f"{type(error).__name__}: {error}"
             self.pending, self.modules = [], []
@@ -237,22 +239,26 @@ class WeightsAtStart:
             self.finished.set()
         self.next_at = perf_counter() + (DUTY_SHARE_INVERSE - 1) * (thread_time() - started)
 
-    def _check(self, named: Named, step: int) -> None:
-        tensor = named[3]
-        if id(tensor) in self.seen:
-            return
-        self.seen.add(id(tensor))
-        if readable(tensor, self.torch) is None:
-            self.skipped += 1
-            return
-        self.checked += 1
-        counts = check_tensor(tensor, self.torch)
-        if counts is None:
-            return
-        already = self.unwritten(tensor) or not self.event_seen
-        self.nonfinite[named[0]] = already
-        if len(self.findings) < MAX_FINDINGS:
-            self.findings.append(Finding(named, counts, step, already))
+    def _check(self, tensors: List[Named], step: int) -> None:
+        """A module's own tensors, read at once (ledger.finite); counted where not finite."""
+        kept = []
+        for named in tensors:
+            if id(named[3]) in self.seen:
+                continue
+            self.seen.add(id(named[3]))
+            if readable(named[3], self.torch) is None:
+                self.skipped += 1
+            else:
+                kept.append(named)
+        self.checked += len(kept)
+        for named, good in zip(kept, finite([readable(named[3], self.torch) for named in kept], self.torch)):
+            counts = None if good else check_tensor(named[3], self.torch)
+            if counts is None:
+                continue
+            already = self.unwritten(named[3]) or not self.event_seen
+            self.nonfinite[named[0]] = already
+            if len(self.findings) < MAX_FINDINGS:
+                self.findings.append(Finding(named, counts, step, already))
 
     def unwritten(self, tensor: Any) -> bool:
         """Whether nothing wrote into a queued tensor since the checks began (its version)."""

@@ -25,6 +25,12 @@ def _names(names: List[str]) -> str:
 
 
 def _counts(nans: Any, infs: Any) -> str:
+    """Counts of a weight check; an event's tensor is reduced to one value (agent ledger.py):
+    no count, NaN (both None) or Infs alone (no NaN, the Infs None)."""
+    if nans is None and infs is None:
+        return "NaN"
+    if nans == 0 and infs is None:
+        return "Inf"
     parts = []
     if isinstance(nans, int) and nans:
         parts.append(f"{nans} NaN")
