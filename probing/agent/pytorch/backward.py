@@ -1,6 +1,7 @@
-"""Timing a module's backward pass, and checking the gradients it sends on, by autograd nodes.
+"""Timing a module's backward pass (`trace on --backward`), by autograd nodes.
 
-Backward timing and gradient checks use autograd graph node hooks, never module backward hooks:
+Backward timing, like the NaN checks of gradients (nonfinite.py), uses autograd graph node hooks,
+never module backward hooks:
 `register_full_backward_hook` wraps the module's outputs in a custom autograd Function, and a
 job that then modifies such an output in place (`out += identity` in every ResNet block) fails
 with "a view ... is being modified inplace"; turning tracing on would crash the job. Node hooks
@@ -10,11 +11,11 @@ autograd counter's values before and after the call (each node takes the next nu
 is made); a prehook on the output nodes marks the start of the module's backward (its output
 gradient is complete) and a post-hook on each node at the edge of that set (where gradients
 leave the module for its inputs and parameters) marks the end, when the last of them has run.
-The walk costs about a microsecond per node, and is made only on traced steps with `--backward`
-or while NaN checks are on. The hooks die with the graph at the end of the backward pass.
+The walk costs about a microsecond per node, and is made only on traced steps with `--backward`.
+The hooks die with the graph at the end of the backward pass.
 
-All of it runs in the training thread: the walk inside a module's forward hook, the node hooks
-inside the job's backward pass.
+The walk runs in the training thread, inside a module's forward hook; the node hooks inside the
+job's backward pass.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...originals import perf_counter
 from .clock import StepClock, Traced
-from .ledger import Check, StepLedger
-from .nonfinite import NanChecks
 
 # A module whose autograd subgraph is larger than this is timed forward only (the walk would
 # cost more than the module); its backward shows up in its parent's row.
@@ -34,40 +33,26 @@ MAX_WALK_NODES = 20_000
 class _Backward:
     """The backward pass of one forward call of one module, timed by graph node hooks."""
 
-    __slots__ = (
-        "clock", "nan", "traced", "step", "timed", "started", "seq", "left", "events", "checked", "ledger",
-    )  # fmt: skip
+    __slots__ = ("clock", "traced", "step", "started", "seq", "left", "events")
 
-    def __init__(
-        self, clock: StepClock, nan: NanChecks, traced: Traced, step: int, timed: bool, edges: int
-    ) -> None:
+    def __init__(self, clock: StepClock, traced: Traced, step: int, edges: int) -> None:
         self.clock = clock
-        self.nan = nan
         self.traced = traced
         self.step = step
-        self.timed = timed
         self.started: Optional[float] = None
         self.seq = 0
         self.left = edges
         self.events: Optional[List[Any]] = None
-        # The check of its output gradient, whose finiteness tells whether a bad input gradient
-        # is its own, and the ledger it is in.
-        self.checked: Optional[Check] = None
-        self.ledger: Optional[StepLedger] = None
 
     def begin(self, grad_outputs: Any) -> None:
         clock = self.clock
         try:
             if self.started is None:
-                self.started = perf_counter()
+                self.started = entered = perf_counter()
                 self.seq = next(clock.seqs)
-                if self.timed and self.traced.cuda:
-                    event = clock.cuda_event()
-                    event.record()
-                    self.events = [event]
-                if clock.nan_on:
-                    ledger = self.ledger = self.nan.ledger
-                    self.checked = ledger.add(self.traced, "backward", self.step, self.seq, [], grad_outputs)
+                if self.traced.cuda:
+                    self.events = [clock.cuda_event()]
+                clock.step_cost += perf_counter() - entered
         except Exception as error:  # noqa: BLE001 - never break the job's backward pass
             clock.failed(error)
 
@@ -76,22 +61,13 @@ class _Backward:
         try:
             if self.started is None:
                 return
-            if clock.nan_on and self.nan.step != self.step:
-                ledger = self.nan.ledger
-                check = ledger.add(
-                    self.traced, "backward", self.step, self.seq, list(grad_inputs), [], "grad_input"
-                )
-                if check is not None and ledger is self.ledger:
-                    check.inputs_of = self.checked
+            entered = perf_counter()
             self.left -= 1
-            if self.left > 0 or not self.timed:
-                return
-            end = perf_counter()
-            if self.events is not None:
-                event = clock.cuda_event()
-                event.record()
-                self.events.append(event)
-            clock.record(self.traced, "backward", self.step, self.seq, self.started, end, self.events)
+            if self.left <= 0:
+                if self.events is not None:
+                    self.events.append(clock.cuda_event())
+                clock.record(self.traced, "backward", self.step, self.seq, self.started, entered, self.events)
+            clock.step_cost += perf_counter() - entered
         except Exception as error:  # noqa: BLE001 - never break the job's backward pass
             clock.failed(error)
 
@@ -99,25 +75,22 @@ class _Backward:
 class BackwardWalk:
     """Finds the autograd nodes each traced forward call made, and hooks its edges."""
 
-    def __init__(self, clock: StepClock, nan: NanChecks, sequence_nr: Optional[Callable[[], int]]) -> None:
+    def __init__(self, clock: StepClock, sequence_nr: Optional[Callable[[], int]]) -> None:
         self.clock = clock
-        self.nan = nan
         self.sequence_nr = sequence_nr  # None before torch 2.0: no walks
         self.walks: Dict[Any, List[Tuple[Any, List[Any]]]] = {}  # output node -> module's edges
 
     def forget(self) -> None:
         self.walks.clear()  # they hold graph nodes, and so the forward's saved tensors
 
-    def watch(self, traced: Traced, step: int, timed: bool, counter: int, outputs: List[Any]) -> None:
-        started = perf_counter()
+    def watch(self, traced: Traced, step: int, counter: int, outputs: List[Any]) -> None:
         try:
-            self._walk(traced, step, timed, counter, outputs)
+            self._walk(traced, step, counter, outputs)
         finally:
             if traced.depth == 0:
                 self.walks.clear()
-            self.clock.step_extra += perf_counter() - started
 
-    def _walk(self, traced: Traced, step: int, timed: bool, counter: int, outputs: List[Any]) -> None:
+    def _walk(self, traced: Traced, step: int, counter: int, outputs: List[Any]) -> None:
         after = self.sequence_nr() if self.sequence_nr is not None else 0
         heads = []
         for tensor in outputs:
@@ -157,7 +130,7 @@ class BackwardWalk:
                 return
         for node in heads:
             summaries[node] = summary
-        backward = _Backward(self.clock, self.nan, traced, step, timed, len(edges))
+        backward = _Backward(self.clock, traced, step, len(edges))
         for node in heads:
             node.register_prehook(lambda grad_outputs, b=backward: b.begin(grad_outputs))
         for node in edges:

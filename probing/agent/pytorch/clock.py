@@ -22,17 +22,18 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ...originals import perf_counter, wall_time
 from ...schema.tables import AGENT_TABLES
 from ..ring import Ring
 
 # Without --every, the tracer picks how many steps apart traced steps are, after each traced
-# step: the estimated cost of tracing it (its calls times the cost of one traced call, measured
-# on this machine when tracing starts, plus the time spent walking autograd graphs) stays under
-# this share of the step time. A CPU transformer step of 300 ms with 60 modules costs ~0.1%:
-# every step is traced; a 10 ms GPU step with 200 modules is traced one step in a few.
+# step: what tracing it cost (the time measured inside its hooks, the autograd graph walks and
+# the CUDA events included, the reading of those events, and the attaching and detaching of the
+# module hooks around it) stays under this share of the step time. A CPU transformer step of
+# 300 ms with 60 modules costs ~0.1%: every step is traced; a 12 ms step of the same model on a
+# GPU costs ~25% traced, and is traced one step in ~25.
 DEFAULT_BUDGET = 0.01
 MAX_AUTO_EVERY = 100
 DEFAULT_CAPACITY = 1_000_000
@@ -99,11 +100,10 @@ class StepClock:
         # Which steps are traced.
         self.every = 1
         self.auto_every = True
-        self.call_cost = 5e-6  # seconds per traced call, measured by tracer.calibrate()
+        self.call_cost = 0.0  # seconds per traced call in the last traced step (for status)
         self.step_calls = 0  # traced calls in the current step
-        # Seconds measured in the hooks this step beyond call_cost: autograd graph walks, and on
-        # CUDA the events and allocator reads (calibrate() times a CPU call, which has neither).
-        self.step_extra = 0.0
+        # Seconds spent in the hooks this step, measured in each (on traced steps).
+        self.step_cost = 0.0
         # Seconds the last attaching and detaching of the module hooks took (hooks.py): a traced
         # step among untraced ones pays both.
         self.switch_cost = [0.0, 0.0]
@@ -126,6 +126,8 @@ class StepClock:
         self.stage_codes = {stage: self.ring.code(stage) for stage in STAGES}
         self.pending_cuda: List[Tuple[Tuple[Any, ...], Any, Any]] = []
         self.events: List[Any] = []  # CUDA events read and free to record again
+        self.record_on = self.recording()
+        self.streams: Dict[Tuple[int, int, int], Any] = {}  # current stream ids -> its Stream
         # The allocator's nested counters in one call (cuda_memory), looked up once.
         self.read_cuda_stats = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
 
@@ -161,13 +163,19 @@ class StepClock:
 
     def advance(self) -> None:
         """The next step begins (in the training thread): choose whether it is traced."""
+        started = perf_counter()
+        if self.pending_cuda:
+            self.resolve_cuda()
         now = perf_counter()
-        if self.auto_every and self.tracing_now and self.step_calls:
-            cost = self.step_calls * self.call_cost + self.step_extra + sum(self.switch_cost)
-            work = max(now - self.step_start - cost, 1e-9)
-            self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(cost / (DEFAULT_BUDGET * work))))
+        if self.tracing_now and self.step_calls:
+            self.step_cost += now - started
+            self.call_cost = self.step_cost / self.step_calls
+            if self.auto_every:
+                cost = self.step_cost + sum(self.switch_cost)
+                work = max(now - self.step_start - cost, 1e-9)
+                self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(cost / (DEFAULT_BUDGET * work))))
         self.step_calls = 0
-        self.step_extra = 0.0
+        self.step_cost = 0.0
         self.step_pending = False
         self.stepped.clear()
         self.step += 1
@@ -178,8 +186,6 @@ class StepClock:
         self.refresh()
         if not self.rank_known:
             self.check_rank()
-        if self.pending_cuda:
-            self.resolve_cuda()
 
     def record(
         self, traced: Traced, stage: str, step: int, seq: int, start: float, end: float, events: Any
@@ -194,9 +200,7 @@ class StepClock:
         wall = self.clock[0] + (start - self.clock[1])
         row: Tuple[Any, ...]
         if optimizer_cuda:
-            reading = perf_counter()
             allocated, peak, reserved = self.cuda_memory()
-            self.step_extra += perf_counter() - reading
             row = (step, seq, name_code, type_code, self.stage_codes[stage], end - start,
                    start - self.step_start, allocated, peak, reserved, self.rank, wall,
                    self.session)  # fmt: skip
@@ -210,11 +214,35 @@ class StepClock:
                 self.pending_cuda.append((row, events[0], events[-1]))
 
     def cuda_event(self) -> Any:
-        """A timing event: one read before, or a new one."""
+        """A timing event recorded now on the current stream: one read before, or a new one.
+        `Event.record()` makes a Stream object for the current stream at each call; here the
+        stream is looked up by the ids torch gives for it, and made once."""
         try:
-            return self.events.pop()
+            event = self.events.pop()
         except IndexError:
-            return self.torch.cuda.Event(enable_timing=True)
+            event = self.torch.cuda.Event(enable_timing=True)
+        record = self.record_on
+        if record is None:
+            event.record()
+            return event
+        ids = record[1](record[2]())
+        stream = self.streams.get(ids)
+        if stream is None:
+            if len(self.streams) >= 64:  # a job that makes streams without end
+                self.streams.clear()
+            stream = self.streams[ids] = self.torch.cuda.Stream(stream_id=ids[0], device_index=ids[1],
+                                                                device_type=ids[2])  # fmt: skip
+        record[0](event, stream)
+        return event
+
+    def recording(self) -> Optional[Tuple[Any, Any, Any]]:
+        """Torch's bindings to record an event, to read the current stream's ids and the current
+        device; None where one is missing (a CPU build: Event.record, which says why)."""
+        bindings = self.torch._C
+        base = getattr(bindings, "_CudaEventBase", None)
+        found = (getattr(base, "record", None), getattr(bindings, "_cuda_getCurrentStream", None),
+                 getattr(bindings, "_cuda_getDevice", None))  # fmt: skip
+        return found if all(found) else None
 
     def cuda_memory(self) -> Tuple[float, float, float]:
         """MB allocated, its peak, and reserved on the current CUDA device, now. One read of the

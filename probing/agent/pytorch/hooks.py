@@ -266,11 +266,12 @@ class Hooks:
             if self.nan.ledger.checks:
                 self.nan.settle()  # before the update: --stop stops it, weights are as computed with
             if clock.tracing_now:
-                event = None
+                entered, event = perf_counter(), None
                 if optimizer_on_cuda(optimizer):
                     event = clock.cuda_event()
-                    event.record()
-                self.optimizer_starts[id(optimizer)] = (perf_counter(), next(clock.seqs), event)
+                started = perf_counter()
+                self.optimizer_starts[id(optimizer)] = (started, next(clock.seqs), event)
+                clock.step_cost += started - entered
         except NonFiniteError:
             raise
         except Exception as error:  # noqa: BLE001
@@ -285,12 +286,12 @@ class Hooks:
                 events = None
                 if start[2] is not None:
                     event = clock.cuda_event()
-                    event.record()
                     events = [start[2], event]
                 name, code = self.name_optimizer(optimizer)
                 type_code = clock.ring.code(type(optimizer).__name__)
                 clock.append(code, type_code, "optimizer", clock.step, start[1], start[0], end, events,
                              optimizer_cuda=events is not None)  # fmt: skip
+                clock.step_cost += perf_counter() - end
             clock.step_pending = True
             if self.discovery_handle is not None:
                 with self.lock:
@@ -316,15 +317,15 @@ class Hooks:
                     hooks.new_step()
                 if nan.weights_due:  # the weights are read here: a module boundary (weights.py)
                     nan.work_on_weights()
+                if nan.ledger.batched and module.__dict__.get("inplace") is True:
+                    nan.ledger.flush()  # before it writes its input, which may wait in the batch
                 if not record or not clock.watching:
                     return
-                event = None
-                if traced.cuda and clock.tracing_now:
-                    making = perf_counter()
-                    event = clock.cuda_event()
-                    event.record()
-                    clock.step_extra += perf_counter() - making
-                starts.append((perf_counter(), next(clock.seqs), sequence_nr(), event))
+                entered = perf_counter()
+                event = clock.cuda_event() if traced.cuda and clock.tracing_now else None
+                started = perf_counter()
+                starts.append((started, next(clock.seqs), sequence_nr(), event))
+                clock.step_cost += started - entered  # counted on traced steps alone (clock.py)
             except NonFiniteError:
                 raise
             except Exception as error:  # noqa: BLE001
@@ -339,23 +340,20 @@ class Hooks:
                 start, seq, counter, event = starts.pop()
                 end = perf_counter()
                 step = clock.step
-                if clock.tracing_now:
-                    events = None
-                    if event is not None:
-                        finished = clock.cuda_event()
-                        finished.record()
-                        events = [event, finished]
-                        clock.step_extra += perf_counter() - end
+                tracing = clock.tracing_now
+                if tracing:
+                    events = None if event is None else [event, clock.cuda_event()]
                     clock.record(traced, "forward", step, seq, start, end, events)
-                backward = clock.tracing_now and clock.backward
+                backward = tracing and clock.backward and walk.sequence_nr is not None
                 if backward or clock.nan_on:
                     outputs = flat_tensors(output, hooks.torch)
                     if clock.nan_on and nan.step != step:
-                        nan.check_forward(traced, step, seq, args, outputs)
-                    if walk.sequence_nr is not None:
-                        walk.watch(traced, step, backward, counter, outputs)
+                        nan.check_forward(traced, step, seq, args, outputs, counter)
+                    if backward:
+                        walk.watch(traced, step, counter, outputs)
                 if is_root and not clock.optimizer_seen and not hooks.optimizers:
                     clock.step_pending = True  # no optimizer: each call of a model is a step
+                clock.step_cost += perf_counter() - end
             except Exception as error:  # noqa: BLE001 - NonFiniteError is raised at the step's end
                 clock.failed(error)
 

@@ -1,20 +1,30 @@
 """The NaN checks of one step, reduced on the device as the step runs and read once at its end.
 
-Each check (a module's forward output, or the gradients its backward pass sends on) reduces its
-floating tensors on their own device to values that are finite exactly when every element is:
-on CUDA the largest magnitude of each tensor, for the whole group in one launch
-(`torch._foreach_norm(..., inf)`, through which a NaN propagates); on the CPU, where that norm
-is twenty times slower, each tensor's min and max (`aminmax`). A tensor met again in the step
-(a container's output is its last child's; a module's input, the output before) is reduced
-once: its values are found by identity, through a weak reference (so that a tensor freed and a
-new one made at its address are never mistaken) and its version counter (an in-place write, as
-`ReLU(inplace=True)` makes, moves it: then it is reduced again). Nothing is read in the hook, so
-the step's kernels are never waited for there. `settle` reads the step's values in one copy per
-device, before the optimizer's update (hooks.py), and names the step's first check whose
-output was not finite, as the checks that read each value in the hook did.
+Forward: each module's output and inputs. Backward: the gradient that arrives at each module's
+output (a pre-hook on the autograd node that made it, one per module and step, no walk of the
+graph): a NaN made in module M's backward pass first shows in the gradient arriving at the
+output of the module that fed M, while the gradient arriving at M's own output was finite. So
+the finding is M, the consumer of that output whose own gradient was finite (its inputs are
+known by identity from the forward checks); where the output fed no checked module (an
+operation between modules took it), the module whose gradient was checked just before.
 
-Only where each value is reduced to one number is there no count: a finding says whether its
-tensor holds a NaN (then neither count is known) or only Infs (no NaN, the Infs uncounted).
+Each tensor is reduced on its own device to values that are finite exactly when every element
+is: on the CPU its min and max (`aminmax`), at once; on CUDA its largest magnitude, through which
+a NaN propagates, for BATCH tensors at a time (`torch._foreach_norm(..., inf)`, a launch or two
+for the lot, where one a tensor would cost a launch each). The tensors wait for it in a list,
+at most BATCH_BYTES of them, and no longer than the next call of a module that writes its
+input in place (`inplace=True`, hooks.py) or the step's end; one written in place meanwhile
+by anything else (its version counter moved) is left unread rather than read as it is now. A
+tensor met again in the step (a container's output is its last child's; a module's input, the
+output before) is reduced once: found by identity, through a weak reference (a tensor freed and
+a new one made at its address are never mistaken) and its version counter (an in-place write,
+as `ReLU(inplace=True)` makes, moves it: then it is reduced again). Nothing is read in a hook, so
+the step's kernels are never waited for there. `settle` reads the step's values in one copy per
+device, before the optimizer's update (hooks.py), and names the step's first finding: the first
+forward check in call order whose output was not finite, else the backward one above.
+
+As each tensor is reduced to one value, there is no count: a finding says whether its tensor
+held a NaN (then neither count is known) or only Infs (no NaN, the Infs uncounted).
 """
 
 from __future__ import annotations
@@ -23,37 +33,42 @@ import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 # Values held for one step (two per tensor on the CPU, one on CUDA); checks past them in that
-# step are not made, and `nan status` says so.
+# step are not made.
 MAX_VALUES = 200_000
 INF = float("inf")
+# CUDA tensors reduced together, and the most bytes they may hold meanwhile.
+BATCH = 64
+BATCH_BYTES = 64 << 20
+
+Place = Tuple[Any, int]  # (device, index among that device's values)
 
 
 class Check:
-    """One check made in the step: where its values are, and what its outputs were."""
+    """A module's call in the step: where its values are, what its outputs were, and which
+    checked calls took them as inputs."""
 
-    __slots__ = ("traced", "stage", "step", "seq", "described", "outputs", "inputs", "inputs_of")
+    __slots__ = ("traced", "step", "seq", "described", "outputs", "inputs", "consumers", "grad_finite")
 
-    def __init__(
-        self, traced: Any, stage: str, step: int, seq: int, described: List[Tuple[Any, ...]]
-    ) -> None:
+    def __init__(self, traced: Any, step: int, seq: int) -> None:
         self.traced = traced
-        self.stage = stage
         self.step = step
         self.seq = seq
-        self.described = described  # (name, dtype, shape, device) of each output checked
-        # Where the values of each output and of the inputs are: (device, index) pairs.
-        self.outputs: List[List[Tuple[Any, int]]] = []
-        self.inputs: List[Tuple[Any, int]] = []
-        self.inputs_of: Optional[Check] = None  # a backward check: its gradient's own check
+        self.described: List[Tuple[Any, ...]] = []  # (name, dtype, shape, device) of each output
+        self.outputs: List[List[Place]] = []
+        self.inputs: List[Place] = []
+        # (check, input index, description of the tensor) of each call that took an output
+        self.consumers: List[Tuple[Check, int, Tuple[Any, ...]]] = []
+        self.grad_finite = False  # the gradient arriving at its output was read finite
 
 
 class Finding:
-    """The step's first non-finite output: which check, which tensor, and what it held."""
+    """The step's first non-finite value: whose, which tensor, and what it held."""
 
-    __slots__ = ("check", "tensor", "nan", "inputs_finite")
+    __slots__ = ("check", "stage", "tensor", "nan", "inputs_finite")
 
-    def __init__(self, check: Check, tensor: str, nan: bool, inputs_finite: bool) -> None:
+    def __init__(self, check: Check, stage: str, tensor: str, nan: bool, inputs_finite: bool) -> None:
         self.check = check
+        self.stage = stage
         self.tensor = tensor
         self.nan = nan  # it held a NaN; False: Infs and no NaN
         self.inputs_finite = inputs_finite
@@ -73,88 +88,146 @@ def plain(tensor: Any, torch: Any) -> Optional[Any]:
     return tensor
 
 
+def described(name: Tuple[Any, ...]) -> str:
+    label, dtype, shape, device = name
+    return f"{label} {str(dtype).replace('torch.', '')}{list(shape)} on {device}"
+
+
 def finite(tensors: List[Any], torch: Any) -> List[bool]:
     """Whether each of some plain tensors is finite, read at once: one copy per device."""
     ledger = StepLedger(torch)
     places = [ledger.reduce(tensor) for tensor in tensors]
+    if ledger.batched:
+        ledger.flush()
     read = {device: torch.stack(held).tolist() for device, held in ledger.values.items()}
-    return [all(read[device][index] - read[device][index] == 0 for device, index in own) for own in places]
+    return [_finite(read, own) for own in places]
+
+
+def _finite(read: Dict[Any, List[float]], places: List[Place]) -> bool:
+    return all(read[device][index] - read[device][index] == 0 for device, index in places)  # NaN, Inf: NaN
 
 
 class StepLedger:
-    """The values of the checks of the step under way (training thread only)."""
+    """The values of the checks of the step under way (training thread, and autograd's)."""
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.norms = getattr(torch, "_foreach_norm", None)
         self.checks: List[Check] = []
+        self.grads: List[Tuple[Check, List[Place]]] = []  # in the order the backward pass met them
         self.values: Dict[Any, List[Any]] = {}  # device -> 0-d tensors, in the order made
         # id -> (weak reference, version counter, places) of each tensor reduced this step
-        self.made: Dict[int, Tuple[Any, int, List[Tuple[Any, int]]]] = {}
+        self.made: Dict[int, Tuple[Any, int, List[Place]]] = {}
+        # id -> (weak reference, version counter, check, description) of each output checked
+        self.producers: Dict[int, Tuple[Any, int, Check, Tuple[Any, ...]]] = {}
         self.count = 0
-        self.full = False  # MAX_VALUES reached this step: later checks were not made
-        self.reads = 0  # host reads made, one per device a step (for `nan status`)
+        self.reads = 0  # host reads made, one per device a step
+        # (tensor, version, device, index) of the tensors waiting for one multi-tensor reduction
+        self.batched: List[Tuple[Any, int, Any, int]] = []
+        self.batched_bytes = 0
+        self.batch_cpu = False  # CPU tensors batched too (tests: the CUDA path on a CPU)
+        self.unread: Dict[Any, Any] = {}  # device -> a finite 0-d value for a tensor left unread
 
-    def add(self, traced: Any, stage: str, step: int, seq: int, outputs: List[Any], inputs: List[Any],
-            names: str = "output") -> Optional[Check]:  # fmt: skip
-        """Reduce a check's outputs and inputs on their devices; None when over MAX_VALUES."""
-        torch = self.torch
-        kept = []
+    def add(self, traced: Any, step: int, seq: int, outputs: List[Any], inputs: List[Any]) -> Optional[Check]:
+        """A forward call: its outputs and inputs reduced, its inputs linked to the calls that made
+        them. None past MAX_VALUES."""
+        if self.count >= MAX_VALUES:
+            return None
+        torch, producers = self.torch, self.producers
+        check = Check(traced, step, seq)
+        for index, tensor in enumerate(inputs):
+            tensor = plain(tensor, torch)
+            if tensor is None:
+                continue
+            check.inputs.extend(self.reduce(tensor))
+            made = producers.get(id(tensor))
+            if made is not None and made[0]() is tensor:
+                made[2].consumers.append((check, index, made[3]))
         for index, tensor in enumerate(outputs):
             tensor = plain(tensor, torch)
-            if tensor is not None:
-                kept.append((index, tensor))
-        described = [(f"{names}[{index}]", tensor.dtype, tuple(tensor.shape), tensor.device)
-                     for index, tensor in kept]  # fmt: skip
-        check = Check(traced, stage, step, seq, described)
-        check.outputs = [self.reduce(tensor) for _, tensor in kept]
-        for tensor in inputs:
-            tensor = plain(tensor, torch)
-            if tensor is not None:
-                check.inputs.extend(self.reduce(tensor))
-        if self.full:
-            return None
+            if tensor is None:
+                continue
+            name = (f"output[{index}]", tensor.dtype, tuple(tensor.shape), tensor.device)
+            check.described.append(name)
+            check.outputs.append(self.reduce(tensor))
+            made = producers.get(id(tensor))
+            try:
+                version = tensor._version
+            except Exception:  # noqa: BLE001 - an inference tensor keeps no version counter
+                version = -1
+            # The first call to return a tensor made it (a container returns its child's), unless
+            # it was written in place since (ReLU(inplace=True) returns its input, changed).
+            if made is None or made[0]() is not tensor or made[1] != version:
+                producers[id(tensor)] = (weakref.ref(tensor), version, check, name)
         self.checks.append(check)
         return check
 
-    def reduce(self, tensor: Any) -> List[Tuple[Any, int]]:
+    def add_gradient(self, check: Check, gradients: Any) -> None:
+        """The gradient arriving at a checked call's output (autograd's node pre-hook)."""
+        places: List[Place] = []
+        for tensor in gradients:
+            tensor = plain(tensor, self.torch)
+            if tensor is not None:
+                places.extend(self.reduce(tensor))
+        self.grads.append((check, places))
+
+    def reduce(self, tensor: Any) -> List[Place]:
         """Values, on the tensor's device, that are finite exactly when all of it is."""
         known = self.made.get(id(tensor))
         try:
             version = tensor._version
         except Exception:  # noqa: BLE001 - an inference tensor keeps no version: reduced each time
-            return self._reduce(tensor)
+            return self._reduce(tensor, None)
         if known is not None and known[0]() is tensor and known[1] == version:
             return known[2]
-        places = self._reduce(tensor)
+        places = self._reduce(tensor, version)
         self.made[id(tensor)] = (weakref.ref(tensor), version, places)
         return places
 
-    def _reduce(self, tensor: Any) -> List[Tuple[Any, int]]:
-        if self.count >= MAX_VALUES:
-            self.full = True
-            return []
+    def _reduce(self, tensor: Any, version: Optional[int]) -> List[Place]:
         device = tensor.device
-        if device.type == "cpu" or self.norms is None:
-            values: Any = self.torch.aminmax(tensor.detach())
-        else:
-            values = self.norms([tensor.detach()], INF)
         held = self.values.get(device)
         if held is None:
             held = self.values[device] = []
-        places = []
-        for value in values:
-            places.append((device, len(held)))
-            held.append(value)
-        self.count += len(places)
-        return places
+        if version is None or self.norms is None or (device.type == "cpu" and not self.batch_cpu):
+            values = self.torch.aminmax(tensor.detach())
+            places = [(device, len(held)), (device, len(held) + 1)]
+            held.extend(values)
+            self.count += 2
+            return places
+        place = (device, len(held))
+        held.append(None)  # until flush()
+        self.count += 1
+        self.batched.append((tensor, version, device, place[1]))
+        self.batched_bytes += tensor.numel() * tensor.element_size()
+        if len(self.batched) >= BATCH or self.batched_bytes >= BATCH_BYTES:
+            self.flush()
+        return [place]
+
+    def flush(self) -> None:
+        """Reduce the waiting tensors, together; one written in place since is left unread."""
+        batch, self.batched, self.batched_bytes = self.batched, [], 0
+        live = []
+        for tensor, version, device, index in batch:
+            if tensor._version == version:
+                live.append((tensor, device, index))
+                continue
+            unread = self.unread.get(device)
+            if unread is None:
+                unread = self.unread[device] = self.torch.zeros((), device=device)
+            self.values[device][index] = unread
+        if live and self.norms is not None:
+            norms = self.norms([tensor.detach() for tensor, _, _ in live], INF)
+            for (_, device, index), value in zip(live, norms):
+                self.values[device][index] = value
 
     def settle(self) -> Optional[Finding]:
-        """Read the step's values (one copy per device) and forget them; the first check whose
-        output held a NaN or Inf, in the order the checks were made."""
-        checks, values = self.checks, self.values
-        self.checks, self.values, self.made, self.count, self.full = [], {}, {}, 0, False
-        if not checks:
+        """Read the step's values (one copy per device) and forget them: the step's first finding."""
+        if self.batched:
+            self.flush()
+        checks, grads, values = self.checks, self.grads, self.values
+        self.checks, self.grads, self.values, self.made, self.producers, self.count = [], [], {}, {}, {}, 0
+        if not values:
             return None
         read: Dict[Any, List[float]] = {}
         for device, held in values.items():
@@ -162,12 +235,33 @@ class StepLedger:
             self.reads += 1
         for check in checks:
             for position, places in enumerate(check.outputs):
-                found = [read[device][index] for device, index in places]
-                if all(value - value == 0 for value in found):  # finite: x - x is NaN for NaN and Inf
-                    continue
-                own = check.inputs_of.inputs if check.inputs_of is not None else check.inputs
-                inputs_finite = all(read[device][index] - read[device][index] == 0 for device, index in own)
-                name, dtype, shape, device = check.described[position]
-                tensor = f"{name} {str(dtype).replace('torch.', '')}{list(shape)} on {device}"
-                return Finding(check, tensor, any(value != value for value in found), inputs_finite)
-        return None
+                if not _finite(read, places):
+                    found = [read[device][index] for device, index in places]
+                    nan = any(value != value for value in found)
+                    return Finding(check, "forward", described(check.described[position]), nan,
+                                   _finite(read, check.inputs))  # fmt: skip
+        return _backward_finding(grads, read)
+
+
+def _backward_finding(
+    grads: List[Tuple[Check, List[Place]]], read: Dict[Any, List[float]]
+) -> Optional[Finding]:
+    """The first gradient read not finite, in the backward pass's order, blamed on the call that
+    sent it there (the module docstring says how)."""
+    previous: Optional[Check] = None
+    for check, places in grads:
+        if _finite(read, places):
+            check.grad_finite = True
+            previous = check
+            continue
+        nan = any(read[device][index] != read[device][index] for device, index in places)
+        for consumer, index, name in check.consumers:
+            if consumer.grad_finite:
+                return Finding(
+                    consumer, "backward", described((f"grad_input[{index}]", *name[1:])), nan, True
+                )
+        output = check.described[0] if check.described else ("grad_input", "?", (), "?")
+        if previous is not None:
+            return Finding(previous, "backward", described(("grad_input", *output[1:])), nan, True)
+        return Finding(check, "backward", described(("grad_output", *output[1:])), nan, False)
+    return None

@@ -27,7 +27,7 @@ from ...originals import wall_time
 from ..ring import Ring
 from .clock import StepClock, Traced, columns
 from .finite import flat_tensors
-from .ledger import Finding, StepLedger
+from .ledger import Check, Finding, StepLedger
 from .safepoint import DEFAULT_STEP_WAIT_S
 from .weights import EventWeights, WeightsAtStart, module_weights
 
@@ -68,6 +68,7 @@ class NanChecks:
         self.stage_codes = {stage: self.ring.code(stage) for stage in ("forward", "backward")}
         self.step = -1  # the last step with a finding: later values that step are its echoes
         self.ledger = StepLedger(self.torch)  # the step's checks, read when it ends
+        self.sequence_nr: Optional[Callable[[], int]] = None  # autograd's counter (tracer.py)
         self.events = 0
         self.stopped_at: Optional[int] = None
         # Whether a module is hooked (its output is checked as its own): set by the tracer.
@@ -118,8 +119,36 @@ class NanChecks:
             if self.weights.due:  # a model queued meanwhile (cover: queue it, then set the flag)
                 self.weights_due = True
 
-    def check_forward(self, traced: Traced, step: int, seq: int, args: Any, outputs: List[Any]) -> None:
-        self.ledger.add(traced, "forward", step, seq, outputs, flat_tensors(args, self.torch))
+    def check_forward(
+        self, traced: Traced, step: int, seq: int, args: Any, outputs: List[Any], counter: int
+    ) -> None:
+        """A module's forward call returned: its output and inputs are checked, and the gradient
+        that will arrive at its output, by a pre-hook on each autograd node the call made for
+        an output (one whose sequence number the call's counter values bracket)."""
+        ledger = self.ledger
+        check = ledger.add(traced, step, seq, outputs, flat_tensors(args, self.torch))
+        if check is None:
+            return
+        after = self.sequence_nr() if self.sequence_nr is not None else None
+        heads: List[Any] = []
+        for tensor in outputs:
+            node = tensor.grad_fn
+            if (
+                node is not None
+                and node not in heads
+                and (after is None or counter <= node._sequence_nr() < after)
+            ):
+                heads.append(node)
+        for node in heads:
+            node.register_prehook(lambda gradients, check=check: self.gradient(ledger, check, gradients))
+
+    def gradient(self, ledger: StepLedger, check: Check, gradients: Any) -> None:
+        """In the backward pass (autograd's thread): never raises into it."""
+        try:
+            if self.clock.nan_on and ledger is self.ledger:
+                ledger.add_gradient(check, gradients)
+        except Exception as error:  # noqa: BLE001
+            self.clock.failed(error)
 
     def settle(self) -> None:
         """The step's checks are read (the step ends, before any update): its first finding is
@@ -131,7 +160,7 @@ class NanChecks:
 
     def event(self, found: Finding) -> None:
         check = found.check
-        traced, stage, step, seq, tensor = check.traced, check.stage, check.step, check.seq, found.tensor
+        traced, stage, step, seq, tensor = check.traced, found.stage, check.step, check.seq, found.tensor
         inputs_finite = found.inputs_finite
         # A NaN leaves both counts unknown; Infs alone, no NaN and the Infs uncounted (ledger.py).
         nans, infs = (None, None) if found.nan else (0, None)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
-from ...originals import RLock, allocate_lock, get_ident, perf_counter
+from ...originals import RLock, allocate_lock, get_ident
 from ..lifecycle import JOB_HOOKS, on_stop
 from ..ring import Ring
 from . import safepoint
 from .backward import BackwardWalk
-from .clock import StepClock, Traced, trace_ring
+from .clock import StepClock
 from .discovery import NoTorch, require_torch
 from .hooks import Hooks
 from .nonfinite import WEIGHTS_WAIT_S, NanChecks, NonFiniteError
@@ -41,7 +41,8 @@ class Tracer:
         sequence_nr: Optional[Callable[[], int]] = getattr(
             getattr(torch._C, "_autograd", None), "_get_sequence_nr", None
         )
-        self.walk = BackwardWalk(self.clock, self.nan, sequence_nr)
+        self.walk = BackwardWalk(self.clock, sequence_nr)
+        self.nan.sequence_nr = sequence_nr
         self.hooks = Hooks(self.clock, self.nan, self.walk)
         hooks = self.hooks
         self.nan.hooked = lambda module: id(module) in hooks.traced
@@ -99,8 +100,6 @@ class Tracer:
                 clock.begin_session()
             clock.trace_on = True
             clock.error = None
-            if clock.auto_every:
-                clock.call_cost = calibrate(self.torch)
             clock.refresh()
             self._install()
 
@@ -201,32 +200,6 @@ class Tracer:
                 "error": clock.error or start_error,
                 "notes": [hooks.discovery_note] if hooks.discovery_note else [],
             }
-
-
-def calibrate(torch: Any) -> float:
-    """Seconds one traced module call costs here: a hooked nn.Identity against a bare one, with
-    a tracer of its own, so that the job's tracing goes on untouched meanwhile."""
-    probe = torch.nn.Identity()
-    data = torch.zeros(1)
-    scratch = Tracer(torch)
-    scratch.clock.ring = trace_ring(1000, "calibration")
-    scratch.clock.tracing_now = scratch.clock.watching = True
-    pre, post = scratch.hooks.hooks_for(Traced(probe, "calibration", 0, scratch.clock.ring, False), False)
-
-    def run(calls: int) -> float:
-        start = perf_counter()
-        for _ in range(calls):
-            probe(data)
-        return perf_counter() - start
-
-    bare = min(run(100) for _ in range(3))
-    handles = [probe.register_forward_pre_hook(pre), probe.register_forward_hook(post)]
-    try:
-        hooked = min(run(100) for _ in range(3))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return max(1e-6, (hooked - bare) / 100)
 
 
 def stop() -> None:

@@ -176,10 +176,11 @@ def _tracing_state(status: Dict[str, Any]) -> str:
     if not status["trace"]:
         return "off"
     if status["every_auto"]:
+        cost = status.get("call_cost_us")
+        measured = f"; {cost} us per traced call here" if isinstance(cost, (int, float)) and cost > 0 else ""
         every = (
             f"{'every step' if status['every'] == 1 else 'one step in ' + str(status['every'])} "
-            "(chosen to keep tracing under 1% of the step time; "
-            f"{status['call_cost_us']} us per traced call here)"
+            f"(chosen to keep tracing under 1% of the step time{measured})"
         )
     else:
         every = "every step" if status["every"] == 1 else f"one step in {status['every']}"
