@@ -1,5 +1,6 @@
-"""Whether tensors hold NaN or Inf: the one reduction the NaN checks (nonfinite.py) and the
-weight checks (weights.py) both make. Run in the training thread only."""
+"""The tensors of a module's output or inputs, and how many NaN and Inf a tensor a check found
+not finite holds (weights.py counts those of the weights; the checks themselves reduce on the
+device, ledger.py). Run in the training thread only."""
 
 from __future__ import annotations
 
@@ -23,11 +24,8 @@ def flat_tensors(value: Any, torch: Any, limit: int = 64) -> List[Any]:
 
 
 def nonfinite(tensors: Sequence[Any], torch: Any) -> Optional[Tuple[int, int, int]]:
-    """(index, nan count, inf count) of the first tensor holding NaN or Inf, or None.
-
-    One reduction per tensor (aminmax: min and max are both finite exactly when every value
-    is, since NaN propagates); the counts are computed only for the offending tensor.
-    """
+    """(index, nan count, inf count) of the first tensor holding NaN or Inf, or None: one
+    `aminmax` a tensor (both finite exactly when every value is), reading each back."""
     for index, tensor in enumerate(tensors):
         if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
             continue

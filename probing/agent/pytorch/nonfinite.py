@@ -1,8 +1,9 @@
 """NaN/Inf checks (`probing PID nan on [--stop]`, PROBING_NAN=1): which module first made a
 non-finite value, and whether its weights already were.
 
-The forward output of every hooked module is checked when it returns, and the gradients a
-module's backward pass sends to its inputs when they leave it (backward.py); the first finding
+The forward output of every hooked module is checked when it returns, and the gradient that
+arrives at its output in the backward pass (ledger.py says how a backward NaN is blamed on the
+module that made it); the first finding
 of a step is recorded in python.nan_events, with whether the module's own inputs were finite
 and whether its own weights were (weights.py): a module with finite inputs whose parameters
 are NaN did not make the NaN there, an earlier update did. Every parameter and buffer is also

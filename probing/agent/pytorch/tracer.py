@@ -7,7 +7,8 @@ imports torch only when the job already has (`require_torch`). One tracer a proc
 - hooks.py: the forward hooks on the models' modules and the global optimizer step hooks;
 - clock.py: step numbers, which steps are traced, the rows (CUDA durations from events);
 - backward.py: the backward pass of each module, timed by autograd node hooks;
-- nonfinite.py: the NaN/Inf checks and `NonFiniteError`; weights.py: the checks of the weights.
+- nonfinite.py: the NaN/Inf checks and `NonFiniteError`; ledger.py: their values, reduced on the
+  device and read once a step; weights.py: the checks of the weights.
 
 This module turns them on and off (from the agent's thread, under the tracer's lock) and says
 what they are doing (`trace status`).
