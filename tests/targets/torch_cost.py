@@ -35,12 +35,24 @@ class NanGrad(torch.autograd.Function):
         return grad * float("nan")
 
 
+class NanWeightGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return grad, grad.sum(0) * float("nan")
+
+
 class Poison(nn.Module):
-    """Passes its input on; at one step it makes a NaN: in its output, or in the gradient it
-    sends back (its input's gradient), which a backward check must blame on it."""
+    """Passes its input on; at one step it makes a NaN: in its output, in the gradient it sends
+    back (its input's gradient), or in its weight's gradient alone, which a backward check must
+    blame on it."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.weight = nn.Parameter(torch.zeros(8))
         self.at: Dict[str, int] = {}
         self.calls = 0
 
@@ -50,7 +62,19 @@ class Poison(nn.Module):
             return x * float("nan")
         if self.at.get("backward") == self.calls - 1:
             return NanGrad.apply(x)
+        if self.at.get("weight") == self.calls - 1:
+            return NanWeightGrad.apply(x, self.weight)
         return x + 0
+
+
+class Still(torch.optim.Optimizer):
+    """Steps (torch calls the global step hooks around it) and updates nothing: SGD would write a
+    NaN gradient into the weights (lr 0 times NaN), and Adam and Adagrad read their step counts
+    back (`.item()`), which would count here."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        return None
 
 
 def model(blocks: int) -> nn.Module:
@@ -106,11 +130,11 @@ def reads() -> Dict[str, Any]:
         setattr(torch.Tensor, name, counting)
     tracer = torchtrace.tracer()
     report: Dict[str, Any] = {}
-    for stage in ("forward", "backward"):
+    for stage in ("forward", "backward", "weight"):
         net = model(6)
         poison = net[3][2]
         poison.at[stage] = 5  # block 3's sixth call
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
+        optimizer = Still(net.parameters(), {})
         data = torch.randn(4, 8)
         tracer.configure_nan(True, False)
         per_step = []

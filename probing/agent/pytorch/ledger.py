@@ -6,7 +6,10 @@ graph): a NaN made in module M's backward pass first shows in the gradient arriv
 output of the module that fed M, while the gradient arriving at M's own output was finite. So
 the finding is M, the consumer of that output whose own gradient was finite (its inputs are
 known by identity from the forward checks); where the output fed no checked module (an
-operation between modules took it), the module whose gradient was checked just before.
+operation between modules took it), the module whose gradient was checked just before. Last,
+the parameters' gradients, when the step ends: one that is not finite while every gradient
+between modules was (an overflow in a weight's gradient alone) is blamed on its module, the
+last such in the model's order.
 
 Each tensor is reduced on its own device to values that are finite exactly when every element
 is: on the CPU its min and max (`aminmax`), at once; on CUDA its largest magnitude, through which
@@ -30,7 +33,7 @@ held a NaN (then neither count is known) or only Infs (no NaN, the Infs uncounte
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 # Values held for one step (two per tensor on the CPU, one on CUDA); checks past them in that
 # step are not made.
@@ -59,6 +62,32 @@ class Check:
         # (check, input index, description of the tensor) of each call that took an output
         self.consumers: List[Tuple[Check, int, Tuple[Any, ...]]] = []
         self.grad_finite = False  # the gradient arriving at its output was read finite
+
+
+class Owner:
+    """The module a parameter belongs to, standing in for a checked call in a finding."""
+
+    __slots__ = ("module", "name", "type_name")
+
+    def __init__(self, module: Any, name: str) -> None:
+        self.module = weakref.ref(module)
+        self.name = name
+        self.type_name = type(module).__name__
+
+
+def parameters_of(name: str, root: Any, seen: Set[int]) -> List[Tuple[Owner, str, Any]]:
+    """(owning module, qualified name, weak reference) of each trainable parameter of a model
+    not in `seen` (ids, which it joins)."""
+    found = []
+    for prefix, module in root.named_modules(prefix=name):
+        owner = None
+        for short, parameter in list(module._parameters.items()):
+            if parameter is None or not parameter.requires_grad or id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            owner = owner or Owner(module, prefix)
+            found.append((owner, f"{prefix}.{short}", weakref.ref(parameter)))
+    return found
 
 
 class Finding:
@@ -103,6 +132,10 @@ def finite(tensors: List[Any], torch: Any) -> List[bool]:
     return [_finite(read, own) for own in places]
 
 
+def _holds_nan(read: Dict[Any, List[float]], places: List[Place]) -> bool:
+    return any(read[device][index] != read[device][index] for device, index in places)
+
+
 def _finite(read: Dict[Any, List[float]], places: List[Place]) -> bool:
     return all(read[device][index] - read[device][index] == 0 for device, index in places)  # NaN, Inf: NaN
 
@@ -115,6 +148,7 @@ class StepLedger:
         self.norms = getattr(torch, "_foreach_norm", None)
         self.checks: List[Check] = []
         self.grads: List[Tuple[Check, List[Place]]] = []  # in the order the backward pass met them
+        self.parameter_grads: List[Tuple[Owner, Tuple[Any, ...], List[Place]]] = []
         self.values: Dict[Any, List[Any]] = {}  # device -> 0-d tensors, in the order made
         # id -> (weak reference, version counter, places) of each tensor reduced this step
         self.made: Dict[int, Tuple[Any, int, List[Place]]] = {}
@@ -171,6 +205,15 @@ class StepLedger:
                 places.extend(self.reduce(tensor))
         self.grads.append((check, places))
 
+    def add_parameter_gradients(self, parameters: List[Tuple[Owner, str, Any]]) -> None:
+        """The parameters' gradients as the step ends (the optimizer's pre-hook: complete)."""
+        for owner, name, ref in parameters:
+            parameter = ref()
+            grad = plain(parameter.grad, self.torch) if parameter is not None else None
+            if grad is not None:
+                label = (f"{name}.grad", grad.dtype, tuple(grad.shape), grad.device)
+                self.parameter_grads.append((owner, label, self.reduce(grad)))
+
     def reduce(self, tensor: Any) -> List[Place]:
         """Values, on the tensor's device, that are finite exactly when all of it is."""
         known = self.made.get(id(tensor))
@@ -225,8 +268,9 @@ class StepLedger:
         """Read the step's values (one copy per device) and forget them: the step's first finding."""
         if self.batched:
             self.flush()
-        checks, grads, values = self.checks, self.grads, self.values
+        checks, grads, parameter_grads, values = self.checks, self.grads, self.parameter_grads, self.values
         self.checks, self.grads, self.values, self.made, self.producers, self.count = [], [], {}, {}, {}, 0
+        self.parameter_grads = []
         if not values:
             return None
         read: Dict[Any, List[float]] = {}
@@ -236,11 +280,17 @@ class StepLedger:
         for check in checks:
             for position, places in enumerate(check.outputs):
                 if not _finite(read, places):
-                    found = [read[device][index] for device, index in places]
-                    nan = any(value != value for value in found)
-                    return Finding(check, "forward", described(check.described[position]), nan,
-                                   _finite(read, check.inputs))  # fmt: skip
-        return _backward_finding(grads, read)
+                    return Finding(check, "forward", described(check.described[position]),
+                                   _holds_nan(read, places), _finite(read, check.inputs))  # fmt: skip
+        found = _backward_finding(grads, read)
+        if found is not None or not checks:
+            return found
+        for owner, label, places in reversed(parameter_grads):
+            if not _finite(read, places):
+                last = checks[-1]
+                return Finding(Check(owner, last.step, last.seq), "backward", described(label),
+                               _holds_nan(read, places), True)  # fmt: skip
+        return None
 
 
 def _backward_finding(
@@ -254,7 +304,7 @@ def _backward_finding(
             check.grad_finite = True
             previous = check
             continue
-        nan = any(read[device][index] != read[device][index] for device, index in places)
+        nan = _holds_nan(read, places)
         for consumer, index, name in check.consumers:
             if consumer.grad_finite:
                 return Finding(

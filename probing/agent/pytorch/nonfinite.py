@@ -22,13 +22,13 @@ under `--stop`.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ...originals import wall_time
 from ..ring import Ring
 from .clock import StepClock, Traced, columns
 from .finite import flat_tensors
-from .ledger import Check, Finding, StepLedger
+from .ledger import Check, Finding, Owner, StepLedger, parameters_of
 from .safepoint import DEFAULT_STEP_WAIT_S
 from .weights import EventWeights, WeightsAtStart, module_weights
 
@@ -70,6 +70,10 @@ class NanChecks:
         self.step = -1  # the last step with a finding: later values that step are its echoes
         self.ledger = StepLedger(self.torch)  # the step's checks, read when it ends
         self.sequence_nr: Optional[Callable[[], int]] = None  # autograd's counter (tracer.py)
+        # The trainable parameters of the models covered this session, whose gradients are
+        # checked as each step ends (ledger.py), and their ids.
+        self.parameters: List[Tuple[Owner, str, Any]] = []
+        self.parameter_ids: Set[int] = set()
         self.events = 0
         self.stopped_at: Optional[int] = None
         # Whether a module is hooked (its output is checked as its own): set by the tracer.
@@ -91,6 +95,7 @@ class NanChecks:
         self.ledger = StepLedger(self.torch)  # a new object: the training thread may hold the old
         self.weights = WeightsAtStart(self.torch, self.clock.step)
         self.weights_due = False
+        self.parameters, self.parameter_ids = [], set()
         self.sessions += 1
         self.events_before = self.events
         self.first_event = None
@@ -106,6 +111,7 @@ class NanChecks:
             return
         self.weights.cover(name, root)
         self.weights_due = True
+        self.parameters = self.parameters + parameters_of(name, root, self.parameter_ids)
 
     # --- training thread -------------------------------------------------------------------------
 
@@ -155,6 +161,8 @@ class NanChecks:
         """The step's checks are read (the step ends, before any update): its first finding is
         recorded, and raised under --stop."""
         ledger = self.ledger
+        if self.parameters and ledger.checks:
+            ledger.add_parameter_gradients(self.parameters)
         found = ledger.settle()
         if found is not None and self.clock.nan_on and ledger is self.ledger:
             self.event(found)
