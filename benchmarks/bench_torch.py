@@ -75,6 +75,7 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
     }
     times: Dict[str, List[float]] = {mode: [] for mode in modes}
     hooks_per_step: Dict[str, float] = {}
+    chosen: List[Dict[str, float]] = []  # what the default mode's tracer chose and measured
     for _ in range(3):
         step()  # warm up
     # Modes take turns in short blocks, round after round, so that the machine's drift falls on
@@ -94,13 +95,16 @@ def overhead(rounds: int, steps: int, device: str) -> Dict[str, Any]:
             times[mode] += [step() for _ in range(steps)]
             if options is not None:
                 hooks_per_step[mode] = (len(tracer.ring) - rows_before) / steps
+            if options and options.get("every", 0) is None:
+                clock = tracer.clock
+                chosen.append({"every": clock.every, "traced_step_cost_s": clock.traced_cost})
     tracer.trace_off()
     tracer.configure_nan(False, False)
     base = statistics.median(times["untraced"])
     base_mean = statistics.mean(times["untraced"])
     report: Dict[str, Any] = {
         "device": device, "modules": len(list(model.modules())) + 1, "steps_per_mode": len(times["untraced"]),
-        "base_s": base, "modes": {},
+        "base_s": base, "modes": {}, "chosen": chosen,
     }  # fmt: skip
     # The median is a typical step; the mean is what the job pays, where one step in N is traced.
     for mode, values in times.items():
@@ -257,6 +261,13 @@ def main() -> None:
                 extra = f"  {rows:.0f} rows/step, estimated x{estimate:.4f}"
             print(f"  {mode:44s} median {entry['median_step_ms']:8.2f} ms x{entry['ratio']:.4f}  "
                   f"mean {entry['mean_step_ms']:8.2f} ms x{entry['mean_ratio']:.4f}{extra}")  # fmt: skip
+        if report["chosen"]:
+            every = statistics.median(entry["every"] for entry in report["chosen"])
+            cost = statistics.median(entry["traced_step_cost_s"] for entry in report["chosen"])
+            print(
+                f"default, as the tracer measured it: one step in {every:.0f} traced, a traced step's hooks "
+                f"{cost * 1000:.2f} ms: x{1 + cost / (every * report['base_s']):.4f} over every step"
+            )
         print(
             f"cost per traced module call (50-module chain, median of 5): {costs['forward']} us forward; "
             f"{costs['forward+backward']} us per module with --backward (its forward and backward rows, "

@@ -101,6 +101,7 @@ class StepClock:
         self.every = 1
         self.auto_every = True
         self.call_cost = 0.0  # seconds per traced call in the last traced step (for status)
+        self.traced_cost = 0.0  # seconds the last traced step cost: its hooks, events, switches
         self.step_calls = 0  # traced calls in the current step
         # Seconds spent in the hooks this step, measured in each (on traced steps).
         self.step_cost = 0.0
@@ -170,8 +171,8 @@ class StepClock:
         if self.tracing_now and self.step_calls:
             self.step_cost += now - started
             self.call_cost = self.step_cost / self.step_calls
+            cost = self.traced_cost = self.step_cost + sum(self.switch_cost)
             if self.auto_every:
-                cost = self.step_cost + sum(self.switch_cost)
                 work = max(now - self.step_start - cost, 1e-9)
                 self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(cost / (DEFAULT_BUDGET * work))))
         self.step_calls = 0
