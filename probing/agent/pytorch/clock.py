@@ -22,7 +22,8 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from ...originals import perf_counter, wall_time
 from ...schema.tables import AGENT_TABLES
@@ -102,6 +103,7 @@ class StepClock:
         self.auto_every = True
         self.call_cost = 0.0  # seconds per traced call in the last traced step (for status)
         self.traced_cost = 0.0  # seconds the last traced step cost: its hooks, events, switches
+        self.shares: Deque[float] = deque(maxlen=4)  # cost / the rest of the step, last traced steps
         self.step_calls = 0  # traced calls in the current step
         # Seconds spent in the hooks this step, measured in each (on traced steps).
         self.step_cost = 0.0
@@ -166,15 +168,17 @@ class StepClock:
         """The next step begins (in the training thread): choose whether it is traced."""
         started = perf_counter()
         if self.pending_cuda:
-            self.resolve_cuda()
+            self.resolve_cuda(wait=False)
         now = perf_counter()
         if self.tracing_now and self.step_calls:
             self.step_cost += now - started
             self.call_cost = self.step_cost / self.step_calls
             cost = self.traced_cost = self.step_cost + sum(self.switch_cost)
             if self.auto_every:
-                work = max(now - self.step_start - cost, 1e-9)
-                self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(cost / (DEFAULT_BUDGET * work))))
+                # The least of the last few: a hook the machine's other work held up once (a
+                # wall-clock measure) does not thin the trace out for the steps after.
+                self.shares.append(cost / max(now - self.step_start - cost, 1e-9))
+                self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(min(self.shares) / DEFAULT_BUDGET)))
         self.step_calls = 0
         self.step_cost = 0.0
         self.step_pending = False
@@ -210,9 +214,8 @@ class StepClock:
                    start - self.step_start, None, None, None, self.rank, wall, self.session)  # fmt: skip
         if events is None:
             self.ring.append(row)
-        else:
-            with self.lock:
-                self.pending_cuda.append((row, events[0], events[-1]))
+        else:  # no lock: an append is atomic, and resolve_cuda deletes only what it read
+            self.pending_cuda.append((row, events[0], events[-1]))
 
     def cuda_event(self) -> Any:
         """A timing event recorded now on the current stream: one read before, or a new one.
@@ -263,9 +266,12 @@ class StepClock:
             stats["reserved_bytes"]["all"]["current"] / MB,
         )
 
-    def resolve_cuda(self) -> None:
-        """Fill in the durations of CUDA calls the device has finished, oldest first."""
-        with self.lock:
+    def resolve_cuda(self, wait: bool = True) -> None:
+        """Fill in the durations of CUDA calls the device has finished, oldest first; from the
+        training thread (`wait` False) only where the lock is free at once."""
+        if not self.lock.acquire(blocking=wait):
+            return
+        try:
             done = 0
             for row, start, end in self.pending_cuda:
                 if not end.query():
@@ -277,3 +283,5 @@ class StepClock:
                 if len(self.events) < EVENT_POOL:
                     self.events += (start, end)
             del self.pending_cuda[:done]
+        finally:
+            self.lock.release()

@@ -241,9 +241,13 @@ class Hooks:
         if self.nan.ledger.checks:
             self.nan.settle()
         clock.advance()
-        if clock.watching != self.attached:
-            with self.lock:
+        # The agent's thread may hold the lock a while (`trace on` searches the heap for models):
+        # the job never waits for it; the hooks follow at the next step instead.
+        if clock.watching != self.attached and self.lock.acquire(blocking=False):
+            try:
                 self.sync()
+            finally:
+                self.lock.release()
 
     def name_optimizer(self, optimizer: Any) -> Tuple[str, int]:
         known = self.optimizers.get(optimizer)
