@@ -220,6 +220,8 @@ def test_nan_stop_raises_in_the_training_thread_so_the_job_handles_it() -> None:
         line = next(line for line in job.stdout_lines if line.startswith("stopped"))
         assert line.startswith("stopped at step 29: checkpoint saved; NonFiniteError: probing: NaN in the ")
         assert "of model.2 (Middle) at step 29" in line
+        # Raised as the step ended, before the optimizer's update: the NaN loss never reached them.
+        assert wait_until(lambda: "weights finite: True" in job.stdout_lines, 10, 0.1), job.output()
         assert status(job.pid, "nan")["stopped_at_step"] == 29
         assert job.alive()  # the job's own handler chose to stop training, not to die
 

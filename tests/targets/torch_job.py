@@ -10,7 +10,8 @@
 
 Prints `ready` once its first step is done (with --gate: once it waits for "go"), and
 `loss <step> <float.hex>` per step with --print-losses, `stopped ...` if
-NonFiniteError stops it (its checkpoint-and-exit path), and `done` after the last step. Exits
+NonFiniteError stops it (its checkpoint-and-exit path, then `weights finite: <bool>`), and
+`done` after the last step. Exits
 when stdin closes.
 """
 
@@ -107,6 +108,8 @@ def train() -> None:
                 optimizer_.step()
         except FloatingPointError as error:  # NonFiniteError from `probing PID nan on --stop`
             print(f"stopped at step {step}: checkpoint saved; {type(error).__name__}: {error}", flush=True)
+            finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+            print(f"weights finite: {finite}", flush=True)  # the update that would write NaN did not run
             return
         if options.print_losses:
             print(f"loss {step} {loss.item().hex()}", flush=True)
