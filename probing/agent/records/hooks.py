@@ -6,9 +6,10 @@ here runs while the job is healthy.
 Signals, by what the job has for them:
 - SIGTERM or SIGHUP with the default action: no Python handler (one would run only when the
   main thread next runs bytecode: a job stuck in NCCL or a CUDA sync would never die of it).
-  faulthandler.register puts a C handler there that writes every thread's stack into the
-  `.fatal` file (without the GIL), puts the default action back and raises the signal again,
-  so the job dies of it at once. It may be called from any thread: an attached agent does it too.
+  faulthandler.register puts a C handler there that writes the interrupted thread's stack (the
+  main thread's, as a rule) into the `.fatal` file (without the GIL), puts the default action
+  back and raises the signal again, so the job dies of it at once. It may be called from any
+  thread: an attached agent does it too.
 - SIGINT with Python's default_int_handler: left alone; the KeyboardInterrupt that ends the job
   is recorded by the excepthook.
 - The job's own Python handler: ours goes in front of it, starts the record in a thread of its
@@ -190,7 +191,12 @@ class SignalHooks:
             # handler the job set over it (job_signal) would make register() update its file and
             # install nothing: unregister first, which puts back the default it found.
             faulthandler.unregister(signum)
-            faulthandler.register(signum, file=self.dump_fd, all_threads=True, chain=True)
+            # Only the stack of the thread the signal interrupted (the main thread, as a rule:
+            # Linux offers a signal sent to the process to it first). all_threads=True walks the
+            # other threads' states without a lock, from a signal that comes at any moment: a
+            # thread ending then frees its state under the walk, and the job died of SIGSEGV
+            # instead (CPython gh-116008). A dying job must die of its own signal.
+            faulthandler.register(signum, file=self.dump_fd, all_threads=False, chain=True)
         except (OSError, RuntimeError, ValueError) as error:
             self.notes.append(f"{name}: no stacks if it ends the job ({error})")
             return
