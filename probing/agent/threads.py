@@ -93,6 +93,7 @@ class AgentThread:
     def _bootstrap(self) -> None:
         said_started = False
         try:
+            block_job_signals()
             sys.settrace(None)
             sys.setprofile(None)
             self.native_id = get_native_id()
@@ -119,6 +120,22 @@ class AgentThread:
             return
         if self._ended.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
             self._ended.release()
+
+
+# Signals sent to the process that the kernel must give to one of the job's threads, not the
+# agent's: a SIGTERM's C handler (records/hooks.py) dumps the stack of the thread it interrupts.
+JOB_SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+
+
+def block_job_signals() -> None:
+    """Block JOB_SIGNALS in the calling agent thread (the job's handlers run in its main thread
+    whichever thread the kernel picks, so nothing of the job's changes)."""
+    try:
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in JOB_SIGNALS})
+    except Exception:  # noqa: BLE001, S110 - a platform without it: the kernel picks as it will
+        pass
 
 
 def _keep_error(name: str, error: BaseException) -> None:
