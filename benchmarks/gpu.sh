@@ -8,6 +8,8 @@
 #
 #     bash benchmarks/gpu.sh                 # PYTHON=python3, duckdb and py-spy from the registry
 #     WHEELS=.whl bash benchmarks/gpu.sh     # a machine with no registry: wheels carried in .whl/
+#     BASELINE=.gpu/old bash benchmarks/gpu.sh   # step 2 also with an earlier tracer, in turn:
+#         mkdir -p .gpu/old && git archive REV probing | tar -x -C .gpu/old   (an ignored folder)
 # Logs go to $OUT (or /tmp/probing-gpu-logs).
 set -uo pipefail
 PYTHON=${PYTHON:-python3}
@@ -42,6 +44,15 @@ echo "== 1. CUDA tests"
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs -k "cuda or nccl or gpu" $TESTS 2>&1 | tee "$LOGS/cuda_tests.log"
 echo "== 2. bench_torch.py --device cuda"
 "$VENV/bin/python" benchmarks/bench_torch.py --device cuda ${BENCH_ARGS:-} 2>&1 | tee "$LOGS/bench_torch_cuda.log"
+if [ -n "${BASELINE:-}" ]; then
+    # The same machine, the tracer of BASELINE/probing (imported first), then this tree's again.
+    for which in baseline this; do
+        echo "== 2. bench_torch.py --device cuda, $which tracer"
+        if [ $which = baseline ]; then path=$(cd "$BASELINE" && pwd); else path=""; fi
+        PYTHONPATH=$path "$VENV/bin/python" benchmarks/bench_torch.py --device cuda --skip-query \
+            2>&1 | tee "$LOGS/bench_torch_cuda_$which.log"
+    done
+fi
 echo "== 3. the torch test files whole"
 # shellcheck disable=SC2086
 timeout "${WHOLE_TIMEOUT:-300}" "$VENV/bin/python" -m pytest -p no:cacheprovider -v -rs $TESTS 2>&1 \
