@@ -14,9 +14,11 @@ from typing import Any, Dict, List
 from support import Target, probing, wait_until
 
 STEPS_EACH_SESSION = 8
-# Untraced steps the job takes between the sessions: the gap is ~50 of its steps long, so a step
-# time taken across it stands out from every real one.
-UNTRACED_STEPS = 50
+# Untraced steps the job takes between the sessions: the gap is ~150 of its steps long, so a step
+# time taken across it stands out from every real one, and from one real step a loaded machine
+# stalled (CI once saw a 150 ms step of 8 ms ones, as `trace on` searched the heap, against a
+# 50-step gap of 0.41 s).
+UNTRACED_STEPS = 150
 
 
 def traced_step(pid: int) -> int:
@@ -60,7 +62,7 @@ def test_the_report_and_the_module_flame_graph_count_steps_only_while_tracing_wa
         times = sorted(step["seconds"] for step in steps if step["seconds"] is not None)
         median = times[len(times) // 2]
         assert len(times) >= 2 * STEPS_EACH_SESSION - 4, steps
-        assert times[-1] < gap / 4 and times[-1] < 20 * median, (gap, steps)
+        assert times[-1] < gap / 3 and times[-1] < 50 * median, (gap, steps)
         # The step `trace off` cut is no step (nor is one `trace on` began in the middle of, when
         # it did: its rows are marked); the steps of both sessions are.
         shown = [step["step"] for step in steps]
