@@ -17,7 +17,9 @@ a NaN propagates, for BATCH tensors at a time (`torch._foreach_norm(..., inf)`, 
 for the lot, where one a tensor would cost a launch each). The tensors wait for it in a list,
 at most BATCH_BYTES of them, and no longer than the next call of a module that writes its
 input in place (`inplace=True`, hooks.py) or the step's end; one written in place meanwhile
-by anything else (its version counter moved) is left unread rather than read as it is now. A
+by anything else (its version counter moved) is left unread rather than read as it is now.
+Gradients wait too: where a held gradient is itself a parameter's whole gradient (`x + bias`,
+no broadcast), autograd copies it rather than take it as `.grad` (it is referenced). A
 tensor met again in the step (a container's output is its last child's; a module's input, the
 output before) is reduced once: found by identity, through a weak reference (a tensor freed and
 a new one made at its address are never mistaken) and its version counter (an in-place write,
