@@ -4,12 +4,16 @@ unread."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, List
 
 import pytest
 
 from probing.agent.pytorch import ledger as ledger_module
+from probing.agent.pytorch.clock import StepClock
 from probing.agent.pytorch.ledger import BATCH, StepLedger
+from probing.agent.pytorch.nonfinite import NanChecks
 
 torch = pytest.importorskip("torch")
 
@@ -112,3 +116,17 @@ def test_where_an_operation_between_modules_took_the_output_the_module_checked_b
     found = backward_step(ledgers()[0], between_modules=True)
     assert (found.check.traced.name, found.stage) == ("b", "backward")
     assert found.tensor == "grad_input float32[2, 2] on cpu"
+
+
+def test_nan_off_lets_go_of_the_tensors_waiting_in_the_batch() -> None:
+    checks = NanChecks(StepClock(torch, threading.RLock()))
+    checks.begin()
+    checks.ledger.batch_cpu = True
+    tensor = torch.ones(3)
+    checks.ledger.add(Module("a"), 0, 0, [tensor], [])
+    assert len(checks.ledger.batched) == 1
+    held = weakref.ref(tensor)
+    del tensor
+    assert held() is not None  # the batch holds it until it is reduced
+    checks.end()
+    assert held() is None and checks.ledger.batched == []

@@ -37,9 +37,9 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-# Values held for one step (two per tensor on the CPU, one on CUDA); checks past them in that
-# step are not made.
-MAX_VALUES = 200_000
+# Values held for one step (two per tensor on the CPU, one on CUDA, where each takes a 512-byte
+# block of the caching allocator: 25 MB at most); checks past them in that step are not made.
+MAX_VALUES = 50_000
 INF = float("inf")
 # CUDA tensors reduced together, and the most bytes they may hold meanwhile.
 BATCH = 64

@@ -101,9 +101,12 @@ class NanChecks:
         self.first_event = None
 
     def end(self) -> None:
-        """Checks go off: the start check stops (what it found stays for status)."""
+        """Checks go off: the start check stops (what it found stays for status), and the step's
+        values and the tensors waiting for them are let go (a new ledger: the training thread may
+        still hold the old one, which goes with it)."""
         self.weights_due = False
         self.weights.pending, self.weights.modules = [], []
+        self.ledger = StepLedger(self.torch)
 
     def cover(self, name: str, root: Any) -> None:
         """A model found while checks are on (hooks.add_root): its weights join the start check."""
