@@ -142,8 +142,9 @@ def test_a_torch_job_that_is_not_distributed_has_empty_tables_and_says_why() -> 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL)")
 def test_nccl_collectives_come_from_the_flight_recorder_on_a_gpu() -> None:
     """One rank on one GPU (NCCL refuses two ranks on one device): the NCCL process group's
-    Flight Recorder is read like gloo's. Its ring is sized here: torch before 2.13 keeps it off
-    by default for NCCL (the H200's torch 2.11 did; our own record stood in)."""
+    Flight Recorder is read like gloo's. Its ring is sized here, not left to each torch's
+    default. On an H200 with torch 2.11 this test read our own record (`source` 'probing')
+    with and without these variables: not explained yet."""
     env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
     with TorchrunJob("healthy", ranks=1, args=["--backend", "nccl"], env=env) as job:
         sql = "SELECT op, backend, state, source FROM python.collectives ORDER BY seq DESC LIMIT 3"
