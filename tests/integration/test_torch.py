@@ -63,7 +63,9 @@ def slow_job() -> Iterator[Target]:
 
 
 def test_seed_query_on_an_attached_job_ranks_the_slow_submodule_first(slow_job: Target) -> None:
-    result = probing(str(slow_job.pid), "trace", "on")
+    # Every step, as the step numbers below are read whole: left to choose, the tracer measures
+    # this small job's hooks at about 1% of its 25 ms step, and traces one step in 1 or 2.
+    result = probing(str(slow_job.pid), "trace", "on", "--every", "1")
     assert result.returncode == 0, result.stderr
     assert "trace on; 14 hooks added" in result.stdout  # 6 modules x 2 + 2 global optimizer hooks
     assert "models:     loss_fn, model (6 modules hooked" in result.stdout

@@ -37,6 +37,11 @@ from ..ring import Ring
 # H200 cost ~25% more traced (35-66 us a call), so about one step in 25 is.
 DEFAULT_BUDGET = 0.01
 MAX_AUTO_EVERY = 100
+# Traced steps whose cost does not count towards `every`: those that end while `trace on` is
+# searching the job's heap for models (it holds the GIL, which the hooks, timed on the wall
+# clock, then wait for), and this many after it.
+QUIET_STEPS = 2
+QUIET_FOREVER = 1 << 62
 DEFAULT_CAPACITY = 1_000_000
 MB = 1024.0 * 1024.0
 # CUDA events kept for use again once their durations are read.
@@ -104,6 +109,7 @@ class StepClock:
         self.call_cost = 0.0  # seconds per traced call in the last traced step (for status)
         self.traced_cost = 0.0  # seconds the last traced step cost: its hooks, events, switches
         self.shares: Deque[float] = deque(maxlen=4)  # cost / the rest of the step, last traced steps
+        self.quiet_steps = 0  # traced steps still to end before one's cost counts (QUIET_STEPS)
         self.step_calls = 0  # traced calls in the current step
         # Seconds spent in the hooks this step, measured in each (on traced steps).
         self.step_cost = 0.0
@@ -174,7 +180,9 @@ class StepClock:
             self.step_cost += now - started
             self.call_cost = self.step_cost / self.step_calls
             cost = self.traced_cost = self.step_cost + sum(self.switch_cost)
-            if self.auto_every:
+            if self.quiet_steps > 0:
+                self.quiet_steps -= 1
+            elif self.auto_every:
                 # The least of the last few: a hook the machine's other work held up once (a
                 # wall-clock measure) does not thin the trace out for the steps after.
                 self.shares.append(cost / max(now - self.step_start - cost, 1e-9))

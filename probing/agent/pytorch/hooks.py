@@ -311,7 +311,7 @@ class Hooks:
         """The forward pre-hook and hook of one module: the hottest code here, run at every call
         of every hooked module, so each reads what it needs from closure variables. A top-level
         module that --modules/--depth leave out gets them with `record` False: they mark steps."""
-        hooks, clock, nan, walk = self, self.clock, self.nan, self.walk
+        hooks, clock, nan, walk, torch = self, self.clock, self.nan, self.walk, self.torch
         starts = traced.starts
         sequence_nr = walk.sequence_nr or (lambda: 0)
 
@@ -350,7 +350,7 @@ class Hooks:
                     clock.record(traced, "forward", step, seq, start, end, events)
                 backward = tracing and clock.backward and walk.sequence_nr is not None
                 if backward or clock.nan_on:
-                    outputs = flat_tensors(output, hooks.torch)
+                    outputs = flat_tensors(output, torch)
                     if clock.nan_on and nan.step != step:
                         nan.check_forward(traced, step, seq, args, outputs, counter)
                     if backward:

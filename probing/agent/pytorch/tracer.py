@@ -23,7 +23,7 @@ from ..lifecycle import JOB_HOOKS, on_stop
 from ..ring import Ring
 from . import safepoint
 from .backward import BackwardWalk
-from .clock import StepClock
+from .clock import QUIET_FOREVER, QUIET_STEPS, StepClock
 from .discovery import NoTorch, require_torch
 from .hooks import Hooks
 from .nonfinite import WEIGHTS_WAIT_S, NanChecks, NonFiniteError
@@ -87,6 +87,7 @@ class Tracer:
         with self.lock:
             if backward and self.walk.sequence_nr is None:
                 raise ValueError("--backward needs torch >= 2.0 (torch._C._autograd._get_sequence_nr)")
+            clock.quiet_steps = QUIET_FOREVER  # until the search below is over (clock.advance)
             clock.auto_every = every is None
             clock.every = every or 1
             clock.backward = backward
@@ -102,7 +103,11 @@ class Tracer:
             clock.trace_on = True
             clock.error = None
             clock.refresh()
-            self._install()
+            try:
+                self._install()
+            finally:
+                clock.shares.clear()
+                clock.quiet_steps = QUIET_STEPS
 
     def configure_nan(self, on: bool, stop: bool) -> None:
         """NaN checks on or off. Turned on from the agent's thread (`nan on`), it waits up to

@@ -126,9 +126,12 @@ def module_weights(
     stack = [(name, module)]
     while stack:
         prefix, current = stack.pop()
-        own = [(qualified, tensor) for qualified, _, _, tensor in own_tensors(current, prefix)
-               if readable(tensor, torch) is not None]  # fmt: skip
-        for (qualified, tensor), good in zip(own, finite([readable(t, torch) for _, t in own], torch)):
+        own = [
+            (qualified, tensor, readable(tensor, torch))
+            for qualified, _, _, tensor in own_tensors(current, prefix)
+        ]
+        own = [entry for entry in own if entry[2] is not None]
+        for (qualified, tensor, _), good in zip(own, finite([data for _, _, data in own], torch)):
             if not good:
                 found.count += 1
                 found.unwritten = found.unwritten or unwritten(tensor)
@@ -241,17 +244,19 @@ class WeightsAtStart:
 
     def _check(self, tensors: List[Named], step: int) -> None:
         """A module's own tensors, read at once (ledger.finite); counted where not finite."""
-        kept = []
+        kept, data = [], []
         for named in tensors:
             if id(named[3]) in self.seen:
                 continue
             self.seen.add(id(named[3]))
-            if readable(named[3], self.torch) is None:
+            readable_data = readable(named[3], self.torch)
+            if readable_data is None:
                 self.skipped += 1
             else:
                 kept.append(named)
+                data.append(readable_data)
         self.checked += len(kept)
-        for named, good in zip(kept, finite([readable(named[3], self.torch) for named in kept], self.torch)):
+        for named, good in zip(kept, finite(data, self.torch)):
             counts = None if good else check_tensor(named[3], self.torch)
             if counts is None:
                 continue
