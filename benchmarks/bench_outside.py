@@ -125,7 +125,12 @@ def fresh_runs(script: str, runs: int) -> Tuple[List[float], List[float], Dict[s
 
 
 def print_steps(steps: Dict[str, List[float]]) -> None:
-    print("   where the time goes (medians of the -v runs):")
+    # -v is the Python CLI's: the plain command attaches in the native front end
+    # (native/front/attach.c) and hands over to this path only when its wait takes long.
+    print(
+        "   the plain command attaches in the native front end; where the Python CLI's path "
+        "(-v, or a hand-over) spends its time, medians:"
+    )
     for name, values in steps.items():
         print(f"     {name:<48} {statistics.median(values):7.1f} ms")
 

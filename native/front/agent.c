@@ -83,10 +83,13 @@ static int join(char *path, size_t size, const char *directory, int pid)
     return snprintf(path, size, "%s%s%d.sock", directory, slash, pid) < (int)size ? 0 : -1;
 }
 
-/* procfs.socket_candidates and discovery.locate_socket, for a process in our namespaces. */
-static int locate_socket(int pid, long long uid, char *path, size_t size)
+/* The `index`-th place where the agent of `pid` may listen (procfs.socket_candidates, for a
+ * process in our namespaces: its PROBING_SOCKET_DIR, ours, /tmp/probing-UID), each once; -1
+ * past the last. */
+int socket_candidate(int pid, int index, char *path, size_t size)
 {
     char candidates[3][4096], tmp[64];
+    long long uid = status_number(pid, "Uid:", 1);
     const char *directories[3] = {their_socket_dir(pid), getenv("PROBING_SOCKET_DIR"), tmp};
     snprintf(tmp, sizeof(tmp), "/tmp/probing-%lld", uid >= 0 ? uid : (long long)geteuid());
     int count = 0;
@@ -100,18 +103,29 @@ static int locate_socket(int pid, long long uid, char *path, size_t size)
             seen |= strcmp(candidates[j], candidates[count]) == 0;
         count += !seen;
     }
-    for (int i = 0; i < count; i++) {
+    if (index >= count || strlen(candidates[index]) >= size)
+        return -1;
+    memcpy(path, candidates[index], strlen(candidates[index]) + 1);
+    return 0;
+}
+
+/* discovery.locate_socket: the first candidate that exists, into `path`; -2 when none does
+ * (attaching, or saying why not, is then attach.c's or the Python CLI's), -1 on any surprise. */
+static int locate_socket(int pid, char *path, size_t size)
+{
+    for (int i = 0; socket_candidate(pid, i, path, size) == 0; i++) {
         struct stat info;
-        if (lstat(candidates[i], &info) == 0) {
-            if (strlen(candidates[i]) >= size)
-                return -1;
-            memcpy(path, candidates[i], strlen(candidates[i]) + 1);
+        if (lstat(path, &info) == 0)
             return 0;
-        }
         if (errno != ENOENT && errno != EACCES)
             return -1;
     }
-    return -1; /* no socket: attaching, or saying why not, is the Python CLI's */
+    return -2;
+}
+
+int socket_candidate_exists(int pid, char *path, size_t size)
+{
+    return locate_socket(pid, path, size) == 0;
 }
 
 /* trust.check_socket_file: the directory the target's user's, 0700, not a symlink; the socket
@@ -242,7 +256,10 @@ int ask_agent(int pid, answer_t *answer)
         status_number(pid, "NSpid:", -1) != pid)
         return ASK_FALLBACK; /* gone, or in a container: the Python CLI's */
     long long uid = status_number(pid, "Uid:", 1);
-    if (uid < 0 || locate_socket(pid, uid, path, sizeof(path)) < 0 || trusted_socket_file(path, uid) < 0)
+    int located = uid < 0 ? -1 : locate_socket(pid, path, sizeof(path));
+    if (located == -2)
+        return ASK_NONE;
+    if (located < 0 || trusted_socket_file(path, uid) < 0)
         return ASK_FALLBACK;
     int fd = connect_to(path, pid, uid);
     if (fd < 0)

@@ -59,13 +59,32 @@ typedef struct {
 } row_t;
 
 /* agent.c: the stacks from the target's agent. */
-enum { ASK_OK = 0, ASK_FALLBACK = -1, ASK_STILL = 2 };
+/* ASK_NONE: no socket where the agent would listen (no agent yet). */
+enum { ASK_OK = 0, ASK_FALLBACK = -1, ASK_STILL = 2, ASK_NONE = 3 };
 typedef struct {
     jval hello;
     row_t *rows;
     size_t count;
 } answer_t;
 int ask_agent(int pid, answer_t *answer);
+/* agent.c: where the agent of `pid` may listen (the `index`-th place; -1 past the last), and
+ * whether a socket is in one of them (its path into `path`). */
+int socket_candidate(int pid, int index, char *path, size_t size);
+int socket_candidate_exists(int pid, char *path, size_t size);
+
+/* attach.c: the agent put into a process that has none, as attach/__init__.py does in its
+ * common case. ATTACH_UP: `answer` is the agent's; ATTACH_HANDED: injected, the rest is the
+ * Python CLI's (INJECTED_ENV set); ATTACH_NOT_HERE: nothing done. `before` gets the job's
+ * thread ids before the injection; `look` is called once when no thread of the job runs
+ * (it answers from outside and exits when one holds the GIL). */
+enum { ATTACH_UP = 0, ATTACH_HANDED = 1, ATTACH_NOT_HERE = -1 };
+typedef struct {
+    long long *ids;
+    size_t count;
+} tids_t;
+typedef void (*outside_look)(void *context);
+int attach_agent(const char *self_dir, int pid, tids_t *before, answer_t *answer, outside_look look,
+                 void *context);
 
 /* sources.c: /proc, and files the job names (regular files only, never a device opened). */
 int process_alive(int pid);
@@ -84,7 +103,10 @@ int thread_state(const row_t *const *frames, size_t count, int pid, buf_t *state
 int agent_thread(const jval *thread);
 /* gil.c: py-spy's owns_gil kept only on the thread that keeps the GIL (pyspy.checked_gil). */
 void checked_gil(int pid, const jval *threads);
-int outside_answer(int pid, const char *dump, size_t size, answer_t *answer, buf_t *note);
+/* `among`: only these threads (NULL: all), as pyspy.threads_among; `why_more` goes after the
+ * holder in the note (attach.AttachTimeout's words), or NULL. */
+int outside_answer(int pid, const char *dump, size_t size, const tids_t *among, const char *why_more,
+                   answer_t *answer, buf_t *note);
 
 /* render.c: cli/render/backtrace.py write_backtrace_text. */
 int render_backtrace(int pid, const answer_t *answer, buf_t *out);

@@ -116,7 +116,7 @@ def calls(name: str, lists: str, rows) -> str:
 def main() -> None:
     root, output = sys.argv[1], sys.argv[2]
     sys.path.insert(0, root)
-    from probing import __version__
+    from probing import __version__, attach
     from probing.analysis import asyncio_tasks
     from probing.cli import render
     from probing.cli.spec import BACKTRACE_OPTIONS, TARGET
@@ -135,6 +135,11 @@ def main() -> None:
     lines.append(f"#define MAX_SOURCE_BYTES {sources.MAX_SOURCE_BYTES}u\n")
     lines.append(f"#define OUTSIDE_FLOOR_MS {round(pyspy.OUTSIDE_FLOOR_S * 1000)}\n")
     lines.append(f"#define HELPER_SCRIPT {c_string(pyspy.HELPER_SCRIPT)}\n")
+    # attach.c: the helper's thread names, the hand-over to the Python CLI, the note's words.
+    lines.append(f"#define WAITING_NAME {c_string(attach.WAITING_NAME)}\n")
+    lines.append(f"#define LOADING_NAME {c_string(attach.LOADING_NAME)}\n")
+    lines.append(f"#define INJECTED_ENV {c_string(attach.INJECTED_ENV)}\n")
+    lines.append(f"#define ATTACH_HELD {c_string('; ' + attach.HELD)}\n")
     timeout = next(option.default for option in BACKTRACE_OPTIONS if option.name == "--timeout")
     lines.append(f"#define BACKTRACE_TIMEOUT_US {round(timeout * 1e6)}\n")
     # How a command line may name its target (main.c plain_backtrace): -t, --target.

@@ -196,8 +196,11 @@ static int read_both(int out, int err, buf_t *out_bytes, buf_t *err_bytes, long 
  * one this program renders, it is the answer. Otherwise (no thread holds the GIL, a failure,
  * an unusual dump, or no answer yet) py-spy goes to the Python CLI, which reads it as a py-spy
  * of its own (PROBING_PYSPY, outside/spawn.py) within its own deadline: its work is not done
- * twice, and a py-spy slowed by a loaded machine is not started again. */
-static void from_outside(const place_t *place, int pid, long long asked_at)
+ * twice, and a py-spy slowed by a loaded machine is not started again. While this program
+ * attaches (`hand_over` 0: attach.c's look), such a py-spy is stopped instead, and the wait for
+ * the agent goes on. `among` and `why_more` as outside_answer's. */
+static void from_outside(const place_t *place, int pid, long long asked_at, const tids_t *among,
+                         const char *why_more, int hand_over)
 {
     char py_spy[PATH_MAX + 16], pid_text[16], handed[96];
     int out[2], err[2];
@@ -222,22 +225,23 @@ static void from_outside(const place_t *place, int pid, long long asked_at)
     long long left = asked_at + BACKTRACE_TIMEOUT_US - now_us(), least = OUTSIDE_FLOOR_MS * 1000LL;
     long long deadline = now_us() + (left > least ? left : least);
     int got = spawned ? read_both(out[0], err[0], &out_bytes, &err_bytes, deadline) : -1;
-    if (got == TIMED_OUT && out_bytes.len == 0 && err_bytes.len == 0 && fcntl(out[0], F_SETFD, 0) == 0 &&
-        fcntl(err[0], F_SETFD, 0) == 0) {
+    if (hand_over && got == TIMED_OUT && out_bytes.len == 0 && err_bytes.len == 0 &&
+        fcntl(out[0], F_SETFD, 0) == 0 && fcntl(err[0], F_SETFD, 0) == 0) {
         /* Still reading, nothing read from its pipes yet: they go over as they are. */
         snprintf(handed, sizeof(handed), "%d:%d:%d:%d", pid, (int)child, out[0], err[0]);
         setenv("PROBING_PYSPY", handed, 1);
         return;
     }
     close(out[0]), close(err[0]);
-    if (got != 0) { /* the Python CLI looks again */
+    if (got != 0) { /* the Python CLI looks again (or attach.c waits on) */
         /* Only a child this program started: a PID it never got may be any process's. */
         if (spawned && kill(child, SIGKILL) == 0)
             waitpid(child, NULL, 0);
         return;
     }
     answer_t answer = {0};
-    if (outside_answer(pid, out_bytes.data ? out_bytes.data : "", out_bytes.len, &answer, &note) == 0 &&
+    if (outside_answer(pid, out_bytes.data ? out_bytes.data : "", out_bytes.len, among, why_more, &answer,
+                       &note) == 0 &&
         render_backtrace(pid, &answer, &text) == 0) {
         waitpid(child, NULL, 0);
         signal(SIGPIPE, SIG_IGN);
@@ -245,6 +249,11 @@ static void from_outside(const place_t *place, int pid, long long asked_at)
         if (write_all(1, text.data, text.len) < 0 && errno != EPIPE)
             exit(1);
         exit(0);
+    }
+    if (!hand_over) {
+        if (kill(child, SIGKILL) == 0)
+            waitpid(child, NULL, 0);
+        return;
     }
     /* py-spy is left unreaped: the Python CLI takes its exit status with its output. */
     int out_pipe = pipe_of(&out_bytes), err_pipe = pipe_of(&err_bytes);
@@ -259,6 +268,21 @@ static void from_outside(const place_t *place, int pid, long long asked_at)
     /* target pid : py-spy's pid : its stdout : its stderr (outside/spawn.py `handed_over`) */
     snprintf(handed, sizeof(handed), "%d:%d:%d:%d", pid, (int)child, out_pipe, err_pipe);
     setenv("PROBING_PYSPY", handed, 1);
+}
+
+typedef struct {
+    const place_t *place;
+    int pid;
+    long long asked_at;
+    tids_t before;
+} attaching_t;
+
+/* attach.c's look when no thread of the job runs: the job's own threads (the injection's
+ * left out), read from outside; an answer ends the command as attach.py's AttachTimeout does. */
+static void look_while_attaching(void *context)
+{
+    const attaching_t *attaching = context;
+    from_outside(attaching->place, attaching->pid, attaching->asked_at, &attaching->before, ATTACH_HELD, 0);
 }
 
 int main(int argc, char **argv)
@@ -278,7 +302,12 @@ int main(int argc, char **argv)
     long long asked_at = now_us();
     int asked = ask_agent(pid, &answer);
     if (asked == ASK_STILL)
-        from_outside(&place, pid, asked_at);
+        from_outside(&place, pid, asked_at, NULL, NULL, 1);
+    if (asked == ASK_NONE) {
+        attaching_t attaching = {&place, pid, asked_at, {NULL, 0}};
+        int attached = attach_agent(place.self_dir, pid, &attaching.before, &answer, look_while_attaching, &attaching);
+        asked = attached == ATTACH_UP ? ASK_OK : ASK_FALLBACK;
+    }
     if (asked != ASK_OK || runs_asyncio_loop(&answer))
         run_python(&place, argv);
     buf_t out = {0};

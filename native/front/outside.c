@@ -228,7 +228,24 @@ static str_t function_name(str_t name)
     return name;
 }
 
-int outside_answer(int pid, const char *dump, size_t size, answer_t *answer, buf_t *note)
+/* pyspy.threads_among: a thread whose OS id is not among `among` is left out (one without an
+ * id stays). */
+static void keep_among(jval *threads, const tids_t *among)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < threads->count; i++) {
+        long long tid = json_get(&threads->items[i], "os_thread_id")->num;
+        int found = tid == 0;
+        for (size_t j = 0; j < among->count && !found; j++)
+            found = among->ids[j] == tid;
+        if (found)
+            threads->items[kept++] = threads->items[i];
+    }
+    threads->count = kept;
+}
+
+int outside_answer(int pid, const char *dump, size_t size, const tids_t *among, const char *why_more,
+                   answer_t *answer, buf_t *note)
 {
     jval threads;
     buf_t why = {0};
@@ -237,6 +254,8 @@ int outside_answer(int pid, const char *dump, size_t size, answer_t *answer, buf
     for (size_t i = 0; i < threads.count; i++)
         if (check_thread(&threads.items[i]) < 0)
             return -1;
+    if (among != NULL)
+        keep_among(&threads, among);
     checked_gil(pid, &threads);
     /* No thread holds the GIL: the Python CLI waits on for the agent, as it would. */
     if (gil_holder(&threads, &why) != 1 || process_info(pid, &answer->hello) < 0)
@@ -299,7 +318,8 @@ int outside_answer(int pid, const char *dump, size_t size, answer_t *answer, buf
     str_t whole = {why.data, why.len};
     buf_t message = {0};
     if (buf_str(&message, "PID ") < 0 || buf_int(&message, pid) < 0 || buf_str(&message, ": ") < 0 ||
-        buf_add(&message, whole.p, whole.n) < 0 || buf_str(&message, "; answered from outside the process (py-spy)") < 0)
+        buf_add(&message, whole.p, whole.n) < 0 || (why_more && buf_str(&message, why_more) < 0) ||
+        buf_str(&message, "; answered from outside the process (py-spy)") < 0)
         return -1;
     str_t text = {message.data, message.len};
     if (buf_str(note, "probing: ") < 0 || inert(note, text) < 0 || buf_str(note, "\n") < 0)

@@ -67,13 +67,19 @@ def _answering_socket(pid: int) -> Optional[str]:
 # native/helper.c names its thread "probing-attach" while it waits for the GIL, and
 # "probing-agent" once it holds it and loads the agent. The threads the agent starts name
 # themselves "probing-..." too (agent/threads.py).
-_WAITING_NAME = "probing-attach"
+WAITING_NAME = "probing-attach"
+LOADING_NAME = "probing-agent"
 _AGENT_PREFIX = "probing-"
+# The native front end attaches in the common case (native/front/attach.c) and hands a wait
+# that takes long to this CLI with PROBING_INJECTED=PID: the helper is in, never inject again.
+INJECTED_ENV = "PROBING_INJECTED"
+# Why an attach that found the GIL held answers from outside (after who holds it).
+HELD = "the agent will start when it is released"
 
 
 def _bootstrap_waiting(pid: int) -> bool:
     """An earlier attach's helper thread still waits for the GIL."""
-    return _WAITING_NAME in thread_names(pid).values()
+    return WAITING_NAME in thread_names(pid).values()
 
 
 class _Loading:
@@ -96,7 +102,7 @@ class _Loading:
         self.pid = pid
         # A helper that got the GIL at once is never seen waiting: any thread that did not
         # exist before the injection and carries either name is ours.
-        self.before = {tid for tid, name in thread_names(pid).items() if name != _WAITING_NAME}
+        self.before = {tid for tid, name in thread_names(pid).items() if name != WAITING_NAME}
         self.helpers: Set[int] = set()
         self.last: Dict[int, Tuple[int, ...]] = {}
         self.moved_at = 0.0
@@ -108,7 +114,7 @@ class _Loading:
             return  # /proc/PID/task/* of a job with hundreds of threads is not read every 5 ms
         self.looked_at = now
         for tid, name in thread_names(self.pid).items():
-            if name == _WAITING_NAME:
+            if name == WAITING_NAME:
                 self.helpers.add(tid)
             elif name.startswith(_AGENT_PREFIX) and (tid in self.helpers or tid not in self.before):
                 work = thread_work_done(self.pid, tid)
@@ -194,7 +200,9 @@ def _inject(pid: int, method: str, version: str, timeout: float, log: Log) -> Op
     """Inject the bootstrap that starts the agent, unless one injected earlier still waits for
     the GIL; how the injection went (None: not injected)."""
     report: Optional[InjectReport] = None
-    if _bootstrap_waiting(pid):
+    if os.environ.pop(INJECTED_ENV, None) == str(pid):
+        log(f"the native front end injected the helper into PID {pid}; waiting for the agent")
+    elif _bootstrap_waiting(pid):
         # Injecting again would only add a second thread waiting for the same GIL.
         log(f"an earlier attach to PID {pid} is still waiting for the GIL; waiting for it")
     else:
@@ -268,7 +276,7 @@ class _EarlyLook:
             self.looked_late = True
         holder = self.look(self.among)
         if holder is not None:
-            raise AttachTimeout(f"{holder}; the agent will start when it is released")
+            raise AttachTimeout(f"{holder}; {HELD}")
 
 
 def _timed_out(pid: int, started: float, timeout: float, loading: _Loading) -> AttachTimeout:

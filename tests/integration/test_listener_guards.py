@@ -55,12 +55,27 @@ def silent_store() -> Iterator[int]:
         yield int(store.getsockname()[1])
 
 
-def many_endpoints_then_the_agent_still_answers(pid: int) -> None:
+def thread_states(pid: int) -> List[str]:
+    """The scheduler state of each thread of `pid` (R, S, T for stopped, ...)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:
+            continue  # a thread that ended
+        states.append(stat[stat.rindex(")") + 2])
+    return states
+
+
+def many_endpoints_then_the_agent_still_answers(pid: int, store_pid: Optional[int] = None) -> None:
     """20 `endpoints` at once against a hung store: each is answered within the deadline (the
     store named), refused at once (busy while 16 wait, or pushed out before its request came
     in: the agent's usual rules for a full house), none held; then hello, backtrace, detach
-    answer at once, and the agent ran at most one store thread meanwhile."""
+    answer at once, and the agent ran at most one store thread meanwhile. A stopped store
+    (`store_pid`) is seen stopped first, and its threads' states go with any answer it gave."""
     outcomes: List[str] = []
+    if store_pid is not None:
+        assert wait_until(lambda: set(thread_states(store_pid)) == {"T"}, 10), thread_states(store_pid)
 
     def ask() -> None:
         try:
@@ -69,7 +84,8 @@ def many_endpoints_then_the_agent_still_answers(pid: int) -> None:
             outcomes.append(f"refused: {type(error).__name__}")
             return
         if reply["ok"]:
-            outcomes.append("answered")
+            store = f", the store's threads {thread_states(store_pid)}" if store_pid is not None else ""
+            outcomes.append(f"answered {reply['result']}{store}")
         elif reply["error"]["type"] == ErrorKind.NOT_FOUND and STORE_SILENT in reply["error"]["message"]:
             outcomes.append("store silent")
         elif reply["error"]["type"] == ErrorKind.BUSY:
@@ -115,7 +131,7 @@ def test_a_stopped_store_holds_nothing() -> None:
             assert [entry["rank"] for entry in unix_call(job.pid, "endpoints")["result"]["ranks"]] == [0]
             os.kill(store.pid, signal.SIGSTOP)
             try:
-                many_endpoints_then_the_agent_still_answers(job.pid)
+                many_endpoints_then_the_agent_still_answers(job.pid, store.pid)
             finally:
                 os.kill(store.pid, signal.SIGCONT)
             assert job.alive()
