@@ -56,7 +56,7 @@ int main(int argc, char **argv)
                 result = render_backtrace(hello_pid(&answer), &answer, &out);
             free(reader.pending.data);
         } else {
-            result = outside_answer(python_pid, data, size, &answer, &note);
+            result = outside_answer(python_pid, data, size, NULL, NULL, &answer, &note);
             if (result == 0)
                 result = render_backtrace(python_pid, &answer, &out);
         }
