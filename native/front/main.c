@@ -240,9 +240,10 @@ static void from_outside(const place_t *place, int pid, long long asked_at, cons
         return;
     }
     answer_t answer = {0};
+    /* A loop's tasks cannot be read from outside: the Python CLI says so under its thread. */
     if (outside_answer(pid, out_bytes.data ? out_bytes.data : "", out_bytes.len, among, why_more, &answer,
                        &note) == 0 &&
-        render_backtrace(pid, &answer, &text) == 0) {
+        !runs_asyncio_loop(&answer) && render_backtrace(pid, &answer, &text) == 0) {
         waitpid(child, NULL, 0);
         signal(SIGPIPE, SIG_IGN);
         write_all(2, note.data, note.len);

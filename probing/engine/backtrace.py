@@ -285,11 +285,13 @@ def read_stacks_of_ranks(
                     if time.monotonic() >= end or stillness.check() is not None:
                         raise Fallback("not quick")
                 result, payload = client.receive("backtrace", timeout)
-                rows = backtrace_reply_rows(result, payload)
+                stacks = Stacks(rank.pid, backtrace_reply_rows(result, payload), dict(client.info), [])
             except (ProbingError, Fallback):
                 full.append(rank)
                 continue
-        quick.append((rank, Stacks(rank.pid, rows, dict(client.info), [])))
+            if runs_loop(stacks.rows):  # its tasks, as `_from_agent` reads them
+                stacks.tasks, stacks.notes = loop_tasks_of(client, timeout)
+        quick.append((rank, stacks))
     if not full:
         return Gathered(quick, [])
     from .jobs.fanout import gather

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from ..analysis.asyncio_tasks import loop_tasks
+from ..analysis.asyncio_tasks import loop_tasks, runs_loop
 from ..analysis.states import thread_state
 from ..protocol.frames import json_loads
 
@@ -63,9 +63,12 @@ class ShownTask:
 class ShownThread:
     """One thread: its native id (its Python ident when the OS's is unknown), name, whether it
     is the main thread, its state in words, and its frames outermost first. A thread running an
-    asyncio loop has its `tasks` (at most SHOWN_TASKS), and `more_tasks`: what the rest do."""
+    asyncio loop has its `tasks` (at most SHOWN_TASKS), and `more_tasks`: what the rest do;
+    `tasks_unread` when it was read from outside (only the agent reads a loop's tasks)."""
 
-    __slots__ = ("native_id", "name", "is_main", "state", "frames", "tasks", "task_count", "more_tasks")
+    __slots__ = (
+        "native_id", "name", "is_main", "state", "frames", "tasks", "task_count", "more_tasks", "tasks_unread"
+    )
 
     def __init__(self, native_id: Any, name: Any, is_main: Any, state: str, frames: List[ShownFrame]) -> None:
         self.native_id = native_id
@@ -76,6 +79,8 @@ class ShownThread:
         self.tasks: List[ShownTask] = []
         self.task_count = 0
         self.more_tasks = ""
+        # A loop's thread read from outside: its tasks are the agent's alone to read.
+        self.tasks_unread = False
 
 
 def shown_threads(
@@ -100,6 +105,7 @@ def shown_threads(
         outermost_first = [_frame(frame, sources) for frame in reversed(frames)]
         thread = ShownThread(native_id, first["thread_name"], first["is_main"], state, outermost_first)
         _add_tasks(thread, loops.get(first["thread_id"], []), sources)
+        thread.tasks_unread = outside is not None and runs_loop(frames)
         shown.append(thread)
     return shown
 

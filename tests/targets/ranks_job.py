@@ -7,6 +7,9 @@
     --scenario mismatch   rank --rank-at calls a broadcast where the others all_reduce at that step
     --scenario idle       after one all_reduce, every rank sleeps in a loop outside any collective
                           (so that one rank can die without the others failing in gloo)
+    --scenario asyncio    after one all_reduce, every rank runs an asyncio loop whose two tasks
+                          "fetch-0", "fetch-1" wait on an Event; rank --rank-at has a third,
+                          "stuck-fetch", asleep
 
 Every rank prints `ready <rank> <pid>` once the state under test exists, or is about to: for
 stall/gil/mismatch, just before the step where it goes wrong (the stuck rank just before it
@@ -16,6 +19,7 @@ it none: the test kills the job).
 """
 
 import argparse
+import asyncio
 import ctypes
 import os
 import sys
@@ -25,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--scenario", choices=("healthy", "stall", "gil", "mismatch", "idle"), default="healthy")
+SCENARIOS = ("healthy", "stall", "gil", "mismatch", "idle", "asyncio")
+parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")
 parser.add_argument("--rank-at", type=int, default=2)
 parser.add_argument("--step", type=int, default=5)
 parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")  # nccl: one GPU per rank
@@ -45,6 +50,20 @@ def load_shard(step: int) -> None:
 def hold_the_gil() -> None:
     sys.setswitchinterval(1000.0)
     ctypes.PyDLL(None).sleep(3600)
+
+
+async def fetch(event: asyncio.Event) -> None:
+    await event.wait()
+
+
+async def serve(rank: int) -> None:
+    event = asyncio.Event()
+    tasks = [asyncio.create_task(fetch(event), name=f"fetch-{index}") for index in range(2)]
+    if rank == options.rank_at:
+        tasks.append(asyncio.create_task(asyncio.sleep(3600), name="stuck-fetch"))
+    await asyncio.sleep(0.1)  # every task at its wait
+    say(f"ready {rank} {os.getpid()}")
+    await asyncio.gather(*tasks)
 
 
 def train() -> None:
@@ -70,6 +89,8 @@ def train() -> None:
                     dist.broadcast(weights, 0)
                     continue
         dist.all_reduce(weights)
+        if options.scenario == "asyncio":
+            asyncio.run(serve(rank))
         if options.scenario == "idle":
             say(f"ready {rank} {os.getpid()}")
             while True:

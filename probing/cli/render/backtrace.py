@@ -34,6 +34,8 @@ TASK_LINE = '{indent}  Task "{name}" ({coroutine}): {state}\n'
 TASK_FRAME = '{indent}    File "{file}", line {lineno}, in {func}\n'
 TASK_CODE = "{indent}      {code}\n"
 MORE_TASKS = "  ... and {count} more tasks: {where}\n"
+# A loop's thread read from outside (the agent could not answer): only the agent reads tasks.
+TASKS_UNREAD = "  asyncio tasks of its event loop: unread from outside (only its agent reads them)\n"
 
 
 def fill(template: str, **fields: Any) -> str:
@@ -79,6 +81,8 @@ def write_thread(thread: ShownThread, out: IO[str], numbered: bool = True) -> No
             out.write(fill(LOCAL_LINE, name=name, value=value))
     if thread.task_count:
         write_tasks(thread, out)
+    elif thread.tasks_unread:
+        out.write(TASKS_UNREAD)
 
 
 def write_tasks(thread: ShownThread, out: IO[str]) -> None:

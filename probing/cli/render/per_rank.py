@@ -144,7 +144,12 @@ def _thread_blocks(stacks: Stacks) -> List[Tuple[Tuple[Any, ...], str, int]]:
         write_thread(thread, buffer, numbered=False)
         frames = tuple((frame.native, frame.func, frame.file, frame.lineno, tuple(frame.locals))
                        for frame in thread.frames)  # fmt: skip
-        key = (not thread.is_main, thread.name, thread.state, frames)
+        # An asyncio loop's thread is the same only with the same tasks, awaiting the same.
+        tasks = tuple((task.name, task.coroutine, task.state, task.level,
+                       tuple((frame.func, frame.file, frame.lineno) for frame in task.frames))
+                      for task in thread.tasks)  # fmt: skip
+        loop = (tasks, thread.task_count, thread.tasks_unread)
+        key = (not thread.is_main, thread.name, thread.state, frames, loop)
         blocks.append((key, buffer.getvalue(), sum(1 for frame in thread.frames if frame.code)))
     return blocks
 
