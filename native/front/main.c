@@ -296,6 +296,7 @@ int main(int argc, char **argv)
     const char *enabled = getenv("PROBING_NATIVE_FRONT");
     unsetenv("PROBING_PYSPY"); /* only ever this program's own hand-overs */
     unsetenv(AGENT_SILENT);
+    unsetenv(INJECTED_ENV);
     int pid = plain_backtrace(argc, argv);
     if (pid == 0 || (enabled && strcmp(enabled, "0") == 0) || !python_writes_utf8())
         run_python(&place, argv);

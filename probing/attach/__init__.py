@@ -77,6 +77,16 @@ INJECTED_ENV = "PROBING_INJECTED"
 HELD = "the agent will start when it is released"
 
 
+def _injected_by_the_front_end(pid: int) -> bool:
+    """The native front end handed this attach over with the helper in `pid` (INJECTED_ENV),
+    and the helper's thread is there (waiting for the GIL, or loading the agent): a variable
+    left in the environment by anyone else, or a helper that has gone, is no reason not to
+    inject."""
+    if os.environ.pop(INJECTED_ENV, None) != str(pid):
+        return False
+    return bool({WAITING_NAME, LOADING_NAME} & set(thread_names(pid).values()))
+
+
 def _bootstrap_waiting(pid: int) -> bool:
     """An earlier attach's helper thread still waits for the GIL."""
     return WAITING_NAME in thread_names(pid).values()
@@ -200,7 +210,7 @@ def _inject(pid: int, method: str, version: str, timeout: float, log: Log) -> Op
     """Inject the bootstrap that starts the agent, unless one injected earlier still waits for
     the GIL; how the injection went (None: not injected)."""
     report: Optional[InjectReport] = None
-    if os.environ.pop(INJECTED_ENV, None) == str(pid):
+    if _injected_by_the_front_end(pid):
         log(f"the native front end injected the helper into PID {pid}; waiting for the agent")
     elif _bootstrap_waiting(pid):
         # Injecting again would only add a second thread waiting for the same GIL.

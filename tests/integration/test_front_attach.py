@@ -34,8 +34,8 @@ def run(command: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.
     return subprocess.run(command, capture_output=True, timeout=60, env=environment)
 
 
-def python_cli(pid: int, *options: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    return run([PROBING, *options, str(pid), "backtrace"], env=dict(env or {}, PROBING_NATIVE_FRONT="0"))
+def python_cli(pid: int) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    return run([PROBING, str(pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
 
 
 def prefix(tmp_path: Path, with_python_cli: bool) -> str:
@@ -115,9 +115,20 @@ def test_the_python_cli_told_the_helper_is_in_does_not_inject_again() -> None:
         helper = PACKAGE / "_native" / "libprobing-helper.so"
         injected = run([str(injector), str(job.pid), str(helper)])
         assert injected.returncode == 0 and injected.stdout.startswith(b'{"ok": true'), injected
-        told = python_cli(job.pid, "-v", env={"PROBING_INJECTED": str(job.pid)})
+        # The Python CLI itself: the front end takes the variable out of any command it is given.
+        told = run([str(PYTHON_CLI), "-v", str(job.pid), "backtrace"], env={"PROBING_INJECTED": str(job.pid)})
         log = told.stderr.decode()
         assert told.returncode == 0, log
         assert f"the native front end injected the helper into PID {job.pid}" in log
         assert "attaching to PID" not in log and HELD in log
         assert agent_threads(job.pid).count("probing-attach") == 1, agent_threads(job.pid)
+
+
+def test_a_stray_injected_variable_does_not_stop_an_attach() -> None:
+    """PROBING_INJECTED naming a process with no helper in it (exported by hand, or left over):
+    the Python CLI attaches as usual."""
+    with Target("sleeper.py", via="plain") as job:
+        told = run([str(PYTHON_CLI), "-v", str(job.pid), "backtrace"], env={"PROBING_INJECTED": str(job.pid)})
+        assert told.returncode == 0, told.stderr
+        assert f"attaching to PID {job.pid}" in told.stderr.decode()
+        assert "the native front end injected" not in told.stderr.decode()
