@@ -67,7 +67,15 @@ class ShownThread:
     `tasks_unread` when it was read from outside (only the agent reads a loop's tasks)."""
 
     __slots__ = (
-        "native_id", "name", "is_main", "state", "frames", "tasks", "task_count", "more_tasks", "tasks_unread"
+        "native_id",
+        "name",
+        "is_main",
+        "state",
+        "frames",
+        "tasks",
+        "task_count",
+        "more_tasks",
+        "tasks_unread",
     )
 
     def __init__(self, native_id: Any, name: Any, is_main: Any, state: str, frames: List[ShownFrame]) -> None:
