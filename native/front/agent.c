@@ -61,19 +61,20 @@ static int same_mount_namespace(int pid)
     return theirs.st_ino == ours.st_ino;
 }
 
-/* PROBING_SOCKET_DIR in the target's start-up environment, or NULL. */
+/* PROBING_SOCKET_DIR in the target's start-up environment (a copy, to free), or NULL. */
 static char *their_socket_dir(int pid)
 {
-    char path[64], *data;
+    char path[64], *data, *found = NULL;
     size_t size;
     const char prefix[] = "PROBING_SOCKET_DIR=";
     snprintf(path, sizeof(path), "/proc/%d/environ", pid);
     if (read_whole(path, &data, &size, 16 << 20) < 0)
         return NULL;
-    for (size_t at = 0; at < size; at += strlen(data + at) + 1)
+    for (size_t at = 0; at < size && found == NULL; at += strlen(data + at) + 1)
         if (strncmp(data + at, prefix, sizeof(prefix) - 1) == 0)
-            return data + at + sizeof(prefix) - 1;
-    return NULL;
+            found = strdup(data + at + sizeof(prefix) - 1);
+    free(data);
+    return found;
 }
 
 static int join(char *path, size_t size, const char *directory, int pid)
@@ -88,22 +89,23 @@ static int join(char *path, size_t size, const char *directory, int pid)
  * past the last. */
 int socket_candidate(int pid, int index, char *path, size_t size)
 {
-    char candidates[3][4096], tmp[64];
+    char candidates[3][4096], tmp[64], *theirs = their_socket_dir(pid);
     long long uid = status_number(pid, "Uid:", 1);
-    const char *directories[3] = {their_socket_dir(pid), getenv("PROBING_SOCKET_DIR"), tmp};
+    const char *directories[3] = {theirs, getenv("PROBING_SOCKET_DIR"), tmp};
     snprintf(tmp, sizeof(tmp), "/tmp/probing-%lld", uid >= 0 ? uid : (long long)geteuid());
-    int count = 0;
-    for (int i = 0; i < 3; i++) {
+    int count = 0, joined = 0;
+    for (int i = 0; i < 3 && joined == 0; i++) {
         if (directories[i] == NULL || directories[i][0] == '\0')
             continue;
-        if (join(candidates[count], sizeof(candidates[count]), directories[i], pid) < 0)
-            return -1;
+        if ((joined = join(candidates[count], sizeof(candidates[count]), directories[i], pid)) < 0)
+            break;
         int seen = 0;
         for (int j = 0; j < count; j++)
             seen |= strcmp(candidates[j], candidates[count]) == 0;
         count += !seen;
     }
-    if (index >= count || strlen(candidates[index]) >= size)
+    free(theirs);
+    if (joined < 0 || index >= count || strlen(candidates[index]) >= size)
         return -1;
     memcpy(path, candidates[index], strlen(candidates[index]) + 1);
     return 0;
@@ -121,11 +123,6 @@ static int locate_socket(int pid, char *path, size_t size)
             return -1;
     }
     return -2;
-}
-
-int socket_candidate_exists(int pid, char *path, size_t size)
-{
-    return locate_socket(pid, path, size) == 0;
 }
 
 /* trust.check_socket_file: the directory the target's user's, 0700, not a symlink; the socket

@@ -129,14 +129,38 @@ static int plain_cpython(int pid)
     return sscanf(name, "python%d.%d", &major, &minor) == 2 && major == 3 && minor >= 8;
 }
 
-/* An attach error an earlier helper left (attach.py removes them before it injects). */
-static int attach_error_left(int pid)
+/* Where the agent will listen (agent.c socket_candidate), read once: the job's start-up
+ * environment names one, and a big one is not read again every few milliseconds. */
+typedef struct {
+    char paths[3][PATH_MAX];
+    int count;
+} places_t;
+
+static void socket_places(int pid, places_t *places)
 {
-    char path[PATH_MAX];
-    for (int i = 0; socket_candidate(pid, i, path, sizeof(path)) == 0; i++) {
-        size_t length = strlen(path);
-        if (length > 5 && snprintf(path + length - 5, sizeof(path) - length + 5, ".attach-error") > 0 &&
-            access(path, F_OK) == 0)
+    for (places->count = 0; places->count < 3; places->count++)
+        if (socket_candidate(pid, places->count, places->paths[places->count], PATH_MAX) < 0)
+            break;
+}
+
+/* A socket in one of the places (ask_agent then checks whose it is). */
+static int socket_there(const places_t *places)
+{
+    struct stat info;
+    for (int i = 0; i < places->count; i++)
+        if (lstat(places->paths[i], &info) == 0)
+            return 1;
+    return 0;
+}
+
+/* An attach error a helper left beside a place (attach.py removes them before it injects). */
+static int attach_error_left(const places_t *places)
+{
+    for (int i = 0; i < places->count; i++) {
+        char path[PATH_MAX + 16];
+        size_t length = strlen(places->paths[i]);
+        snprintf(path, sizeof(path), "%.*s.attach-error", (int)(length > 5 ? length - 5 : 0), places->paths[i]);
+        if (access(path, F_OK) == 0)
             return 1;
     }
     return 0;
@@ -175,14 +199,14 @@ static int inject(const char *injector, const char *helper, int pid)
 
 /* Ask the agent once its socket is there, within EARLY_LOOK_US of the injection (a loader that
  * takes longer is attach.py's to wait for); `look` once when no thread of the job runs. */
-static int wait_for_agent(int pid, answer_t *answer, long long injected, outside_look look, void *context)
+static int wait_for_agent(int pid, const places_t *places, answer_t *answer, long long injected,
+                          outside_look look, void *context)
 {
     int still = 0, looked = 0;
     for (long long looked_at = 0; now_us() - injected < EARLY_LOOK_US;) {
-        char path[PATH_MAX];
-        if (!process_alive(pid) || attach_error_left(pid))
+        if (!process_alive(pid) || attach_error_left(places))
             return -1;
-        if (socket_candidate_exists(pid, path, sizeof(path))) {
+        if (socket_there(places)) {
             int asked = ask_agent(pid, answer);
             if (asked == ASK_OK)
                 return 0;
@@ -205,9 +229,13 @@ int attach_agent(const char *self_dir, int pid, tids_t *before, answer_t *answer
 {
     char injector[PATH_MAX], helper[PATH_MAX];
     struct utsname machine;
+    places_t places;
     int attaching = 0;
-    if (uname(&machine) < 0 || strcmp(machine.machine, "x86_64") != 0 || !plain_cpython(pid) ||
-        attach_error_left(pid) || find_package(self_dir, injector, helper, sizeof(injector)) < 0 ||
+    if (uname(&machine) < 0 || strcmp(machine.machine, "x86_64") != 0 || !plain_cpython(pid))
+        return ATTACH_NOT_HERE;
+    socket_places(pid, &places);
+    if (places.count == 0 || attach_error_left(&places) ||
+        find_package(self_dir, injector, helper, sizeof(injector)) < 0 ||
         job_threads(pid, before, &attaching) < 0 || attaching)
         return ATTACH_NOT_HERE;
     if (inject(injector, helper, pid) < 0)
@@ -215,5 +243,5 @@ int attach_agent(const char *self_dir, int pid, tids_t *before, answer_t *answer
     char text[16];
     snprintf(text, sizeof(text), "%d", pid);
     setenv(INJECTED_ENV, text, 1);
-    return wait_for_agent(pid, answer, now_us(), look, context) == 0 ? ATTACH_UP : ATTACH_HANDED;
+    return wait_for_agent(pid, &places, answer, now_us(), look, context) == 0 ? ATTACH_UP : ATTACH_HANDED;
 }

@@ -67,10 +67,8 @@ typedef struct {
     size_t count;
 } answer_t;
 int ask_agent(int pid, answer_t *answer);
-/* agent.c: where the agent of `pid` may listen (the `index`-th place; -1 past the last), and
- * whether a socket is in one of them (its path into `path`). */
+/* agent.c: where the agent of `pid` may listen (the `index`-th place; -1 past the last). */
 int socket_candidate(int pid, int index, char *path, size_t size);
-int socket_candidate_exists(int pid, char *path, size_t size);
 
 /* attach.c: the agent put into a process that has none, as attach/__init__.py does in its
  * common case. ATTACH_UP: `answer` is the agent's; ATTACH_HANDED: injected, the rest is the
