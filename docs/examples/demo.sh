@@ -11,10 +11,13 @@ probing=${PROBING_COMMAND:-.venv/bin/probing}
 python=${PYTHON_COMMAND:-.venv/bin/python}
 logs=$(mktemp -d)
 
-# One job started with the agent in it, one started plainly (to attach to).
-"$probing" run -- "$python" docs/examples/train.py >"$logs/out" 2>"$logs/err" &
+# One job started with the agent in it, one started plainly (to attach to). Each sleeps 0.2 s
+# after a step, as a job waiting on its data would: its main thread is then found asleep, and a
+# backtrace fits a screen, also on a loaded machine (mid-step, the DataLoader's collate alone is
+# 13 frames deep).
+"$probing" run -- "$python" docs/examples/train.py --pause 0.2 >"$logs/out" 2>"$logs/err" &
 runner=$!
-"$python" docs/examples/train.py >"$logs/plain" 2>&1 &
+"$python" docs/examples/train.py --pause 0.2 >"$logs/plain" 2>&1 &
 plain=$!
 trap 'kill "$runner" "$plain" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$logs"' EXIT
 
