@@ -75,14 +75,12 @@ def part_of_rows(
 
     A column goes to numpy in one pass over the rows where its values allow it (numbers,
     booleans, text, with or without None), each step done in C: a text column is coded as it is
-    read, and only its distinct words are cleaned; the text columns are coded together in one
-    pass (_text_columns). Value by value, 100 000 stacks read from outside took ~480 ms on a
-    slow day; so, ~70-90 ms (benchmarks/bench_outside.py). Any other column (TIMESTAMP,
+    read, and only its distinct words are cleaned. Value by value, 100 000 stacks read from
+    outside took ~360 ms; so, ~100 ms (benchmarks/bench_outside.py). Any other column (TIMESTAMP,
     JSON not yet text, a mix of types) is made value by value, with the same result."""
     columns = {}
-    together = _text_columns(table, rows, clean)
     for index, column in enumerate(table.columns):
-        piece = together.get(index) or _whole_column(column.type, rows, index, clean)
+        piece = _whole_column(column.type, rows, index, clean)
         if piece is None:
             piece = _column_of_values(column.type, [clean(column.type, row[index]) for row in rows])
         columns[column.name.lower()] = piece
@@ -117,39 +115,6 @@ def _whole_column(kind: str, rows: Sequence[Sequence[Any]], index: int, clean: A
     if encoding == "f64" and numpy.isnan(data).any():
         return None  # numpy reads None as NaN: which is which is told value by value
     return Piece(kind, data)
-
-
-def _text_columns(table: Table, rows: Sequence[Sequence[Any]], clean: Any) -> Dict[int, Piece]:
-    """Every dictionary-coded column of `rows` at once, by column index: each row's values of
-    those columns coded together in one pass (as _text_column codes one column), then each
-    column's codes taken from the few distinct combinations. Rows are combined only where every
-    one of those values is equal, so each text column's codes are exact; a column whose words
-    are not all text (a JSON column's numbers) is left out, and an unhashable value (a list)
-    leaves them all to _whole_column."""
-    from collections import defaultdict
-    from operator import itemgetter
-
-    import numpy
-
-    indexes = [index for index, column in enumerate(table.columns) if encoding_of(column.type) == "dict"]
-    if len(indexes) < 2 or not rows:
-        return {}
-    code_of: Dict[Any, int] = defaultdict()
-    code_of.default_factory = code_of.__len__  # type: ignore[attr-defined]
-    try:
-        combinations = map(code_of.__getitem__, map(itemgetter(*indexes), rows))
-        combined = numpy.fromiter(combinations, numpy.int32, len(rows))
-    except TypeError:
-        return {}
-    distinct = list(code_of)
-    pieces = {}
-    for position, index in enumerate(indexes):
-        kind = table.columns[index].type
-        piece = _text_column(kind, partial(map, itemgetter(position), distinct), len(distinct), clean)
-        if piece is not None:
-            piece.data = piece.data[combined]
-            pieces[index] = piece
-    return pieces
 
 
 def _text_column(kind: str, values: Any, count: int, clean: Any) -> Optional[Piece]:

@@ -69,34 +69,6 @@ def test_whole_columns_load_what_values_one_by_one_loaded(rows: List[Tuple[Any, 
     assert same(loaded(MIXED, rows), by_value(MIXED, rows))
 
 
-# Text columns only (and scalars in JSON), so that every row's text values are coded together
-# (parts.py _text_columns): equal-but-different values (1, True, 1.0) in the JSON column, text
-# that equals only after cleaning, None beside "None", the same text in two columns.
-TEXTS = Table(
-    "python.texts",
-    "text columns coded together",
-    [Column("name", "VARCHAR", ""), Column("detail", "JSON", ""), Column("file", "VARCHAR", "")],
-)
-TEXT_ROWS: List[Tuple[Any, ...]] = [
-    ("a", 1, "x.py"),
-    ("a", True, "x.py"),
-    ("a", 1.0, "y.py"),
-    (None, None, "None"),
-    ("None", "null", None),
-    ("caf\udce9", '"k"', "caf\\udce9"),
-    ("caf\\udce9", math.nan, "a"),
-    ("a", 1, "x.py"),
-]
-
-
-ALL_TEXT = [row[:1] + ("1",) + row[2:] for row in TEXT_ROWS]  # every column coded together
-
-
-@pytest.mark.parametrize("rows", [TEXT_ROWS, TEXT_ROWS[3:5], ALL_TEXT])
-def test_text_columns_coded_together_load_what_values_one_by_one_loaded(rows: List[Tuple[Any, ...]]) -> None:
-    assert same(loaded(TEXTS, rows), by_value(TEXTS, rows))
-
-
 def test_none_text_and_nan_stay_apart() -> None:
     rows = [(1, math.nan, True, None, None, None, None), (2, None, False, "b", None, None, None)]
     got = loaded(MIXED, rows)
