@@ -303,6 +303,20 @@ def probing(
     return result
 
 
+def run_bytes(command: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    """`command` (any program: a copy of the front end, the injector) with the test's environment
+    less PROBING, plus `env`; its output as bytes, compared byte for byte."""
+    environment = dict(os.environ)
+    environment.pop("PROBING", None)
+    environment.update(env or {})
+    return subprocess.run(command, capture_output=True, timeout=60, env=environment)
+
+
+def python_cli(pid: int) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    """`probing PID backtrace` answered by the Python CLI (the native front end switched off)."""
+    return run_bytes([PROBING, str(pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
+
+
 def agent_threads(pid: int) -> List[str]:
     """The OS names of a process's probing threads, sorted. The agent's threads are not
     threading's (probing/agent/threads.py): each names itself for the OS (comm, 15 bytes)."""

@@ -14,9 +14,8 @@ import re
 import shutil
 import signal
 import stat
-import subprocess
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import pytest
 
@@ -24,20 +23,9 @@ from probing.cli import main
 from probing.cli.spec import TARGET
 from probing.outside import pyspy, spawn
 
-from support import BIN, PROBING, Target, wait_until
+from support import BIN, PROBING, Target, python_cli, run_bytes, wait_until
 
 PYTHON_CLI = BIN / "probing-python"
-
-
-def run(command: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    environment = dict(os.environ)
-    environment.pop("PROBING", None)
-    environment.update(env or {})
-    return subprocess.run(command, capture_output=True, timeout=60, env=environment)
-
-
-def python_cli(pid: int) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    return run([PROBING, str(pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
 
 
 @pytest.fixture
@@ -50,7 +38,7 @@ def front_alone(tmp_path: Path) -> str:
 
 
 def assert_same(pid: int, front: str, *form: str) -> None:
-    native = run([front, *(form or (str(pid),)), "backtrace"])
+    native = run_bytes([front, *(form or (str(pid),)), "backtrace"])
     python = python_cli(pid)
     assert native.returncode == 0, native.stderr.decode(errors="replace")
     assert python.returncode == 0
@@ -97,7 +85,7 @@ def test_torch_job(front_alone: str) -> None:
     with Target("torch_job.py", args=["--steps", "2"]) as target:
         # Settled: training stopped after two steps and the job idles.
         assert any(line == "done" for line in target.stdout_lines) or target.ready_line()
-        run([PROBING, str(target.pid), "query", "SELECT 1"])  # the state after `done` only
+        run_bytes([PROBING, str(target.pid), "query", "SELECT 1"])  # the state after `done` only
         assert_same(target.pid, front_alone)
 
 
@@ -123,12 +111,12 @@ def test_everything_else_goes_to_the_python_cli(front_alone: str) -> None:
             [str(target.pid), "memory"],
             ["--help"],
         ):
-            alone = run([front_alone, *args])
+            alone = run_bytes([front_alone, *args])
             assert alone.returncode == 1 and b"cannot run the Python CLI" in alone.stderr
             assert alone.stdout == b""
     for args in (["--help"], ["999999999", "backtrace"], ["0", "backtrace"], ["backtrace"]):
-        front = run([PROBING, *args])
-        python = run([str(PYTHON_CLI), *args])
+        front = run_bytes([PROBING, *args])
+        python = run_bytes([str(PYTHON_CLI), *args])
         assert (front.returncode, front.stdout, front.stderr) == (
             python.returncode,
             python.stdout,
@@ -138,15 +126,15 @@ def test_everything_else_goes_to_the_python_cli(front_alone: str) -> None:
 
 def test_switch_forces_the_python_cli(front_alone: str) -> None:
     with Target("sleeper.py") as target:
-        alone = run([front_alone, str(target.pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
+        alone = run_bytes([front_alone, str(target.pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
         assert alone.returncode == 1 and alone.stdout == b""
 
 
 def test_no_agent_goes_to_the_python_cli(front_alone: str) -> None:
     with Target("sleeper.py", via="plain") as target:
-        alone = run([front_alone, "--no-attach", str(target.pid), "backtrace"])
+        alone = run_bytes([front_alone, "--no-attach", str(target.pid), "backtrace"])
         assert alone.returncode == 1 and alone.stdout == b""
-        alone = run([front_alone, str(target.pid), "backtrace"])
+        alone = run_bytes([front_alone, str(target.pid), "backtrace"])
         assert alone.returncode == 1 and alone.stdout == b"", "no socket: attaching is the Python CLI's"
 
 
@@ -169,7 +157,7 @@ def logged_py_spy(tmp_path: Path) -> Dict[str, Path]:
 def test_healthy_or_busy_job_never_gets_py_spy(logged_py_spy: Dict[str, Path], script: str) -> None:
     with Target(script) as target:
         for _ in range(5):
-            result = run([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
+            result = run_bytes([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
             assert result.returncode == 0, result.stderr
         assert not logged_py_spy["log"].exists()
 
@@ -180,7 +168,7 @@ def test_gil_held_job_gets_py_spy_once_handed_over(logged_py_spy: Dict[str, Path
         # from the holder's own thread).
         socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
         assert wait_until(socket.exists)
-        result = run([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
+        result = run_bytes([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
         python = python_cli(target.pid)
         assert result.returncode == python.returncode == 0, result.stderr
         assert result.stdout == python.stdout
@@ -195,7 +183,7 @@ def test_gil_held_job_answered_natively(front_alone: str) -> None:
         socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
         assert wait_until(socket.exists)
         path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-        native = run([front_alone, str(target.pid), "backtrace"], env={"PATH": path})
+        native = run_bytes([front_alone, str(target.pid), "backtrace"], env={"PATH": path})
         python = python_cli(target.pid)
         assert native.returncode == 0, native.stderr
         assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
@@ -210,7 +198,7 @@ def test_a_py_spy_that_cannot_start_is_given_up(front_alone: str) -> None:
     with Target("gil_holder.py") as target:
         socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
         assert wait_until(socket.exists)
-        handed = run([front_alone, str(target.pid), "backtrace"], env={"PATH": "/nonexistent"})
+        handed = run_bytes([front_alone, str(target.pid), "backtrace"], env={"PATH": "/nonexistent"})
         assert handed.returncode == 1 and b"cannot run the Python CLI" in handed.stderr, handed.stderr
         assert handed.stdout == b""
         assert target.process.poll() is None
@@ -222,7 +210,7 @@ def test_stopped_job_hands_the_dump_over(logged_py_spy: Dict[str, Path]) -> None
     with Target("sleeper.py") as target:
         os.kill(target.pid, signal.SIGSTOP)
         try:
-            result = run([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
+            result = run_bytes([str(logged_py_spy["probing"]), str(target.pid), "backtrace"])
             python = python_cli(target.pid)
         finally:
             os.kill(target.pid, signal.SIGCONT)

@@ -15,27 +15,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import pytest
 
-from support import BIN, PROBING, Target, agent_threads, wait_until
+from support import BIN, Target, agent_threads, python_cli, run_bytes, wait_until
 
 PYTHON_CLI = BIN / "probing-python"
 SITE = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 PACKAGE = BIN.parent / "lib" / SITE / "site-packages" / "probing"
 HELD = "the agent will start when it is released; answered from outside the process (py-spy)"
-
-
-def run(command: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    environment = dict(os.environ)
-    environment.pop("PROBING", None)
-    environment.update(env or {})
-    return subprocess.run(command, capture_output=True, timeout=60, env=environment)
-
-
-def python_cli(pid: int) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    return run([PROBING, str(pid), "backtrace"], env={"PROBING_NATIVE_FRONT": "0"})
 
 
 def prefix(tmp_path: Path, with_python_cli: bool) -> str:
@@ -48,6 +36,12 @@ def prefix(tmp_path: Path, with_python_cli: bool) -> str:
     if with_python_cli:
         shutil.copy(PYTHON_CLI, tmp_path / "bin" / "probing-python")
     return str(tmp_path / "bin" / "probing")
+
+
+def told_injected(pid: int) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    """`probing -v PID backtrace` of the Python CLI itself, told PROBING_INJECTED=PID (the front
+    end takes the variable out of any command it is given)."""
+    return run_bytes([str(PYTHON_CLI), "-v", str(pid), "backtrace"], env={"PROBING_INJECTED": str(pid)})
 
 
 def one_agent(pid: int) -> bool:
@@ -63,7 +57,7 @@ def front_alone(tmp_path: Path) -> str:
 
 def test_a_fresh_process_is_attached_and_answered_natively(front_alone: str) -> None:
     with Target("sleeper.py", via="plain") as job:
-        native = run([front_alone, str(job.pid), "backtrace"])
+        native = run_bytes([front_alone, str(job.pid), "backtrace"])
         assert native.returncode == 0, native.stderr.decode(errors="replace")
         assert wait_until(lambda: one_agent(job.pid), 10), agent_threads(job.pid)
         python = python_cli(job.pid)
@@ -76,7 +70,7 @@ def test_a_job_holding_the_gil_before_any_attach_is_read_from_outside_at_once(fr
     the helper's thread (waiting for the GIL) left out."""
     with Target("gil_holder.py", via="plain") as job:
         path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-        native = run([front_alone, str(job.pid), "backtrace"], env={"PATH": path})
+        native = run_bytes([front_alone, str(job.pid), "backtrace"], env={"PATH": path})
         assert native.returncode == 0, native.stderr.decode(errors="replace")
         assert HELD in native.stderr.decode(), native.stderr
         assert "probing-attach" in agent_threads(job.pid)  # it starts the agent once the GIL is free
@@ -92,7 +86,7 @@ def test_a_process_it_cannot_attach_alone_goes_to_the_python_cli(tmp_path: Path)
     front = tmp_path / "bin" / "probing"
     shutil.copy(BIN / "probing", front)
     with Target("sleeper.py", via="plain") as job:
-        alone = run([str(front), str(job.pid), "backtrace"])
+        alone = run_bytes([str(front), str(job.pid), "backtrace"])
         assert alone.returncode == 1 and b"cannot run the Python CLI" in alone.stderr
         assert agent_threads(job.pid) == []
 
@@ -102,7 +96,7 @@ def test_a_slow_load_is_handed_over_and_the_helper_injected_once(tmp_path: Path)
     Python CLI waits on for the same helper. One agent, whichever of the two saw it up."""
     front = prefix(tmp_path, with_python_cli=True)
     with Target("gc_loop.py", via="plain") as job:
-        result = run([front, str(job.pid), "backtrace"])
+        result = run_bytes([front, str(job.pid), "backtrace"])
         assert result.returncode == 0, result.stderr.decode(errors="replace")
         assert b'"collector"' in result.stdout
         assert wait_until(lambda: one_agent(job.pid), 10), agent_threads(job.pid)
@@ -113,10 +107,9 @@ def test_the_python_cli_told_the_helper_is_in_does_not_inject_again() -> None:
     with Target("gil_holder.py", via="plain") as job:
         injector = PACKAGE / "_native" / "probing-inject"
         helper = PACKAGE / "_native" / "libprobing-helper.so"
-        injected = run([str(injector), str(job.pid), str(helper)])
+        injected = run_bytes([str(injector), str(job.pid), str(helper)])
         assert injected.returncode == 0 and injected.stdout.startswith(b'{"ok": true'), injected
-        # The Python CLI itself: the front end takes the variable out of any command it is given.
-        told = run([str(PYTHON_CLI), "-v", str(job.pid), "backtrace"], env={"PROBING_INJECTED": str(job.pid)})
+        told = told_injected(job.pid)
         log = told.stderr.decode()
         assert told.returncode == 0, log
         assert f"the native front end injected the helper into PID {job.pid}" in log
@@ -128,7 +121,7 @@ def test_a_stray_injected_variable_does_not_stop_an_attach() -> None:
     """PROBING_INJECTED naming a process with no helper in it (exported by hand, or left over):
     the Python CLI attaches as usual."""
     with Target("sleeper.py", via="plain") as job:
-        told = run([str(PYTHON_CLI), "-v", str(job.pid), "backtrace"], env={"PROBING_INJECTED": str(job.pid)})
+        told = told_injected(job.pid)
         assert told.returncode == 0, told.stderr
         assert f"attaching to PID {job.pid}" in told.stderr.decode()
         assert "the native front end injected" not in told.stderr.decode()
