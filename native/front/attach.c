@@ -197,26 +197,35 @@ static int inject(const char *injector, const char *helper, int pid)
     return strncmp(reply, "{\"ok\": true", 11) == 0 ? 0 : -1;
 }
 
-/* Ask the agent once its socket is there, within EARLY_LOOK_US of the injection (a loader that
- * takes longer is attach.py's to wait for); `look` once when no thread of the job runs. */
+/* How long this program waits for the agent before the Python CLI takes the wait over: a load
+ * on a loaded machine (CI, three test workers on two cores) took over 300 ms. */
+#define HAND_OVER_US (2 * 1000 * 1000LL)
+
+/* Ask the agent once its socket is there, within HAND_OVER_US of the injection (a loader that
+ * takes longer is attach.py's to wait for). As attach.py's _EarlyLook: `look` once when no
+ * thread of the job runs, and once EARLY_LOOK_US after the injection (a holder that runs). */
 static int wait_for_agent(int pid, const places_t *places, answer_t *answer, long long injected,
                           outside_look look, void *context)
 {
-    int still = 0, looked = 0;
-    for (long long looked_at = 0; now_us() - injected < EARLY_LOOK_US;) {
+    int still = 0, looked_still = 0, looked_late = 0;
+    for (long long looked_at = 0; now_us() - injected < HAND_OVER_US;) {
         if (!process_alive(pid) || attach_error_left(places))
             return -1;
         if (socket_there(places)) {
             int asked = ask_agent(pid, answer);
             if (asked == ASK_OK)
                 return 0;
-            if (asked == ASK_STILL && !looked++)
+            if (asked == ASK_STILL && !looked_still++)
                 look(context);
-        } else if (!looked && now_us() - looked_at >= STILL_CHECK_US) {
+        } else if (!looked_still && now_us() - looked_at >= STILL_CHECK_US) {
             looked_at = now_us();
             still = running_threads(pid) == 0 ? still + 1 : 0;
-            if (still >= STILL_CHECKS && !looked++)
+            if (still >= STILL_CHECKS && !looked_still++)
                 look(context); /* returns only when no thread of the job holds the GIL */
+        }
+        if (!looked_late && now_us() - injected >= EARLY_LOOK_US) {
+            looked_late = 1;
+            look(context);
         }
         struct timespec pause = {0, 2 * 1000 * 1000};
         nanosleep(&pause, NULL);
