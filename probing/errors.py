@@ -39,6 +39,7 @@ class ExitCode:
     TRACED = 17
     RECORD_NOT_WRITTEN = 18
     GIL_DISABLED = 19
+    STRAGGLER = 20
     COMMAND_NOT_EXECUTABLE = 126
     COMMAND_NOT_FOUND = 127
 
@@ -67,6 +68,7 @@ class ExitCode:
         "record directory is refused)",
         GIL_DISABLED: "the job runs a free-threaded CPython with the GIL disabled, and the command "
         "would read its threads' frames, which is safe only under the GIL",
+        STRAGGLER: "stragglers: some rank is late to the job's collectives (the output names it, and where)",
         COMMAND_NOT_EXECUTABLE: "probing run: the command is not executable",
         COMMAND_NOT_FOUND: "probing run: the command was not found",
     }

@@ -35,6 +35,7 @@ from .report import report
 from .run import run
 from .spec import BACKTRACE_OPTIONS, ENDPOINTS, GLOBAL_OPTIONS, TARGET, names_target
 from .spellings import Commands, foreign_spelling
+from .stragglers import stragglers
 from .switch import nan, trace
 from .tables import tables
 
@@ -128,6 +129,7 @@ def cli(
       probing PID flamegraph -o F.html   sampled stacks as a flame graph (--torch: by module)
       probing PID trace export -o F.json the traced steps as a timeline for ui.perfetto.dev
       probing PID hang --ranks all which rank of the job is stuck, and where (--ranks: most commands)
+      probing PID stragglers       which rank the job waits for, in which phase, by how much
       probing tcp://HOST:PORT ...  an agent on another node, over TCP (PROBING_LISTEN, PROBING_TOKEN)
       probing list                 Python processes by job, and which have an agent
       probing records              the records jobs left on this machine when they ended
@@ -182,6 +184,7 @@ cli.add_command(ranks)
 cli.add_command(core_command)
 cli.add_command(report)
 cli.add_command(flamegraph)
+cli.add_command(stragglers)
 
 
 def _values_not_options(args: List[str]) -> List[str]:

@@ -125,6 +125,10 @@ class Kind:
     def hang(self, duration: float, samples: int, timeout: float, carriers: Sequence[str]) -> Answer:
         raise self.not_for()
 
+    def stragglers(self, duration: float, timeout: float) -> Answer:
+        """`stragglers`: which rank the job waits for (a job's alone)."""
+        raise self.not_for()
+
     def memory(
         self, growth: Optional[float], cuda_snapshot: bool, interval: Optional[float], top: int,
         timeout: float, scan_budget: float, live_options: Sequence[str],

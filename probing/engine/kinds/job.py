@@ -113,6 +113,23 @@ class Job(Kind):
         answer.notes = list(watched.notes)
         return answer
 
+    def stragglers(self, duration: float, timeout: float) -> Ranks:
+        from ..jobs.stragglers import watch_job as watch_for_stragglers
+
+        watched = watch_for_stragglers(self.chosen, self.rank_target, duration, timeout, self.attach_timeout)
+        verdict = watched.verdict
+        if verdict.stuck is not None:
+            code = ExitCode.HUNG
+        elif verdict.stragglers:
+            code = ExitCode.STRAGGLER
+        elif watched.failure_code is not None:
+            code = watched.failure_code
+        else:
+            code = ExitCode.PARTIAL if verdict.missing else ExitCode.OK
+        answer = Ranks(self.job, None, verdict, code)
+        answer.notes = list(watched.notes)
+        return answer
+
     def memory(
         self, growth: Optional[float], cuda_snapshot: bool, interval: Optional[float], top: int,
         timeout: float, scan_budget: float, live_options: Sequence[str],

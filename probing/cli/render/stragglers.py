@@ -1,0 +1,80 @@
+"""`probing PID stragglers`: the job's verdict first (the stragglers in order, or none, or stuck),
+then each rank's step, computing and waiting, and how often it came last; or the same as JSON."""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any, Dict, List, Optional
+
+from ...analysis.stragglers import Verdict, straggler_line, verdict_line
+from . import inert
+from .json_writer import write_json
+from .rows import write_table
+
+
+def write_stragglers(verdict: Verdict, format: str, out: Optional[IO[str]] = None) -> None:
+    if format == "json":
+        write_json(verdict_json(verdict), out)
+        return
+    out = out or sys.stdout
+    step = f", a step every {verdict.step_s * 1e3:.1f} ms" if verdict.step_s else ""
+    per_step = f" ({verdict.period} a step)" if verdict.step_s and verdict.period > 1 else ""
+    group = f" of process group {inert(verdict.pg_id)}" if verdict.pg_id is not None else ""
+    out.write(
+        f"Watched {len(verdict.ranks)} ranks for {verdict.window_s:.1f} s: "
+        f"{verdict.compared} {inert(verdict.op)}s{group} compared{per_step}{step}.\n"
+    )
+    title = "Straggler" if len(verdict.stragglers) == 1 else "Stragglers"
+    lines = verdict_line(verdict).split("\n")
+    head = f"{title}: " if verdict.stragglers else ""
+    out.write(
+        "".join(
+            f"{head if index == 0 else ' ' * len(head)}{inert(line)}\n" for index, line in enumerate(lines)
+        )
+    )
+    if verdict.ranks and verdict.step_s:
+        out.write("\n")
+        rows = [
+            (t.rank, _text(t.node), _ms(t.step_s), _ms(t.computing_s), _ms(t.waiting_s),
+             f"{t.last_share:.0%}", _ms(t.delay_s), f"{t.late_share:.0%}")
+            for t in verdict.ranks
+        ]  # fmt: skip
+        columns = ["rank", "node", "step", "computing", "waiting", "last to arrive", "late by", "late to"]
+        write_table(columns, ["VARCHAR"] * len(columns), rows, out)
+    if verdict.missing:
+        out.write("\nNot watched:\n")
+        write_table(["rank", "why"], ["VARCHAR", "VARCHAR"], list(verdict.missing), out)
+
+
+def _ms(value: Optional[float]) -> str:
+    return "" if value is None else f"{value * 1e3:.1f} ms"
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def verdict_json(verdict: Verdict) -> Dict[str, Any]:
+    if verdict.stuck is not None:
+        state = "stuck"
+    elif verdict.stragglers:
+        state = "stragglers"
+    else:
+        state = "no straggler" if verdict.step_s is not None else "no verdict"
+    stragglers: List[Dict[str, Any]] = [
+        dict(each._asdict(), verdict=straggler_line(each, verdict.op)) for each in verdict.stragglers
+    ]
+    return {
+        "verdict": state,
+        "summary": verdict_line(verdict),
+        "window_s": verdict.window_s,
+        "op": verdict.op,
+        "pg_id": verdict.pg_id,
+        "compared": verdict.compared,
+        "collectives_per_step": verdict.period,
+        "step_s": verdict.step_s,
+        "stragglers": stragglers,
+        "stuck": verdict.stuck._asdict() if verdict.stuck is not None else None,
+        "ranks": [timing._asdict() for timing in verdict.ranks],
+        "missing": [{"rank": rank, "reason": reason} for rank, reason in verdict.missing],
+    }

@@ -1,0 +1,121 @@
+"""`stragglers`: every rank watched over the same window, each through its agent: its stacks
+sampled for the window (or by py-spy from outside when the agent cannot answer), then its
+collectives of the window read from its Flight Recorder (python.collectives); the
+analysis.stragglers verdict is made of them.
+
+Before the window each rank is asked for python.process_groups: it costs the job nothing to
+speak of (the recorder's progress counters, no entries), and where the job's torch records
+nothing (TORCH_FR_BUFFER_SIZE=0) it starts the agent's own record of the collectives, so the
+window has arrivals to compare. The Flight Recorder's entries (a dump of up to 2000 of them holds
+the rank's GIL for tens of ms) are read after the window, so its cost falls outside it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from ...analysis.stragglers import Arrival, RankWatched, Verdict, judge
+from ...errors import ProbingError
+from ...schema.tables import COLLECTIVES, PROCESS_GROUPS
+from ..flames.sampled import sample_stacks
+from ..query import fetch_tables
+from ..target import Target
+from .fanout import gather
+from .job import Rank
+
+# Stack samples a second asked of each rank's agent (it paces itself to its cost share).
+SAMPLE_RATE_HZ = 100.0
+# Beyond the window, what each rank may take: the first question, the dump, the answer.
+RANK_SLACK_S = 10.0
+
+
+class Watched(NamedTuple):
+    arrivals: Optional[List[Arrival]]
+    stacks: Optional[List[Any]]
+    carrier: str
+    notes: List[str]
+
+
+class JobStragglers(NamedTuple):
+    verdict: Verdict
+    notes: List[str]  # "rank N: ..." (a rank read from outside, a table it could not give)
+    failure_code: Optional[int]  # when no rank could be watched: the first failure's exit code
+
+
+def arrivals_of(rows: List[Dict[str, Any]]) -> List[Arrival]:
+    """The collectives (not point-to-point) of python.collectives' rows, as arrivals."""
+    arrivals = []
+    for row in rows:
+        at, seq = row.get("time_created"), row.get("seq")
+        if row.get("is_p2p") or not isinstance(at, float) or not isinstance(seq, int):
+            continue
+        pending = row.get("state") in ("scheduled", "started")
+        arrivals.append(
+            Arrival(str(row.get("pg_id")), seq, str(row.get("op")), str(row.get("input_sizes")), at, pending)
+        )
+    return arrivals
+
+
+def _carrier(rows: List[Dict[str, Any]], stacks: Optional[List[Any]]) -> str:
+    """The thread that issues the collectives: the one most rows name, where the samples know a
+    thread of that name; else MainThread (the recorder names the OS thread, `python3` for the
+    main thread, the samples its Python name)."""
+    counts: Dict[str, int] = {}
+    for row in rows:
+        name = row.get("thread_name")
+        if isinstance(name, str) and name:
+            counts[name] = counts.get(name, 0) + 1
+    sampled = {frames[0] for frames, _ in stacks or [] if frames}
+    named = [name for name in sorted(counts, key=lambda name: -counts[name]) if name in sampled]
+    return named[0] if named else "MainThread"
+
+
+def _table_rows(target: Target, table: str, timeout: float) -> List[Dict[str, Any]]:
+    fetched = fetch_tables(target, f"SELECT * FROM {table}", timeout, scan_budget=0.5, step_wait=0.0)
+    for decoded in fetched.tables:
+        if decoded.name == table:
+            return list(decoded.to_rows())
+    raise ProbingError(f"its agent gave no {table} ({'; '.join(fetched.notes) or 'no reason given'})")
+
+
+def watch_rank(target: Target, duration: float, timeout: float) -> Watched:
+    """One rank over the window: its stacks, then its collectives."""
+    notes: List[str] = []
+    try:
+        _table_rows(target, PROCESS_GROUPS.name, timeout)
+    except ProbingError as error:
+        notes.append(f"no process groups before the window: {error.message}")
+    stacks: Optional[List[Any]] = None
+    try:
+        flame = sample_stacks(target, duration, SAMPLE_RATE_HZ, timeout)
+        stacks = list(flame.stacks)
+        notes.extend(flame.notes)
+    except ProbingError as error:
+        notes.append(f"its stacks could not be sampled: {error.message}")
+    rows = _table_rows(target, COLLECTIVES.name, timeout)
+    return Watched(arrivals_of(rows), stacks, _carrier(rows, stacks), notes)
+
+
+def watch_job(
+    ranks: List[Rank],
+    target_of: Callable[[Rank], Target],
+    duration: float,
+    timeout: float,
+    attach_timeout: float,
+) -> JobStragglers:
+    """Watch every rank over `duration` seconds, then judge the job."""
+    start = time.time()
+    deadline = attach_timeout + duration + 3 * timeout + RANK_SLACK_S
+    gathered = gather(ranks, lambda rank: watch_rank(target_of(rank), duration, timeout), deadline)
+    views: List[RankWatched] = []
+    notes: List[str] = []
+    for rank, watched in sorted(gathered.answers, key=lambda pair: pair[0].rank):
+        views.append(RankWatched(rank.rank, rank.node, watched.arrivals, watched.stacks, watched.carrier))
+        notes.extend(f"rank {rank.rank}: {note}" for note in watched.notes)
+    for each in gathered.missing:
+        views.append(
+            RankWatched(each.rank.rank, each.rank.node, None, None, missing_reason=each.error.message)
+        )
+    failure = None if gathered.answers or not gathered.missing else int(gathered.missing[0].error.exit_code)
+    return JobStragglers(judge(views, (start, start + duration)), notes, failure)
