@@ -21,7 +21,9 @@ from torch import nn
 
 from probing.agent.pytorch import tracer as torchtrace
 
-AGENT = os.sep + os.path.join("probing", "agent") + os.sep
+# The agent's own directory, as its code objects name their files; not any path with probing/agent/
+# in it, which a checkout or a job may have too.
+AGENT = os.path.join(os.path.dirname(os.path.dirname(torchtrace.__file__)), "")
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "numpy", "cpu")
 
 
@@ -87,9 +89,9 @@ def entries_per_step(net: nn.Module, steps: int, tracer: Any) -> List[Dict[str, 
     counted = {"n": 0}
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and AGENT in frame.f_code.co_filename:
+        if event == "call" and frame.f_code.co_filename.startswith(AGENT):
             caller = frame.f_back
-            if caller is None or AGENT not in caller.f_code.co_filename:
+            if caller is None or not caller.f_code.co_filename.startswith(AGENT):
                 counted["n"] += 1
 
     found = []

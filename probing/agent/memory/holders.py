@@ -30,7 +30,7 @@ from ...originals import perf_counter
 from ..imported import imported
 from ..pacing import Pacer
 from ..stacks import current_frames, outermost_first
-from .job_code import AGENT_DIR, is_library, library_roots
+from .job_code import AGENT_PREFIX, is_library, library_roots
 from .objects import release
 
 MAX_OBJECTS = 500_000  # objects looked at, at most
@@ -336,7 +336,7 @@ def _namespaces() -> Iterator[Tuple[str, Any]]:
     for innermost in current_frames().values():
         for outer in outermost_first(innermost):
             code = outer.f_code
-            if code.co_filename.startswith(AGENT_DIR):
+            if code.co_filename.startswith(AGENT_PREFIX):
                 continue
             try:
                 local_names = outer.f_locals
