@@ -20,7 +20,7 @@ import itertools
 import sys
 import weakref
 from types import CodeType, FrameType, FunctionType, ModuleType
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ...originals import allocate_lock, monotonic
 from ..imported import imported, importing
@@ -60,38 +60,43 @@ def _namespaces(own_threads: Any) -> Iterator[Dict[str, Any]]:
 
 def names_of(objects: Sequence[Any], own_threads: Any = ()) -> Dict[int, str]:
     """A readable name for each object: the variable that holds it (`model`), or an attribute
-    of such a variable (`trainer.model`, `self.model`)."""
+    of such a variable (`trainer.model`, `self.model`), from the first namespace that has either.
+    Namespace by namespace, not every variable before every attribute: a training thread inside
+    `trainer.model(batch)` has the model as `self` in torch's Module.__call__ frame, a name the
+    job never wrote and one that a query sees only when it lands mid-forward."""
     wanted = {id(item) for item in objects}
     names: Dict[int, str] = {}
-    holders: List[Tuple[str, Any]] = []
     for namespace in _namespaces(own_threads):
-        for key, value in list(namespace.items()):
-            if key.startswith("__"):
-                continue
-            if id(value) in wanted and id(value) not in names:
-                names[id(value)] = key
-            elif (
-                hasattr(value, "__dict__")
-                and not isinstance(value, type)
-                and type(value).__name__ != "module"
-            ):
-                holders.append((key, value))
-    for key, holder in holders:
         if len(names) == len(wanted):
             break
-        try:
-            attributes = list(vars(holder).items())
-        except TypeError:
-            continue
-        for attribute, value in attributes:
-            if id(value) in wanted and id(value) not in names:
-                names[id(value)] = f"{key}.{attribute}"
+        _name_from(namespace, wanted, names)
     taken: Dict[str, int] = {}
     for item in objects:
         name = names.get(id(item)) or type(item).__name__
         count = taken[name] = taken.get(name, 0) + 1
         names[id(item)] = name if count == 1 else f"{name}#{count}"
     return names
+
+
+def _name_from(namespace: Dict[str, Any], wanted: Set[int], names: Dict[int, str]) -> None:
+    """Name what `wanted` holds that `names` lacks after a variable of `namespace`, then after an
+    attribute of one (a variable of the place comes first)."""
+    holders: List[Tuple[str, Any]] = []
+    for key, value in list(namespace.items()):
+        if key.startswith("__"):
+            continue
+        if id(value) in wanted:
+            names.setdefault(id(value), key)
+        elif hasattr(value, "__dict__") and not isinstance(value, type) and type(value).__name__ != "module":
+            holders.append((key, value))
+    for key, holder in holders:
+        try:
+            attributes = list(vars(holder).items())
+        except TypeError:
+            continue
+        for attribute, value in attributes:
+            if id(value) in wanted:
+                names.setdefault(id(value), f"{key}.{attribute}")
 
 
 class Found(NamedTuple):
