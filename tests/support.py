@@ -201,19 +201,22 @@ def read_ready_lines(
 
 
 class TorchrunJob:
-    """A real torchrun job of tests/targets/ranks_job.py (gloo, CPU), `ranks` processes on this
-    machine, standalone (its own rendezvous port, so two jobs never share one). Ready once every
-    rank said `ready RANK PID`; `pids` maps rank to PID, `agent_pid` is torchrun's own process.
-    The whole session (torchrun and its ranks) is killed on exit."""
+    """A real torchrun job of tests/targets/ranks_job.py (or of `script`, given `args` alone; gloo,
+    CPU), `ranks` processes on this machine, standalone (its own rendezvous port, so two jobs never
+    share one). Ready once every rank said `ready RANK PID`; `pids` maps rank to PID, `agent_pid`
+    is torchrun's own process. The whole session (torchrun and its ranks) is killed on exit."""
 
     def __init__(self, scenario: str = "healthy", ranks: int = 4, args: Optional[List[str]] = None,
-                 env: Optional[Dict[str, str]] = None, ready_timeout: float = 120.0) -> None:  # fmt: skip
+                 env: Optional[Dict[str, str]] = None, ready_timeout: float = 120.0,
+                 script: str = "ranks_job.py") -> None:  # fmt: skip
         need("torch", "torchrun")
+        self.script = script
+        chosen = ["--scenario", scenario] if script == "ranks_job.py" else []
         environment = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         environment.pop("PROBING", None)
         environment.update(env or {})
         command = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}",
-                   str(TARGETS / "ranks_job.py"), "--scenario", scenario, *(args or [])]  # fmt: skip
+                   str(TARGETS / script), *chosen, *(args or [])]  # fmt: skip
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=environment, start_new_session=True,
@@ -257,7 +260,7 @@ class TorchrunJob:
         for pid in self.pids.values():
             try:
                 rank = psutil.Process(pid)
-                if "ranks_job.py" in " ".join(rank.cmdline()):
+                if self.script in " ".join(rank.cmdline()):
                     processes.append(rank)
             except psutil.Error:
                 pass

@@ -33,8 +33,6 @@ import statistics
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from .mismatches import ranks_text
-
 # A rank is late when it arrives this much after the others at least, and this share of a step.
 LATE_FLOOR_S = 0.003
 LATE_SHARE_OF_STEP = 0.05
@@ -121,6 +119,7 @@ class Stuck(NamedTuple):
     waiting: List[int]
     behind: List[int]
     waited_s: float
+    where: Dict[int, str]  # each rank behind: the job's own frame its samples found most
 
 
 class Verdict(NamedTuple):
@@ -286,7 +285,19 @@ def _stuck(present: Sequence[RankWatched], end: float) -> Optional[Stuck]:
     waiting = sorted({rank for arrival, rank in pending if (arrival.pg_id, arrival.seq) == key})
     reached = {view.rank for view in present for a in view.arrivals or [] if (a.pg_id, a.seq) == key}
     behind = sorted(view.rank for view in present if view.rank not in reached)
-    return Stuck(oldest.op, oldest.pg_id, oldest.seq, waiting, behind, end - oldest.at)
+    where = {view.rank: _most_sampled(view) for view in present if view.rank in behind}
+    places = {rank: frame for rank, frame in where.items() if frame is not None}
+    return Stuck(oldest.op, oldest.pg_id, oldest.seq, waiting, behind, end - oldest.at, places)
+
+
+def _most_sampled(view: RankWatched) -> Optional[str]:
+    """The job's own frame (else the innermost) the carrier thread's samples found most."""
+    counts: Dict[str, float] = {}
+    for stack, weight in view.stacks or []:
+        if len(stack) > 1 and stack[0] == view.carrier:
+            frame = own_frame(stack[1:]) or stack[-1]
+            counts[frame] = counts.get(frame, 0.0) + weight
+    return max(sorted(counts), key=lambda frame: counts[frame]) if counts else None
 
 
 def phase_of(frames: Sequence[str]) -> str:
@@ -361,35 +372,3 @@ def _most_common(values: Sequence[str]) -> str:
     for value in values:
         counts[value] = counts.get(value, 0) + 1
     return max(sorted(counts), key=lambda value: counts[value]) if counts else "collective"
-
-
-def verdict_line(verdict: Verdict) -> str:
-    """The verdict in one sentence (or one per straggler)."""
-    if verdict.stuck is not None:
-        stuck = verdict.stuck
-        behind = f"; {ranks_text(stuck.behind)} never arrived" if stuck.behind else ""
-        return (
-            f"the job is stuck, not slow: {ranks_text(stuck.waiting)} waited {stuck.waited_s:.1f} s in "
-            f"{stuck.op} #{stuck.seq} (group {stuck.pg_id}){behind}; `hang --ranks all` says where"
-        )
-    if verdict.compared < MIN_COMPARED:
-        return f"too few collectives to compare in {verdict.window_s:.1f} s ({verdict.compared}): no verdict"
-    if not verdict.stragglers:
-        return f"no straggler: no rank is late to the {verdict.op}s"
-    return "\n".join(straggler_line(each, verdict.op) for each in verdict.stragglers)
-
-
-def straggler_line(straggler: Straggler, op: str) -> str:
-    late = f"{straggler.late_share:.0%} of {op}s by {straggler.delay_s * 1e3:.0f} ms median"
-    waits = f"the job waits for it {straggler.job_share:.0%} of its step time"
-    line = f"rank {straggler.rank} is late to {late}; {waits}"
-    if straggler.phase is None:
-        return line + "; its stacks could not be sampled"
-    where = f" ({frame_text(straggler.frame)})" if straggler.frame else ""
-    return line + f"; it spends the extra time in {straggler.phase}{where}"
-
-
-def frame_text(frame: str) -> str:
-    """`function (file:line)` as a sentence names it: `function`, file:line."""
-    function, _, place = frame.rpartition(" (")
-    return f"`{function}`, {place[:-1]}" if function and place.endswith(")") else frame

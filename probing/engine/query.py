@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import __version__
-from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout
+from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout, UsageError
 from ..outside.pyspy import outside_budget
 from ..protocol.tables import DecodedTable
 from ..schema.rows import backtrace_values_of
-from ..schema.tables import AGENT_TABLES, BACKTRACE, RANK_COLUMNS, Column, Table
+from ..schema.tables import AGENT_TABLES, BACKTRACE, JOB_TABLES, RANK_COLUMNS, Column, Table
+from ..sql.derived import make_views, sources_named
 from ..sql.session import SqlSession, notes_on_what_is_read, referenced_tables
 from .backtrace import ask, from_outside
 from .jobs.fanout import Missing, gather
@@ -52,11 +53,18 @@ def _known_names() -> List[str]:
     return list(AGENT_TABLES) + list(LOCAL_TABLES)
 
 
+def _named(names: List[str], sql: str) -> List[str]:
+    """Those of `names` the query reads: those it names, and the sources of the views it names
+    (python.collective_timings reads python.collectives)."""
+    wanted = sources_named(referenced_tables(names, sql), lambda views: referenced_tables(views, sql))
+    return [name for name in wanted if name in names]
+
+
 def fetch_tables(
     target: Target, sql: str, timeout: float, scan_budget: float = 1.0, step_wait: float = 1.0
 ) -> Fetched:
     """Read the tables `sql` names from the target (no DuckDB here: many ranks fetch at once)."""
-    wanted = referenced_tables(_known_names(), sql)
+    wanted = _named(_known_names(), sql)
     local = [name for name in wanted if name in LOCAL_TABLES]
     pid = target.pid
     notes: List[str] = []
@@ -107,14 +115,14 @@ def _fetch_from(
     # past a big heap, must not be taken for silence). A rank on another node cannot be looked at:
     # its first table goes at once, and its hello comes with it.
     if target.pid is None and not client.info:
-        first = referenced_tables(list(AGENT_TABLES), sql)
+        first = _named(list(AGENT_TABLES), sql)
         if first:
             fetch(first[0])
     described = described_in_hello(client.info)
     if described is None:
         answer, _ = ask(client, "tables", {}, timeout, target)
         described = list(answer["tables"])
-    theirs = referenced_tables([table["name"] for table in described], sql)
+    theirs = _named([table["name"] for table in described], sql)
     for name in theirs:
         if name not in LOCAL_TABLES and name not in fetched:
             fetch(name)
@@ -145,6 +153,11 @@ def load_tables(
     target: Target, sql: str, timeout: float, scan_budget: float = 1.0, step_wait: float = 1.0
 ) -> LoadedTables:
     """Fetch the tables `sql` names into a new session; run the query with `.session.run(sql)`."""
+    for view in referenced_tables(list(JOB_TABLES), sql):
+        raise UsageError(
+            f"{view} compares the ranks of a job: one process has only its own rows",
+            hint=f'query it with --ranks all: probing PID query --ranks all "SELECT * FROM {view}"',
+        )
     fetched = fetch_tables(target, sql, timeout, scan_budget, step_wait)
     if fetched.described is not None:
         session = SqlSession(fetched.described + local_tables_described())
@@ -203,7 +216,7 @@ def load_job_tables(
 ) -> JobTables:
     """The tables `sql` names, fetched from every rank at once and loaded into one session."""
     per_table = timeout + scan_budget + step_wait + STEP_HOOK_INSTALL_S
-    tables = max(1, len(referenced_tables(_known_names(), sql)))
+    tables = max(1, len(_named(_known_names(), sql)))
     deadline = attach_timeout + timeout + per_table * tables + outside_budget(timeout)
     gathered = gather(
         ranks, lambda rank: fetch_tables(target_of(rank), sql, timeout, scan_budget, step_wait), deadline
@@ -219,6 +232,7 @@ def load_job_tables(
         fill(session, fetched, {"rank": rank.rank, "local_rank": rank.local_rank, "node": rank.node})
         for note in fetched.notes:
             said.setdefault(note, []).append(rank.rank)
+    make_views(session.connection, list(session.tables))
     notes = [f"{_ranks_named(by, len(ranks))}: {note}" for note, by in said.items()]
     return JobTables(session, gathered.missing, notes)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .definition import Column, Table
 from .torch_tables import (
+    COLLECTIVE_TIMINGS,
     COLLECTIVES,
     CUDA_MEMORY,
     MODULES,
@@ -259,3 +260,6 @@ PROCESS_STATS = Table(
 )
 
 CLI_TABLES: Dict[str, Table] = {PROCESS_STATS.name: PROCESS_STATS}
+
+# Made by the CLI of the tables of every rank (`query --ranks`), as views (probing/sql/derived.py).
+JOB_TABLES: Dict[str, Table] = {COLLECTIVE_TIMINGS.name: COLLECTIVE_TIMINGS}

@@ -233,3 +233,31 @@ PROCESS_GROUPS = Table(
         Column("source", "VARCHAR", "'flight_recorder' or 'probing'"),
     ],
 )
+
+# Made by the CLI from every rank's python.collectives (`query --ranks`): probing/sql/derived.py.
+COLLECTIVE_TIMINGS = Table(
+    "python.collective_timings",
+    "Each rank's arrival at each collective, against the other ranks' (query it with --ranks all; made by "
+    "the CLI from every rank's python.collectives): who came last, and how long the others waited for it. "
+    "Point-to-point operations are left out. Times are the nodes' own clocks.",
+    [
+        Column("rank", "INTEGER", "the global rank that arrived"),
+        Column("node", "INTEGER", "its node (torchrun's GROUP_RANK)"),
+        Column("pg_id", "VARCHAR", "process group, as in python.collectives"),
+        Column("pg_desc", "VARCHAR", "process group description"),
+        Column("seq", "BIGINT", "the group's sequence number of the collective"),
+        Column("op", "VARCHAR", "e.g. all_reduce"),
+        Column("arrival", "DOUBLE", "when this rank enqueued it, seconds since the epoch (time_created)"),
+        Column("late_s", "DOUBLE", "seconds after the first rank's arrival"),
+        Column(
+            "wait_s", "DOUBLE", "seconds until the last rank's arrival: what this rank waited for the others"
+        ),
+        Column("last", "BOOLEAN", "whether this rank arrived last (the others waited for it)"),
+        Column("ranks_arrived", "BIGINT", "ranks of the query that arrived at it"),
+        Column("group_size", "BIGINT", "ranks in the process group"),
+        Column(
+            "duration_s", "DOUBLE", "from arrival to completion where the recorder saw it (NCCL); else NULL"
+        ),
+        Column("state", "VARCHAR", "this rank's state of it: scheduled, started, completed"),
+    ],
+)

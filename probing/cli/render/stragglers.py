@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from typing import IO, Any, Dict, List, Optional
 
-from ...analysis.stragglers import Verdict, straggler_line, verdict_line
+from ...analysis.mismatches import ranks_text
+from ...analysis.stragglers import MIN_COMPARED, Straggler, Verdict
 from . import inert
 from .json_writer import write_json
 from .rows import write_table
@@ -78,3 +79,39 @@ def verdict_json(verdict: Verdict) -> Dict[str, Any]:
         "ranks": [timing._asdict() for timing in verdict.ranks],
         "missing": [{"rank": rank, "reason": reason} for rank, reason in verdict.missing],
     }
+
+
+def verdict_line(verdict: Verdict) -> str:
+    """The verdict in one sentence (or one per straggler)."""
+    if verdict.stuck is not None:
+        stuck = verdict.stuck
+        places = [
+            f"rank {rank} in {frame_text(stuck.where[rank])}" for rank in stuck.behind if rank in stuck.where
+        ]
+        at = f" ({'; '.join(places)})" if places else ""
+        behind = f"; {ranks_text(stuck.behind)} never arrived{at}" if stuck.behind else ""
+        return (
+            f"the job is stuck, not slow: {ranks_text(stuck.waiting)} waited {stuck.waited_s:.1f} s in "
+            f"{stuck.op} #{stuck.seq} (group {stuck.pg_id}){behind}; `hang --ranks all` says where"
+        )
+    if verdict.compared < MIN_COMPARED:
+        return f"too few collectives to compare in {verdict.window_s:.1f} s ({verdict.compared}): no verdict"
+    if not verdict.stragglers:
+        return f"no straggler: no rank is late to the {verdict.op}s"
+    return "\n".join(straggler_line(each, verdict.op) for each in verdict.stragglers)
+
+
+def straggler_line(straggler: Straggler, op: str) -> str:
+    late = f"{straggler.late_share:.0%} of {op}s by {straggler.delay_s * 1e3:.0f} ms median"
+    waits = f"the job waits for it {straggler.job_share:.0%} of its step time"
+    line = f"rank {straggler.rank} is late to {late}; {waits}"
+    if straggler.phase is None:
+        return line + "; its stacks could not be sampled"
+    where = f" ({frame_text(straggler.frame)})" if straggler.frame else ""
+    return line + f"; it spends the extra time in {straggler.phase}{where}"
+
+
+def frame_text(frame: str) -> str:
+    """`function (file:line)` as a sentence names it: `function`, file:line."""
+    function, _, place = frame.rpartition(" (")
+    return f"`{function}`, {place[:-1]}" if function and place.endswith(")") else frame
