@@ -94,6 +94,7 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_unharmed.py
 	$(BIN)/python benchmarks/bench_ranks.py
 	$(BIN)/python benchmarks/bench_collectives.py
+	$(BIN)/python benchmarks/bench_stragglers.py
 	$(BIN)/python benchmarks/bench_nodes.py
 	$(BIN)/python benchmarks/bench_records.py
 	$(BIN)/python benchmarks/bench_record_query.py

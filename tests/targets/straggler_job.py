@@ -3,7 +3,7 @@
     --slow-data RANK:MS[,RANK:MS]     the rank's ShardReader.read sleeps MS more for each batch
     --slow-forward RANK:MS[,...]      the rank's forward multiplies matrices for MS more
     --stuck RANK                      the rank's data loading never returns from step --step on
-    --step-log PATH                   rank 0 appends each step's seconds to PATH
+    --step-log PATH                   rank 0 appends `END_EPOCH_S SECONDS` for each step to PATH
 
 Every rank prints `ready <rank> <pid>` once its slowness is in place (after a few steps), or just
 before it gets stuck. Each rank runs until the test kills the job.
@@ -95,7 +95,7 @@ def train() -> None:
         time.sleep(0.01)  # the loop's own bookkeeping
         now = time.perf_counter()
         if log is not None:
-            log.write(f"{now - last:.6f}\n")
+            log.write(f"{time.time():.6f} {now - last:.6f}\n")
             log.flush()
         last = now
         if step == 3 and rank != options.stuck:
