@@ -88,9 +88,8 @@ def watch_rank(target: Target, duration: float, timeout: float) -> Watched:
         notes.append(f"no process groups before the window: {error.message}")
     stacks: Optional[List[Any]] = None
     try:
-        flame = sample_stacks(target, duration, SAMPLE_RATE_HZ, timeout)
-        stacks = list(flame.stacks)
-        notes.extend(flame.notes)
+        # Its notes (samples left out for their cost, stacks cut) are about a picture's detail.
+        stacks = list(sample_stacks(target, duration, SAMPLE_RATE_HZ, timeout).stacks)
     except ProbingError as error:
         notes.append(f"its stacks could not be sampled: {error.message}")
     rows = _table_rows(target, COLLECTIVES.name, timeout)
