@@ -103,6 +103,22 @@ def test_a_rank_holding_the_gil_is_read_from_outside(browser: Browser, tmp_path:
 
 
 @pytest.mark.pictures
+def test_a_straggler_is_named_on_the_job_page(browser: Browser, tmp_path: Path) -> None:
+    with TorchrunJob(script="straggler_job.py", ranks=2, args=["--slow-data", "1:30"]) as job:
+        output = tmp_path / "job.html"
+        result = probing(str(job.agent_pid), "report", "--ranks", "all", "-o", str(output))
+        assert result.returncode == ExitCode.OK, result.stderr
+    page = browser.open(output)
+    assert page.problems() == []
+    shown = sections(page)
+    assert shown.index("stragglers") == shown.index("hang") + 1, shown
+    said = page.evaluate("document.querySelector('#stragglers').innerText")
+    assert "rank 1 is late to " in said and "`probing PID stragglers` says where its time goes" in said
+    assert "The other rank: late by " in said
+    assert column(page, "stragglers", "rank") == ["1"]
+
+
+@pytest.mark.pictures
 def test_a_traced_job_draws_a_step_line_per_rank_and_a_frozen_rank_is_named(
     browser: Browser, tmp_path: Path
 ) -> None:

@@ -182,6 +182,37 @@ def _verdict(report: JobReport) -> str:
     return section("verdict", "Hang verdict", text(lead), "".join(parts))
 
 
+def _stragglers(report: JobReport) -> str:
+    """Who the job waits for: the stragglers, each a row; the other ranks in one line."""
+    verdict = report.stragglers
+    if verdict is None or verdict.step_s is None:
+        return ""
+    from ..render.stragglers import straggler_line
+
+    named = {each.rank for each in verdict.stragglers}
+    where = "`probing PID stragglers` says where its time goes"
+    lines = [straggler_line(each, verdict.op, where) for each in verdict.stragglers]
+    lines = lines or [f"No straggler: no rank is late to the {verdict.op}s."]
+    rows = [[number(t.rank), text(seconds(t.step_s)), text(seconds(t.computing_s)),
+             text(seconds(t.waiting_s)), text(f"{t.last_share:.0%}"), text(seconds(t.delay_s)),
+             text(f"{t.late_share:.0%}")]
+            for t in verdict.ranks if t.rank in named]  # fmt: skip
+    others = [t for t in verdict.ranks if t.rank not in named]
+    if others:
+        worst = max(t.delay_s for t in others)
+        who = "The other rank" if len(others) == 1 else f"The other {len(others)} ranks"
+        lines.append(f"{who}: late by {seconds(worst)} at most (median lateness).")
+    lead = (
+        f"Each rank's arrivals at the last {verdict.compared} {verdict.op}s every rank reached (of the"
+        f" last minute, from its Flight Recorder), a step every {seconds(verdict.step_s)}."
+    )
+    drawn = "".join(f"<p>{text(line)}</p>" for line in lines)
+    if rows:
+        header = ["rank", "step", "computing", "waiting", "last to arrive", "late by", "late to"]
+        drawn += table(header, rows, [True] * len(header))
+    return section("stragglers", "Stragglers", text(lead), drawn)
+
+
 def _ranks(report: JobReport) -> str:
     if not report.ranks:
         return ""
@@ -305,8 +336,8 @@ def job_chart_data(report: JobReport) -> Dict[str, List[Dict[str, Any]]]:
 def job_report_page(report: JobReport) -> str:
     """The whole page."""
     sections = [_missing_banner(report), _outside_banner(report), _hang_banner(report),
-                _verdict(report), _ranks(report), _steps(report), _memory(report), _threads(report),
-                _footer(report)]  # fmt: skip
+                _verdict(report), _stragglers(report), _ranks(report), _steps(report), _memory(report),
+                _threads(report), _footer(report)]  # fmt: skip
     charts = bool(report.steps or report.memory)
     body = (
         f"<main>{_header(report)}{''.join(sections)}</main>\n"

@@ -101,12 +101,12 @@ def verdict_line(verdict: Verdict) -> str:
     return "\n".join(straggler_line(each, verdict.op) for each in verdict.stragglers)
 
 
-def straggler_line(straggler: Straggler, op: str) -> str:
+def straggler_line(straggler: Straggler, op: str, no_phase: str = "its stacks could not be sampled") -> str:
     late = f"{straggler.late_share:.0%} of {op}s by {straggler.delay_s * 1e3:.0f} ms median"
     waits = f"the job waits for it {straggler.job_share:.0%} of its step time"
     line = f"rank {straggler.rank} is late to {late}; {waits}"
     if straggler.phase is None:
-        return line + "; its stacks could not be sampled"
+        return f"{line}; {no_phase}"
     where = f" ({frame_text(straggler.frame)})" if straggler.frame else ""
     return line + f"; it spends the extra time in {straggler.phase}{where}"
 

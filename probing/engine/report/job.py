@@ -5,7 +5,8 @@ The order is that of the single report (engine/report/live.py), for every rank a
 first (backtrace --ranks' way: from each agent, or from outside where it cannot answer), then,
 from the ranks whose agents answered, every table the page reads in one session with `rank`,
 `local_rank` and `node` columns (query.load_job_tables), then the job's hang verdict over a
-short window (job_hang.watch_job, the one `hang --ranks` prints). A rank that gives no stacks is
+short window (job_hang.watch_job, the one `hang --ranks` prints), and from the collectives that
+watch read, `stragglers`' verdict without its phases (analysis/stragglers.py). A rank that gives no stacks is
 asked nothing more: it is named at the top of the page, and the command exits PARTIAL.
 
 Bounded for a job of many ranks: the charts' points are shared out among the ranks (each rank's
@@ -17,15 +18,19 @@ across ranks, at most THREADS_SHOWN entries drawn.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple, cast
 
 from ...analysis.collectives import JobVerdict, main_thread
+from ...analysis.stragglers import RankWatched
+from ...analysis.stragglers import Verdict as StragglersVerdict
+from ...analysis.stragglers import judge as judge_stragglers
 from ...errors import ProbingError
 from ...sql.session import SqlSession
 from ..backtrace import Stacks, read_stacks_of_ranks, stacks_deadline
 from ..jobs.fanout import Missing
 from ..jobs.hang import watch_job
 from ..jobs.job import Job, Rank
+from ..jobs.stragglers import arrivals_of
 from ..query import load_job_tables
 from ..target import Target
 from .live import judged_threads
@@ -36,6 +41,8 @@ from .threads import THREADS_SHOWN, fold_threads, stack_key
 if TYPE_CHECKING:
     from ...schema.rows import BacktraceRow
 
+# The collectives of each rank's Flight Recorder the page's straggler verdict reads: the last minute.
+STRAGGLERS_WINDOW_S = 60.0
 JOB_TABLES_SQL = "SELECT 1 FROM python.process_groups, process.memory, python.torch_trace"
 # The charts' points for the whole job: 64 ranks get 100 steps and 120 memory points each, a
 # page of about 1.3 MB (2.3 MB when no two ranks share a stack); more ranks get fewer each.
@@ -91,6 +98,9 @@ class JobReport(NamedTuple):
     notes: List[str]
     timings: Dict[str, float]
     generated_at: float
+    # Who the job waits for, from the ranks' Flight Recorders as the hang watch read them (None:
+    # the watch did not run, or the job is hung).
+    stragglers: Optional[StragglersVerdict] = None
 
 
 def _job_fields(job: Job, chosen: List[Rank]) -> Dict[str, Any]:
@@ -267,6 +277,7 @@ def gather_job(
         )
     verdict = _watch_for_hang([rank for rank, _ in answered], target_of, hang_duration, hang_samples,
                               timeout, attach_timeout, missing, notes, timings)  # fmt: skip
+    stragglers = _stragglers(verdict)
     steps_each, memory_each = points_per_rank(len(answered))
     steps = step_times(session, "rank", steps_each) if session is not None else []
     memory = memory_history(session, "rank", memory_each) if session is not None else []
@@ -284,7 +295,22 @@ def gather_job(
         steps=steps, memory=memory, threads=shown,
         thread_count=sum(len(threads) for _, threads in per_rank), threads_left_out=left_out,
         outside=outside, absent=absent, notes=notes, timings=timings, generated_at=time.time(),
+        stragglers=stragglers,
     )  # fmt: skip
+
+
+def _stragglers(verdict: Optional[JobVerdict]) -> Optional[StragglersVerdict]:
+    """`stragglers`' verdict from the collectives the hang watch read from each rank, over the last
+    STRAGGLERS_WINDOW_S (no stack samples: the phase is `stragglers`' to say)."""
+    if verdict is None or verdict.hung:
+        return None
+    watched = [
+        RankWatched(view.rank, view.node, arrivals_of(cast("List[Dict[str, Any]]", view.collectives)), None)
+        for view in verdict.ranks
+        if view.collectives is not None
+    ]
+    now = time.time()
+    return judge_stragglers(watched, (now - STRAGGLERS_WINDOW_S, now)) if len(watched) > 1 else None
 
 
 def _first_per_rank(missing: List[Missing]) -> List[Missing]:
