@@ -150,11 +150,11 @@ def judge(watched: Sequence[RankWatched], window: Tuple[float, float]) -> Verdic
     ordered = sorted(keys)
     period = find_period([arrivals[present[0].rank][key] for key in ordered])
     lateness = _lateness(present, ordered, arrivals)
-    timings = [_timing(view, ordered, arrivals, period, lateness.delays[view.rank]) for view in present]
+    timings = [_timing(view, period, lateness) for view in present]
     steps = [timing.step_s for timing in timings if timing.step_s is not None]
     step_s = statistics.median(steps) if steps else None
     floor = max(LATE_FLOOR_S, LATE_SHARE_OF_STEP * (step_s or 0.0))
-    late = {view.rank: _late_share(view.rank, ordered, arrivals, lateness, floor) for view in present}
+    late = {view.rank: _late_share(view.rank, lateness, floor) for view in present}
     timings = [timing._replace(late_share=late[timing.rank]) for timing in timings]
     named = [t for t in timings if t.delay_s >= floor and t.late_share >= LATE_MAJORITY]
     named.sort(key=lambda timing: -timing.delay_s)
@@ -209,49 +209,41 @@ def find_period(calls: Sequence[Arrival]) -> int:
 
 
 class _Lateness(NamedTuple):
-    firsts: Dict[Key, float]  # each collective's first arrival
+    times: Dict[int, List[float]]  # each rank's arrivals at the collectives compared, in order
+    firsts: List[float]  # each collective's first arrival
+    lasts: List[float]  # and its last
     noise: float  # the smallest median lateness of any rank
     delays: Dict[int, float]  # each rank's median lateness, less the noise
 
 
-def _lateness(
-    present: Sequence[RankWatched],
-    keys: Sequence[Key],
-    arrivals: ByRank,
-) -> _Lateness:
-    firsts = {key: min(arrivals[view.rank][key].at for view in present) for key in keys}
-    medians = {
-        view.rank: statistics.median(arrivals[view.rank][key].at - firsts[key] for key in keys)
-        for view in present
-    }
+def _lateness(present: Sequence[RankWatched], keys: Sequence[Key], arrivals: ByRank) -> _Lateness:
+    times = {view.rank: [arrivals[view.rank][key].at for key in keys] for view in present}
+    columns = list(zip(*times.values()))  # a collective's arrivals: min and max run in C
+    firsts, lasts = [min(column) for column in columns], [max(column) for column in columns]
+    medians = {rank: statistics.median(map(float.__sub__, own, firsts)) for rank, own in times.items()}
     noise = min(medians.values())
-    return _Lateness(firsts, noise, {rank: median - noise for rank, median in medians.items()})
+    return _Lateness(times, firsts, lasts, noise, {rank: median - noise for rank, median in medians.items()})
 
 
-def _late_share(
-    rank: int, keys: Sequence[Key], arrivals: ByRank,
-    lateness: _Lateness, floor: float,
-) -> float:  # fmt: skip
+def _late_share(rank: int, lateness: _Lateness, floor: float) -> float:
     """The share of the collectives `rank` arrived at `floor` or more later than the noise allows."""
-    late = sum(arrivals[rank][key].at - lateness.firsts[key] - lateness.noise >= floor for key in keys)
-    return late / len(keys)
+    own, firsts = lateness.times[rank], lateness.firsts
+    late = sum(at - first - lateness.noise >= floor for at, first in zip(own, firsts))
+    return late / len(own)
 
 
-def _timing(
-    view: RankWatched, keys: Sequence[Key], arrivals: ByRank,
-    period: int, delay: float,
-) -> RankTiming:  # fmt: skip
-    own = [arrivals[view.rank][key].at for key in keys]
+def _timing(view: RankWatched, period: int, lateness: _Lateness) -> RankTiming:
+    own = lateness.times[view.rank]
     gaps = [own[i + period] - own[i] for i in range(len(own) - period)]
     step = statistics.median(gaps) if gaps else None
-    lasts = [max(by_key[key].at for by_key in arrivals.values()) for key in keys]
+    lasts = lateness.lasts
     last_count = sum(at >= last for at, last in zip(own, lasts))
-    waiting = _covered(list(zip(own, lasts))) / max(1.0, len(keys) / period)
+    waiting = _covered(list(zip(own, lasts))) / max(1.0, len(own) / period)
     computing = None if step is None else max(0.0, step - waiting)
     samples = int(sum(weight for frames, weight in view.stacks or [] if frames and frames[0] == view.carrier))
     return RankTiming(
         view.rank, view.node, step, computing, None if step is None else min(waiting, step),
-        last_count / len(keys), delay, 0.0, samples,
+        last_count / len(own), lateness.delays[view.rank], 0.0, samples,
     )  # fmt: skip
 
 

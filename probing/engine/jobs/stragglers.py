@@ -12,6 +12,7 @@ the rank's GIL for tens of ms) are read after the window, so its cost falls outs
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
@@ -48,7 +49,13 @@ def arrivals_of(rows: List[Dict[str, Any]]) -> List[Arrival]:
     arrivals = []
     for row in rows:
         at, seq = row.get("time_created"), row.get("seq")
-        if row.get("is_p2p") or not isinstance(at, float) or not isinstance(seq, int):
+        # A job's rows may say anything: a time that is no finite number is no arrival.
+        if (
+            row.get("is_p2p")
+            or not isinstance(at, float)
+            or not math.isfinite(at)
+            or not isinstance(seq, int)
+        ):
             continue
         pending = row.get("state") in ("scheduled", "started")
         arrivals.append(
