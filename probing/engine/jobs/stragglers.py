@@ -16,6 +16,7 @@ import math
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
+from ...analysis.mismatches import ranks_text
 from ...analysis.stragglers import Arrival, RankWatched, Verdict, judge
 from ...errors import ProbingError
 from ...schema.tables import COLLECTIVES, PROCESS_GROUPS
@@ -100,6 +101,11 @@ def watch_rank(target: Target, duration: float, timeout: float) -> Watched:
     except ProbingError as error:
         notes.append(f"its stacks could not be sampled: {error.message}")
     rows = _table_rows(target, COLLECTIVES.name, timeout)
+    if not any(row.get("source") == "flight_recorder" for row in rows):
+        notes.append(
+            "its torch's Flight Recorder holds nothing (TORCH_FR_BUFFER_SIZE=0?): probing's own record "
+            "sees the collectives the job calls from Python, not DDP's gradient buckets"
+        )
     return Watched(arrivals_of(rows), stacks, _carrier(rows, stacks), notes)
 
 
@@ -115,10 +121,12 @@ def watch_job(
     deadline = attach_timeout + duration + 3 * timeout + RANK_SLACK_S
     gathered = gather(ranks, lambda rank: watch_rank(target_of(rank), duration, timeout), deadline)
     views: List[RankWatched] = []
-    notes: List[str] = []
+    said: Dict[str, List[int]] = {}  # a note several ranks give is said once, with their numbers
     for rank, watched in sorted(gathered.answers, key=lambda pair: pair[0].rank):
         views.append(RankWatched(rank.rank, rank.node, watched.arrivals, watched.stacks, watched.carrier))
-        notes.extend(f"rank {rank.rank}: {note}" for note in watched.notes)
+        for note in watched.notes:
+            said.setdefault(note, []).append(rank.rank)
+    notes = [f"{ranks_text(numbers)}: {note}" for note, numbers in said.items()]
     for each in gathered.missing:
         views.append(
             RankWatched(each.rank.rank, each.rank.node, None, None, missing_reason=each.error.message)
