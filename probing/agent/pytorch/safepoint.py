@@ -30,7 +30,7 @@ import sys
 from types import FrameType
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
-from ...originals import Event, allocate_lock
+from ...originals import Event, allocate_lock, get_ident, monotonic
 from ..gil import running_without_gil, why_unsafe
 from ..imported import imported
 from ..lifecycle import JOB_HOOKS, on_stop
@@ -42,6 +42,10 @@ Result = TypeVar("Result")
 DEFAULT_STEP_WAIT_S = 1.0
 # How long installing the step hook waits for a module call to do it in the training thread.
 INSTALL_WAIT_S = 1.0
+# After that, how long an edit of the hooks waits for a moment no thread of the job is inside a
+# step, looking every QUIET_POLL_S, before it is given up (in_forward).
+QUIET_WAIT_S = 10.0
+QUIET_POLL_S = 0.005
 # Frames of these parts of torch mean the thread is changing gradients or optimizer state now.
 _BUSY_PARTS = (
     os.sep + os.path.join("torch", "autograd") + os.sep,
@@ -103,8 +107,8 @@ def _registrar(torch: Any) -> Optional[Callable[[Callable[..., None]], Any]]:
 
 def in_forward(torch: Any, change: Callable[[], None], wait_s: float) -> bool:
     """Make `change` (an edit of torch's hook dictionaries) in the training thread at its next
-    module call, or here after `wait_s` when no module is called (then no step is under way).
-    Returns whether it ran in the training thread."""
+    module call, or here once `wait_s` passed without one, at a moment no thread of the job is
+    inside a step (`_when_quiet`). Returns whether it ran in the training thread."""
     register = getattr(getattr(torch.nn.modules, "module", None), "register_module_forward_pre_hook", None)
     if register is None:
         change()
@@ -135,10 +139,31 @@ def in_forward(torch: Any, change: Callable[[], None], wait_s: float) -> bool:
     handle.append(register(at_call))
     if done.wait(wait_s):
         return True
-    in_training_thread = not once()
+    in_training_thread = not _when_quiet(once, done)
     done.wait()  # when the training thread took it after all, let it finish the change
     handle[0].remove()
     return in_training_thread
+
+
+def _when_quiet(once: Callable[[], bool], done: Any) -> bool:
+    """`once()` from this thread as soon as no thread of the job is inside autograd or an
+    optimizer, unless the training thread's module call made the change first (`done`).
+
+    No module call within the wait means the job is idle, or slow: a loaded machine can hold a
+    training thread for seconds inside its optimizer step, where torch iterates the global
+    optimizer hooks as a live OrderedDict (our own pre-hook runs inside that loop), and an edit
+    from here then raised in the job. After QUIET_WAIT_S of a job always inside a step, the
+    change is not made at all: a hook left in place costs a truthiness test a step, an edit in
+    the middle of the loop the job itself."""
+    deadline = monotonic() + QUIET_WAIT_S
+    while not done.is_set():
+        if busy_thread((get_ident(),)) is None:
+            return once()
+        if monotonic() >= deadline:
+            done.set()  # the change is given up: its waiter must not wait for it
+            return False
+        done.wait(QUIET_POLL_S)
+    return False
 
 
 def _install_gate(torch: Any) -> None:
