@@ -19,7 +19,7 @@ import select
 import signal
 import sys
 import time
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 import rank as rank_body
 
@@ -45,7 +45,9 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def fork_ranks(node: int, ranks_per_node: int, stuck_rank: int) -> Dict[int, int]:
+def fork_ranks(
+    node: int, ranks_per_node: int, stuck_rank: int, paced: Optional[Tuple[int, float, float]] = None
+) -> Dict[int, int]:
     """{pid: rank} of the node's ranks, each forked from here and running rank.run_rank."""
     c10d = rank_body.load_stand_in()
     # Nothing the zygote allocated is ever scanned (and so written) by a rank's collector.
@@ -58,7 +60,7 @@ def fork_ranks(node: int, ranks_per_node: int, stuck_rank: int) -> Dict[int, int
         if pid == 0:
             code = 1
             try:
-                rank_body.run_rank(rank, local_rank, stuck_rank, c10d)
+                rank_body.run_rank(rank, local_rank, stuck_rank, c10d, paced)
                 code = 0
             except BaseException as error:  # noqa: BLE001 - said, then the child ends here
                 rank_body.say(f"failed {rank} {type(error).__name__}: {error}")
@@ -107,9 +109,15 @@ def main() -> None:
     parser.add_argument("--node", type=int, required=True)
     parser.add_argument("--ranks-per-node", type=int, required=True)
     parser.add_argument("--stuck-rank", type=int, default=-1)
+    parser.add_argument("--straggler", type=int, default=-1, help="a job slow, not stuck: this rank is late")
+    parser.add_argument(
+        "--start-at", type=float, default=0.0, help="the straggler scenario's step 0, epoch s"
+    )
+    parser.add_argument("--step-s", type=float, default=1.0)
     options = parser.parse_args()
     preload()
-    children = fork_ranks(options.node, options.ranks_per_node, options.stuck_rank)
+    paced = (options.straggler, options.start_at, options.step_s) if options.straggler >= 0 else None
+    children = fork_ranks(options.node, options.ranks_per_node, options.stuck_rank, paced)
     rank_body.say(f"forked {len(children)}")
     try:
         serve(children)

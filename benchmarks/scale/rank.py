@@ -7,6 +7,13 @@ registered in the job's rendezvous store (torch's TCPStore). It does not train: 
 stacks of a hung job, its main thread blocked in an all_reduce (stacks/torch/distributed) or,
 on the stuck rank, sleeping in load_shard, beside two threads of its own.
 
+Or, for `stragglers` (a straggler rank given), a job that is slow, not stuck: every rank calls a
+real torch all_reduce once a step on one schedule (start_at + step * step_s), each in a gloo world
+of its own (2:cores cannot run a gloo group of 1 024), so that its real Flight Recorder holds its
+arrival at each step's collective, the same sequence numbers on every rank; the straggler reads
+its shard for STRAGGLER_SHARE of a step first. The timings are the schedule's, derived, not a
+collective's: labelled so in docs/scale.md.
+
 A forked child shares the zygote's start-up environment block, so the zygote starts with blank
 placeholders for the variables that differ per rank, and each child writes its own values into
 its copy of the block (set_start_environment).
@@ -16,13 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import itertools
 import os
 import queue
 import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 # The variables that differ per rank: the zygote starts with each one set to this many blanks.
 PER_RANK_VARIABLES = ("RANK", "LOCAL_RANK")
@@ -30,6 +38,8 @@ PLACEHOLDER_WIDTH = 8
 STAND_IN = Path(__file__).resolve().parent / "stacks" / "torch" / "distributed" / "distributed_c10d.py"
 # A rank never outlives this, even if nobody kills it (the harness always does, much sooner).
 LIFETIME_S = 3600.0
+# The straggler's shard read, as a share of the step.
+STRAGGLER_SHARE = 0.2
 
 
 def placeholders() -> Dict[str, str]:
@@ -110,13 +120,47 @@ def train_step(c10d: ModuleType, step: int, stuck: bool) -> None:
     sync_gradients(c10d, [0.0] * 16)
 
 
-def run_rank(rank: int, local_rank: int, stuck_rank: int, c10d: ModuleType) -> None:
-    """The body of a forked rank: become the rank, start the agent, then hang as the job does."""
+def wait_for_step(at: float) -> None:
+    time.sleep(max(0.0, at - time.time()))
+
+
+def read_shard(seconds: float) -> None:
+    """The straggler's slow disk."""
+    time.sleep(seconds)
+
+
+def paced_steps(rank: int, straggler: int, start_at: float, step_s: float) -> None:
+    """The straggler scenario's loop: from step 0, so that a rank forked late catches up at once."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    bucket = torch.zeros(16)
+    say(f"ready {rank} {os.getpid()}")
+    for step in itertools.count():
+        wait_for_step(start_at + step * step_s)
+        if rank == straggler:
+            read_shard(STRAGGLER_SHARE * step_s)
+        dist.all_reduce(bucket)
+
+
+def run_rank(
+    rank: int,
+    local_rank: int,
+    stuck_rank: int,
+    c10d: ModuleType,
+    paced: Optional[Tuple[int, float, float]] = None,
+) -> None:
+    """The body of a forked rank: become the rank, start the agent, then hang as the job does (or,
+    with `paced` = (straggler, start_at, step_s), step on a schedule with one rank late)."""
     set_start_environment({"RANK": str(rank), "LOCAL_RANK": str(local_rank)})
     import probing.agent
 
     if not probing.agent.start():
         raise RuntimeError(f"rank {rank}: the agent did not start: {probing.agent.last_error}")
     start_own_threads()
+    if paced is not None:
+        paced_steps(rank, *paced)
+        return
     say(f"ready {rank} {os.getpid()}")
     train_step(c10d, 5, stuck=rank == stuck_rank)

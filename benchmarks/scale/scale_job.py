@@ -65,7 +65,8 @@ class SimNode:
     the namespace's init: killing it ends the node. `pids`: rank -> its PID inside the node."""
 
     def __init__(self, index: int, ranks_per_node: int, stuck_rank: int, environment: Dict[str, str],
-                 private: str, hosts: str, on_line: Any) -> None:  # fmt: skip
+                 private: str, hosts: str, on_line: Any,
+                 paced: Optional[List[str]] = None) -> None:  # fmt: skip
         self.index = index
         self.name = f"node{index}"
         self.address = node_address(index)
@@ -80,7 +81,8 @@ class SimNode:
             f"mount --bind {hosts_file} /etc/hosts && exec "
         )
         zygote = [sys.executable, str(HERE / "node.py"), f"--node={index}",
-                  f"--ranks-per-node={ranks_per_node}", f"--stuck-rank={stuck_rank}"]  # fmt: skip
+                  f"--ranks-per-node={ranks_per_node}", f"--stuck-rank={stuck_rank}",
+                  *(paced or [])]  # fmt: skip
         command = ["unshare", "--pid", "--mount", "--uts", "--fork", "--mount-proc", "--kill-child=SIGKILL",
                    "sh", "-c", setup + " ".join(shlex.quote(word) for word in zygote)]  # fmt: skip
         self.process = subprocess.Popen(
@@ -212,11 +214,13 @@ class Store:
 class ScaleJob:
     """`ranks` ranks over `nodes` simulated nodes (ranks divisible by nodes), rank `stuck_rank`
     (default: the last rank of the second node, or of node 0 alone) sleeping in load_shard,
-    every other rank in all_reduce. Ready once every rank said `ready` and every endpoint is in
+    every other rank in all_reduce; or, given a `straggler`, every rank stepping once every
+    `step_s` with that one late (rank.py). Ready once every rank said `ready` and every endpoint is in
     the store; everything is killed on exit, even when starting failed."""
 
     def __init__(self, ranks: int, nodes: int, stuck_rank: Optional[int] = None,
-                 ready_timeout: float = 600.0) -> None:  # fmt: skip
+                 ready_timeout: float = 600.0, straggler: Optional[int] = None,
+                 step_s: float = 1.0) -> None:  # fmt: skip
         if nodes < 1 or nodes > MAX_NODES or ranks % nodes:
             raise ValueError(
                 f"{ranks} ranks cannot be spread evenly over {nodes} nodes (at most {MAX_NODES})"
@@ -235,10 +239,14 @@ class ScaleJob:
         try:
             hosts = "".join(f"{node_address(index)} node{index}\n" for index in range(nodes))
             self.store = Store(node_address(0), self.private, hosts)
+            # A job slow, not stuck (rank.py): every rank steps on one schedule, `straggler` late.
+            paced = None
+            if straggler is not None:
+                paced = [f"--straggler={straggler}", f"--start-at={time.time():.3f}", f"--step-s={step_s}"]
             for index in range(nodes):
                 environment = self._environment(index)
                 self.nodes.append(SimNode(index, self.ranks_per_node, self.stuck_rank, environment,
-                                          self.private, hosts, self._changed.set))  # fmt: skip
+                                          self.private, hosts, self._changed.set, paced))  # fmt: skip
             self._wait_ready(started + ready_timeout)
             self._wait_registered(started + ready_timeout)
         except BaseException:

@@ -43,9 +43,10 @@ if TYPE_CHECKING:
 MAX_CALLS = 1024
 # Threads asking at once: a node's ranks answer in about one rank's time with 16 of them.
 RELAY_THREADS = 16
-# A call that waits out a window (`watch`: hang's samples) holds its thread for the window, so
-# each gets a thread of its own, up to this many in all: a node's ranks are watched at once.
-WINDOWED = ("watch",)
+# A call that waits out a window (`watch`: hang's samples; `sample`: stacks sampled for a
+# flame graph or stragglers) holds its thread for the window, so each gets a thread of its own,
+# up to this many in all: a node's ranks are watched at once.
+WINDOWED = ("watch", "sample")
 MAX_RELAY_THREADS = 128
 # What one relay reply may carry in all: the sum of what its ranks send, at most what one reply
 # to the CLI may be.

@@ -304,6 +304,20 @@ def _describe(
     return [getattr(code, "co_qualname", code.co_name), code.co_filename, line]
 
 
+class Jitter:
+    """Factors in [0.5, 1.5) that spread the samples' intervals around their mean: samples at a
+    fixed interval alias with a job's fixed step (2 a second over a 1-second step land on the same
+    two moments of it every time, and miss what the step does elsewhere). A linear congruential
+    generator: the agent imports no `random` into the job."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & 0xFFFFFFFFFFFFFFFF
+
+    def next(self) -> float:
+        self.state = (self.state * 6364136223846793005 + 1442695040888963407) & 0xFFFFFFFFFFFFFFFF
+        return 0.5 + (self.state >> 11) / float(1 << 53)
+
+
 def next_interval(rate: float, cost_s: float) -> float:
     """Seconds from one sample to the next: 1/rate, or longer when a sample costs more than
     SAMPLES_SHARE of it. `cost_s` is the recent cost of a sample (smoothed)."""
@@ -340,6 +354,7 @@ def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: 
         sampling.cost_s += perf_counter() - counting
         budget = COST_SHARE * duration
         wake = started
+        jitter = Jitter(int(perf_counter() * 1e9) ^ os.getpid())
         ended = "done"
         while True:
             # What one more sample may take: a third of what is left once the answer is paid
@@ -360,8 +375,8 @@ def sample_stacks(exclude: Set[int], duration: float, rate: float, client_gone: 
             now = monotonic()
             # Kept on a schedule: the wait for the GIL after each wake-up (up to a switch
             # interval, 5 ms, behind a busy thread) is not added to every interval, but a late
-            # sample is never followed by a burst of catching up.
-            wake = max(wake + next_interval(rate, smoothed), now)
+            # sample is never followed by a burst of catching up. Jittered, not periodic.
+            wake = max(wake + next_interval(rate, smoothed) * jitter.next(), now)
             wake = min(end, wake)
             if now - checked >= CLIENT_CHECK_S:
                 checked = now

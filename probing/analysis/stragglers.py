@@ -6,8 +6,9 @@ Arrivals. A collective (a process group's sequence number) cannot complete befor
 arrives, so the ranks that arrive first wait for the last one. A rank's lateness at a collective
 is its arrival less the first rank's; its delay is its median lateness less the smallest median
 lateness of any rank (the timing noise every rank has). A straggler is a rank whose delay is at
-least LATE_FLOOR_S and LATE_SHARE_OF_STEP of the step, and that is late by that much at
-LATE_MAJORITY of the collectives at least; stragglers are named in order of delay. DDP's
+least LATE_FLOOR_S and LATE_SHARE_OF_STEP of the step (and, among NOISE_RANKS or more,
+NOISE_FACTOR times the median rank's delay), and that is late by that much at LATE_MAJORITY of
+the collectives at least; stragglers are named in order of delay. DDP's
 all_reduce evens the ranks' step times out: every rank's step is as slow as the slowest, so the
 step tells nothing; the arrivals do.
 
@@ -33,11 +34,15 @@ import statistics
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-# A rank is late when it arrives this much after the others at least, and this share of a step.
+# A rank is late when it arrives this much after the others at least, and this share of a step,
+# and, in a job of NOISE_RANKS or more, NOISE_FACTOR times the typical rank's delay (the
+# scheduling noise of a loaded node: 256 ranks waking at once on 2 cores spread over 60 ms).
 LATE_FLOOR_S = 0.003
 LATE_SHARE_OF_STEP = 0.05
+NOISE_RANKS = 8
+NOISE_FACTOR = 4.0
 # ... at this share of the collectives compared at least.
-LATE_MAJORITY = 0.5
+LATE_MAJORITY = 0.75
 # Collectives of one window compared at least before any rank is judged.
 MIN_COMPARED = 5
 # Periods tried, and the share of collectives that must repeat a period later to take it.
@@ -153,7 +158,7 @@ def judge(watched: Sequence[RankWatched], window: Tuple[float, float]) -> Verdic
     timings = [_timing(view, period, lateness) for view in present]
     steps = [timing.step_s for timing in timings if timing.step_s is not None]
     step_s = statistics.median(steps) if steps else None
-    floor = max(LATE_FLOOR_S, LATE_SHARE_OF_STEP * (step_s or 0.0))
+    floor = max(LATE_FLOOR_S, LATE_SHARE_OF_STEP * (step_s or 0.0), _noise_floor(lateness))
     late = {view.rank: _late_share(view.rank, lateness, floor) for view in present}
     timings = [timing._replace(late_share=late[timing.rank]) for timing in timings]
     named = [t for t in timings if t.delay_s >= floor and t.late_share >= LATE_MAJORITY]
@@ -223,6 +228,13 @@ def _lateness(present: Sequence[RankWatched], keys: Sequence[Key], arrivals: ByR
     medians = {rank: statistics.median(map(float.__sub__, own, firsts)) for rank, own in times.items()}
     noise = min(medians.values())
     return _Lateness(times, firsts, lasts, noise, {rank: median - noise for rank, median in medians.items()})
+
+
+def _noise_floor(lateness: _Lateness) -> float:
+    """NOISE_FACTOR times the median rank's delay, where there are enough ranks to tell the
+    typical rank (in a job of 4, two stragglers would be half of it)."""
+    delays = list(lateness.delays.values())
+    return NOISE_FACTOR * statistics.median(delays) if len(delays) >= NOISE_RANKS else 0.0
 
 
 def _late_share(rank: int, lateness: _Lateness, floor: float) -> float:

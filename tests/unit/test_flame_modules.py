@@ -86,3 +86,13 @@ def test_trace_export_and_flamegraph_torch_read_steps_alike(text: str, chosen: A
     from probing.engine.timeline import parse_steps as export_steps
 
     assert tuple(export_steps(text)) == chosen and parse_steps(text) == chosen
+
+
+def test_the_samples_intervals_are_jittered_around_their_mean() -> None:
+    from probing.agent.stack_sampler import Jitter
+
+    jitter = Jitter(12345)
+    factors = [jitter.next() for _ in range(10000)]
+    assert all(0.5 <= factor < 1.5 for factor in factors)
+    assert abs(sum(factors) / len(factors) - 1.0) < 0.02  # the rate asked for, on average
+    assert len({round(factor, 3) for factor in factors}) > 900  # not a few fixed values

@@ -131,22 +131,30 @@ def _sample_from_agent(target: Target, duration: float, rate: float, timeout: fl
         except (AttachTimeout, AttachFailed, AgentTimeout, AgentUnreachable) as error:
             raise Fallback(error.message) from None
     with client:
-        # A quick exchange first: an agent that cannot answer (a thread holds the GIL) is found
-        # out now, by the same early look as backtrace's, not after the whole duration.
-        ask(client, "ping", {}, ping_wait, target)
-        params = {"duration_s": duration, "rate_hz": rate}
-        try:
-            result, payload = client.call("sample", params, timeout=duration + timeout + REPLY_SLACK_S)
-        except AgentBusy:
-            raise  # another sampling runs: said as it is, not answered from outside
-        except (AgentTimeout, AgentUnreachable) as error:
-            raise Fallback(f"the agent stopped answering while it sampled ({error.message})") from None
-        try:
-            answer = json_loads(bytes(payload).decode("utf-8", "replace"))
-        except ValueError:
-            raise ProbingError("the agent's stack samples are not JSON") from None
-        pid = target.pid or client.info.get("pid")
-        command = " ".join(str(part) for part in client.info.get("argv") or [])
+        flame = sample_on(client, target, duration, rate, timeout)
+    return flame
+
+
+def sample_on(client: Any, target: Target, duration: float, rate: float, timeout: float) -> Flame:
+    """The stacks the agent at the other end of `client` samples; Fallback when it stops
+    answering (its stacks are then read from outside)."""
+    ping_wait = min(timeout, PING_TIMEOUT_S)
+    # A quick exchange first: an agent that cannot answer (a thread holds the GIL) is found
+    # out now, by the same early look as backtrace's, not after the whole duration.
+    ask(client, "ping", {}, ping_wait, target)
+    params = {"duration_s": duration, "rate_hz": rate}
+    try:
+        result, payload = client.call("sample", params, timeout=duration + timeout + REPLY_SLACK_S)
+    except AgentBusy:
+        raise  # another sampling runs: said as it is, not answered from outside
+    except (AgentTimeout, AgentUnreachable) as error:
+        raise Fallback(f"the agent stopped answering while it sampled ({error.message})") from None
+    try:
+        answer = json_loads(bytes(payload).decode("utf-8", "replace"))
+    except ValueError:
+        raise ProbingError("the agent's stack samples are not JSON") from None
+    pid = target.pid or client.info.get("pid")
+    command = " ".join(str(part) for part in client.info.get("argv") or [])
     flame = flame_from_agent_answer(answer, f"PID {pid}: {command}" if command else f"PID {pid}")
     flame.figures["pid"] = pid
     return flame

@@ -1,13 +1,13 @@
-"""`stragglers`: every rank watched over the same window, each through its agent: its stacks
-sampled for the window (or by py-spy from outside when the agent cannot answer), then its
-collectives of the window read from its Flight Recorder (python.collectives); the
-analysis.stragglers verdict is made of them.
+"""`stragglers`: every rank watched over the same window, each through its agent, on one
+connection: its stacks sampled for the window, then its collectives of the window read from its
+Flight Recorder (python.collectives); the analysis.stragglers verdict is made of them.
 
 Before the window each rank is asked for python.process_groups: it costs the job nothing to
 speak of (the recorder's progress counters, no entries), and where the job's torch records
 nothing (TORCH_FR_BUFFER_SIZE=0) it starts the agent's own record of the collectives, so the
 window has arrivals to compare. The Flight Recorder's entries (a dump of up to 2000 of them holds
-the rank's GIL for tens of ms) are read after the window, so its cost falls outside it.
+the rank's GIL for tens of ms) are read after the window, so its cost falls outside it. A rank
+whose agent cannot answer gives no arrivals: it is named missing, and judged by `hang`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,26 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from ...analysis.mismatches import ranks_text
 from ...analysis.stragglers import Arrival, RankWatched, Verdict, judge
-from ...errors import ProbingError
+from ...errors import AgentTimeout, ProbingError
 from ...schema.tables import COLLECTIVES, PROCESS_GROUPS
-from ..flames.sampled import sample_stacks
-from ..query import fetch_tables
-from ..target import Target
+from ..backtrace import ask
+from ..flames.sampled import PING_TIMEOUT_S, sample_on
+from ..target import Fallback, Target
 from .fanout import gather
 from .job import Rank
 
-# Stack samples a second asked of each rank's agent (it paces itself to its cost share).
+# Stack samples a second asked of each rank's agent (it paces itself to its cost share), and of
+# the whole job: a job of many ranks shares them out (1 024 ranks on a node of few cores must
+# not all sample at 100 Hz; the other ranks' mean share of each phase needs few of each).
 SAMPLE_RATE_HZ = 100.0
+JOB_SAMPLE_RATE_HZ = 400.0
+MIN_SAMPLE_RATE_HZ = 2.0
 # Beyond the window, what each rank may take: the first question, the dump, the answer.
 RANK_SLACK_S = 10.0
+# A table is asked for without waiting for a step (python.collectives needs none), and may take
+# this much beyond --timeout: a copy of a full Flight Recorder holds the rank's GIL for tens of ms.
+TABLE_PARAMS = {"scan_budget_s": 0.5, "step_wait_s": 0.0}
+TABLE_SLACK_S = 2.0
 
 
 class Watched(NamedTuple):
@@ -79,28 +87,33 @@ def _carrier(rows: List[Dict[str, Any]], stacks: Optional[List[Any]]) -> str:
     return named[0] if named else "MainThread"
 
 
-def _table_rows(target: Target, table: str, timeout: float) -> List[Dict[str, Any]]:
-    fetched = fetch_tables(target, f"SELECT * FROM {table}", timeout, scan_budget=0.5, step_wait=0.0)
-    for decoded in fetched.tables:
-        if decoded.name == table:
-            return list(decoded.to_rows())
-    raise ProbingError(f"its agent gave no {table} ({'; '.join(fetched.notes) or 'no reason given'})")
+def _table_rows(client: Any, table: str, timeout: float) -> List[Dict[str, Any]]:
+    decoded = client.fetch_table(table, TABLE_PARAMS, timeout + TABLE_SLACK_S)
+    return list(decoded.to_rows())
 
 
-def watch_rank(target: Target, duration: float, timeout: float) -> Watched:
-    """One rank over the window: its stacks, then its collectives."""
+def watch_rank(target: Target, duration: float, timeout: float, rate: float = SAMPLE_RATE_HZ) -> Watched:
+    """One rank over the window, on one connection (a node's relay carries the requests of its
+    ranks' connections together): its process groups, its stacks, then its collectives."""
     notes: List[str] = []
-    try:
-        _table_rows(target, PROCESS_GROUPS.name, timeout)
-    except ProbingError as error:
-        notes.append(f"no process groups before the window: {error.message}")
     stacks: Optional[List[Any]] = None
-    try:
-        # Its notes (samples left out for their cost, stacks cut) are about a picture's detail.
-        stacks = list(sample_stacks(target, duration, SAMPLE_RATE_HZ, timeout).stacks)
-    except ProbingError as error:
-        notes.append(f"its stacks could not be sampled: {error.message}")
-    rows = _table_rows(target, COLLECTIVES.name, timeout)
+    with target.connect(timeout) as client:
+        try:
+            ask(client, "ping", {}, min(timeout, PING_TIMEOUT_S), target)  # a silent agent, found now
+        except Fallback as fallback:
+            raise AgentTimeout(f"its agent cannot answer: {fallback.why}", hint="") from None
+        try:
+            _table_rows(client, PROCESS_GROUPS.name, timeout)
+        except ProbingError as error:
+            notes.append(f"no process groups before the window: {error.message}")
+        try:
+            # Its notes (samples left out for their cost, stacks cut) are about a picture's detail.
+            stacks = list(sample_on(client, target, duration, rate, timeout).stacks)
+        except Fallback as fallback:
+            notes.append(f"its stacks could not be sampled: {fallback.why}")
+        except ProbingError as error:
+            notes.append(f"its stacks could not be sampled: {error.message}")
+        rows = _table_rows(client, COLLECTIVES.name, timeout)
     if not any(row.get("source") == "flight_recorder" for row in rows):
         notes.append(
             "its torch's Flight Recorder holds nothing (TORCH_FR_BUFFER_SIZE=0?): probing's own record "
@@ -119,7 +132,8 @@ def watch_job(
     """Watch every rank over `duration` seconds, then judge the job."""
     start = time.time()
     deadline = attach_timeout + duration + 3 * timeout + RANK_SLACK_S
-    gathered = gather(ranks, lambda rank: watch_rank(target_of(rank), duration, timeout), deadline)
+    rate = max(MIN_SAMPLE_RATE_HZ, min(SAMPLE_RATE_HZ, JOB_SAMPLE_RATE_HZ / max(1, len(ranks))))
+    gathered = gather(ranks, lambda rank: watch_rank(target_of(rank), duration, timeout, rate), deadline)
     views: List[RankWatched] = []
     said: Dict[str, List[int]] = {}  # a note several ranks give is said once, with their numbers
     for rank, watched in sorted(gathered.answers, key=lambda pair: pair[0].rank):
