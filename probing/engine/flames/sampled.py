@@ -140,8 +140,10 @@ def sample_on(client: Any, target: Target, duration: float, rate: float, timeout
     answering (its stacks are then read from outside)."""
     ping_wait = min(timeout, PING_TIMEOUT_S)
     # A quick exchange first: an agent that cannot answer (a thread holds the GIL) is found
-    # out now, by the same early look as backtrace's, not after the whole duration.
-    ask(client, "ping", {}, ping_wait, target)
+    # out now, by the same early look as backtrace's, not after the whole duration. (An agent
+    # on another node cannot be looked at, and the first request brings its hello.)
+    if not client.info or not target.remote:
+        ask(client, "ping", {}, ping_wait, target)
     params = {"duration_s": duration, "rate_hz": rate}
     try:
         result, payload = client.call("sample", params, timeout=duration + timeout + REPLY_SLACK_S)

@@ -98,10 +98,11 @@ def watch_rank(target: Target, duration: float, timeout: float, rate: float = SA
     notes: List[str] = []
     stacks: Optional[List[Any]] = None
     with target.connect(timeout) as client:
-        try:
-            ask(client, "ping", {}, min(timeout, PING_TIMEOUT_S), target)  # a silent agent, found now
-        except Fallback as fallback:
-            raise AgentTimeout(f"its agent cannot answer: {fallback.why}", hint="") from None
+        if not target.remote:  # a silent agent of this machine is found now, by a look from outside
+            try:
+                ask(client, "ping", {}, min(timeout, PING_TIMEOUT_S), target)
+            except Fallback as fallback:
+                raise AgentTimeout(f"its agent cannot answer: {fallback.why}", hint="") from None
         try:
             _table_rows(client, PROCESS_GROUPS.name, timeout)
         except ProbingError as error:
