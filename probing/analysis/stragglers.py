@@ -24,8 +24,8 @@ a module's call, autograd's backward, an optimizer's step; anything else is the 
 and the phase where its share of samples exceeds the other ranks' the most is the one its extra
 time goes to, named with the job's own frame that gains the most there.
 
-Hung. When no collective was completed by every rank during the window while some rank waits in
-one, the job is stuck, not slow: `hang` is the command for that.
+Hung. When some rank has waited in a collective for STUCK_WAIT_S, and for STUCK_STEPS of the
+steps the window showed, the job is stuck, not slow: `hang` is the command for that.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ MIN_COMPARED = 5
 # Periods tried, and the share of collectives that must repeat a period later to take it.
 MAX_PERIOD = 64
 PERIOD_MATCH = 0.9
-# A collective some rank has waited in this long, with no collective completed by every rank in
-# the window, makes the job stuck rather than slow.
+# A collective some rank has waited in this long (and STUCK_STEPS steps, where the window showed
+# steps) makes the job stuck rather than slow: a slow rank's peers wait for it less than a step.
 STUCK_WAIT_S = 1.0
+STUCK_STEPS = 5
 
 # Phase names, as said in the verdict; OWN_CODE when no marker frame is on the stack.
 DATA, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVE, OWN_CODE = (
@@ -147,8 +148,8 @@ def judge(watched: Sequence[RankWatched], window: Tuple[float, float]) -> Verdic
     start, end = window
     group = _main_group(present, window)
     keys, arrivals = _compared(present, group, window)
-    stuck = None if keys else _stuck(present, end)
     if len(keys) < MIN_COMPARED:
+        stuck = _stuck(present, end, STUCK_WAIT_S)
         timings = [_no_timing(view) for view in present]
         op = _most_common([a.op for view in present for a in view.arrivals or [] if a.pg_id == group])
         return Verdict(timings, [], len(keys), op, group, None, 1, stuck, missing, end - start)
@@ -158,6 +159,11 @@ def judge(watched: Sequence[RankWatched], window: Tuple[float, float]) -> Verdic
     timings = [_timing(view, period, lateness) for view in present]
     steps = [timing.step_s for timing in timings if timing.step_s is not None]
     step_s = statistics.median(steps) if steps else None
+    # Stuck since the window's collectives: one has waited STUCK_STEPS steps at least.
+    stuck = _stuck(present, end, max(STUCK_WAIT_S, STUCK_STEPS * (step_s or 0.0)))
+    if stuck is not None:
+        op = op_of(arrivals, present, ordered)
+        return Verdict(timings, [], len(keys), op, group, step_s, period, stuck, missing, end - start)
     floor = max(LATE_FLOOR_S, LATE_SHARE_OF_STEP * (step_s or 0.0), _noise_floor(lateness))
     late = {view.rank: _late_share(view.rank, lateness, floor) for view in present}
     timings = [timing._replace(late_share=late[timing.rank]) for timing in timings]
@@ -167,8 +173,13 @@ def judge(watched: Sequence[RankWatched], window: Tuple[float, float]) -> Verdic
     by_rank = {view.rank: view for view in present}
     pack = [view for view in present if view.rank not in culprits]
     stragglers = [_straggler(timing, by_rank[timing.rank], pack, step_s) for timing in named]
-    op = _most_common([arrivals[present[0].rank][key].op for key in ordered])
+    op = op_of(arrivals, present, ordered)
     return Verdict(timings, stragglers, len(keys), op, group, step_s, period, None, missing, end - start)
+
+
+def op_of(arrivals: ByRank, present: Sequence[RankWatched], keys: Sequence[Key]) -> str:
+    """The op most of the collectives compared are, for the verdict's words."""
+    return _most_common([arrivals[present[0].rank][key].op for key in keys])
 
 
 def _main_group(present: Sequence[RankWatched], window: Tuple[float, float]) -> Optional[str]:
@@ -275,12 +286,12 @@ def _no_timing(view: RankWatched) -> RankTiming:
     return RankTiming(view.rank, view.node, None, None, None, 0.0, 0.0, 0.0, samples)
 
 
-def _stuck(present: Sequence[RankWatched], end: float) -> Optional[Stuck]:
-    """The oldest collective some rank has waited in STUCK_WAIT_S or more, with the ranks waiting
-    in it and those of the ranks watched that never arrived; None when none waits that long."""
+def _stuck(present: Sequence[RankWatched], end: float, wait_s: float) -> Optional[Stuck]:
+    """The oldest collective some rank has waited in `wait_s` or more, with the ranks waiting in
+    it and those of the ranks watched that never arrived; None when none waits that long."""
     pending = [
         (arrival, view.rank) for view in present for arrival in view.arrivals or []
-        if arrival.pending and end - arrival.at >= STUCK_WAIT_S
+        if arrival.pending and end - arrival.at >= wait_s
     ]  # fmt: skip
     if not pending:
         return None

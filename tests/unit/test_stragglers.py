@@ -195,3 +195,33 @@ def test_one_straggler_among_1024_ranks_is_named_in_seconds() -> None:
     took = time.perf_counter() - started
     assert [each.rank for each in verdict.stragglers] == [517]
     assert took < 10, took  # 1.2 s on a loaded 2-core machine
+
+
+def test_a_job_that_got_stuck_inside_the_window_is_stuck_not_slow() -> None:
+    watched = _job({})
+    at = START + STEPS * STEP_S  # every rank stepped until here; then rank 2 never came
+    waiting = Arrival("0", STEPS, "all_reduce", "[[2632]]", at, True)
+    views = [
+        view if view.rank == 2 else view._replace(arrivals=[*(view.arrivals or []), waiting])
+        for view in watched
+    ]
+    late = judge(views, (START - 0.1, at + 2.0))  # waited 2 s, 33 steps of 60 ms: stuck
+    assert late.stuck is not None and late.stuck.behind == [2] and late.stragglers == []
+    assert late.compared == STEPS and late.step_s is not None
+    soon = judge(views, (START - 0.1, at + 0.2))  # 0.2 s: a slow rank's peers wait that long
+    assert soon.stuck is None
+
+
+def test_a_slow_step_is_not_taken_for_stuck() -> None:
+    def arrivals(rank: int) -> List[Arrival]:
+        late = 0.9 if rank == 1 else 0.0
+        return [
+            Arrival("0", seq, "all_reduce", "[[4]]", START + seq * 2.0 + late, False) for seq in range(10)
+        ]
+
+    slow = [RankWatched(rank, 0, arrivals(rank), None) for rank in range(4)]
+    # Rank 0's next collective has waited 1.5 s for rank 1, which is late by 0.9 s every 2 s step.
+    waiting = Arrival("0", 10, "all_reduce", "[[4]]", START + 20.0, True)
+    slow[0] = slow[0]._replace(arrivals=[*arrivals(0), waiting])
+    verdict = judge(slow, (START - 0.1, START + 21.5))
+    assert verdict.stuck is None and [each.rank for each in verdict.stragglers] == [1]

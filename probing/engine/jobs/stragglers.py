@@ -49,7 +49,7 @@ class Watched(NamedTuple):
 
 class JobStragglers(NamedTuple):
     verdict: Verdict
-    notes: List[str]  # "rank N: ..." (a rank read from outside, a table it could not give)
+    notes: List[str]  # "rank N: ..." (stacks it could not give, a Flight Recorder that was off)
     failure_code: Optional[int]  # when no rank could be watched: the first failure's exit code
 
 
