@@ -10,6 +10,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -367,6 +368,17 @@ def wait_until(condition: object, timeout: float = 10.0, interval: float = 0.02)
             return True
         time.sleep(interval)
     return bool(condition())  # type: ignore[operator]
+
+
+# What a test of simulated nodes needs, as skip marks with the reason: each node is made with
+# `unshare` (PID, mount and UTS namespaces) and entered with `nsenter`, as root.
+SIMULATED_NODES = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the simulated nodes need root (unshare, nsenter, mount)"),
+    pytest.mark.skipif(
+        shutil.which("unshare") is None or shutil.which("nsenter") is None,
+        reason="util-linux unshare and nsenter not found",
+    ),  # fmt: skip
+]
 
 
 # Two "nodes" on one machine: node N is a torchrun in PID, mount and UTS namespaces of its own

@@ -9,21 +9,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from typing import Any, Dict, Iterator, List, Set
 
 import pytest
 
-from support import TARGETS, TwoNodeJob, node_address, wait_until
+from support import SIMULATED_NODES, TARGETS, TwoNodeJob, node_address, wait_until
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the simulated nodes need root (unshare, nsenter, mount)"),
-    pytest.mark.skipif(
-        shutil.which("unshare") is None or shutil.which("nsenter") is None,
-        reason="util-linux unshare and nsenter not found",
-    ),  # fmt: skip
+    *SIMULATED_NODES,
     pytest.mark.timeout(300),  # two torchrun jobs start in the first test that needs each
 ]
 

@@ -6,9 +6,7 @@ rank must be in the folds: a rank missing from the answer fails these tests."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +19,10 @@ sys.path.insert(0, str(SCALE))
 
 from scale_job import ScaleJob  # noqa: E402
 
+from support import SIMULATED_NODES  # noqa: E402
+
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the simulated nodes need root (unshare, nsenter, mount)"),
-    pytest.mark.skipif(
-        shutil.which("unshare") is None or shutil.which("nsenter") is None,
-        reason="util-linux unshare and nsenter not found",
-    ),  # fmt: skip
+    *SIMULATED_NODES,
     pytest.mark.serial,  # 64 agents starting at once take both cores for seconds
     pytest.mark.timeout(240),
 ]

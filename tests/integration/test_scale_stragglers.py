@@ -7,8 +7,6 @@ be named, with the frame it spends its extra time in, within the window plus 5 s
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,12 +19,10 @@ sys.path.insert(0, str(SCALE))
 
 from scale_job import ScaleJob  # noqa: E402
 
+from support import SIMULATED_NODES  # noqa: E402
+
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the simulated nodes need root (unshare, nsenter, mount)"),
-    pytest.mark.skipif(
-        shutil.which("unshare") is None or shutil.which("nsenter") is None,
-        reason="util-linux unshare and nsenter not found",
-    ),  # fmt: skip
+    *SIMULATED_NODES,
     pytest.mark.serial,  # 64 ranks stepping and sampled at once take both cores
     pytest.mark.timeout(300),
 ]
