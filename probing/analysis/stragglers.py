@@ -139,6 +139,7 @@ class Verdict(NamedTuple):
     stuck: Optional[Stuck]
     missing: List[Tuple[int, str]]  # ranks that gave nothing, and why
     window_s: float
+    floor_s: float = LATE_FLOOR_S  # the delay a straggler has at least, in this job
 
 
 def judge(watched: Sequence[RankWatched], window: Tuple[float, float]) -> Verdict:
@@ -174,7 +175,9 @@ def judge(watched: Sequence[RankWatched], window: Tuple[float, float]) -> Verdic
     pack = [view for view in present if view.rank not in culprits]
     stragglers = [_straggler(timing, by_rank[timing.rank], pack, step_s) for timing in named]
     op = op_of(arrivals, present, ordered)
-    return Verdict(timings, stragglers, len(keys), op, group, step_s, period, None, missing, end - start)
+    return Verdict(
+        timings, stragglers, len(keys), op, group, step_s, period, None, missing, end - start, floor
+    )  # fmt: skip
 
 
 def op_of(arrivals: ByRank, present: Sequence[RankWatched], keys: Sequence[Key]) -> str:

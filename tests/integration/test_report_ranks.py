@@ -104,7 +104,7 @@ def test_a_rank_holding_the_gil_is_read_from_outside(browser: Browser, tmp_path:
 
 @pytest.mark.pictures
 def test_a_straggler_is_named_on_the_job_page(browser: Browser, tmp_path: Path) -> None:
-    with TorchrunJob(script="straggler_job.py", ranks=2, args=["--slow-data", "1:30"]) as job:
+    with TorchrunJob(script="straggler_job.py", ranks=2, args=["--slow-data", "1:50"]) as job:
         output = tmp_path / "job.html"
         result = probing(str(job.agent_pid), "report", "--ranks", "all", "-o", str(output))
         assert result.returncode == ExitCode.OK, result.stderr

@@ -17,7 +17,8 @@ def test_a_job_of_equal_ranks_has_no_straggler() -> None:
     assert verdict["verdict"] == "no straggler" and verdict["stragglers"] == [], verdict
     assert len(verdict["ranks"]) == 4 and verdict["compared"] >= 20
     assert text.returncode == 0, text.stdout + text.stderr
-    assert "no straggler: no rank is late to the all_reduces" in text.stdout
+    assert "no straggler: no rank is late to 75% of the all_reduces by " in text.stdout
+    assert "; the latest, rank " in text.stdout
 
 
 def test_a_stuck_rank_is_said_to_be_hung_and_points_to_hang() -> None:

@@ -90,7 +90,10 @@ def test_equal_ranks_have_no_straggler_whatever_the_noise() -> None:
     for seed in range(20):
         verdict = judge(_job({}, seed=seed), WINDOW)
         assert verdict.stragglers == [] and verdict.stuck is None, verdict.ranks
-    assert verdict_line(verdict) == "no straggler: no rank is late to the all_reduces"
+    line = verdict_line(verdict)
+    assert line.startswith("no straggler: no rank is late to 75% of the all_reduces by 3.0 ms or more; ")
+    nearest = max(verdict.ranks, key=lambda timing: timing.delay_s)
+    assert f"rank {nearest.rank}, is late to {nearest.late_share:.0%} of them by " in line, line
     assert verdict_json(verdict)["verdict"] == "no straggler"
 
 

@@ -187,18 +187,20 @@ def _stragglers(report: JobReport) -> str:
     verdict = report.stragglers
     if verdict is None or verdict.step_s is None:
         return ""
-    from ..render.stragglers import straggler_line
+    from ..render.stragglers import no_straggler_line, straggler_line
 
     named = {each.rank for each in verdict.stragglers}
     where = "`probing PID stragglers` says where its time goes"
     lines = [straggler_line(each, verdict.op, where) for each in verdict.stragglers]
-    lines = lines or [f"No straggler: no rank is late to the {verdict.op}s."]
+    if not lines:
+        said = no_straggler_line(verdict)
+        lines = [f"{said[0].upper()}{said[1:]}."]
     rows = [[number(t.rank), text(seconds(t.step_s)), text(seconds(t.computing_s)),
              text(seconds(t.waiting_s)), text(f"{t.last_share:.0%}"), text(seconds(t.delay_s)),
              text(f"{t.late_share:.0%}")]
             for t in verdict.ranks if t.rank in named]  # fmt: skip
     others = [t for t in verdict.ranks if t.rank not in named]
-    if others:
+    if others and named:
         worst = max(t.delay_s for t in others)
         who = "The other rank" if len(others) == 1 else f"The other {len(others)} ranks"
         lines.append(f"{who}: late by {seconds(worst)} at most (median lateness).")

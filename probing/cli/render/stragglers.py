@@ -7,7 +7,7 @@ import sys
 from typing import IO, Any, Dict, List, Optional
 
 from ...analysis.mismatches import ranks_text
-from ...analysis.stragglers import MIN_COMPARED, Straggler, Verdict
+from ...analysis.stragglers import LATE_MAJORITY, MIN_COMPARED, Straggler, Verdict
 from . import inert
 from .json_writer import write_json
 from .rows import write_table
@@ -74,6 +74,7 @@ def verdict_json(verdict: Verdict) -> Dict[str, Any]:
         "compared": verdict.compared,
         "collectives_per_step": verdict.period,
         "step_s": verdict.step_s,
+        "late_floor_s": verdict.floor_s,
         "stragglers": stragglers,
         "stuck": verdict.stuck._asdict() if verdict.stuck is not None else None,
         "ranks": [timing._asdict() for timing in verdict.ranks],
@@ -97,8 +98,21 @@ def verdict_line(verdict: Verdict) -> str:
     if verdict.compared < MIN_COMPARED:
         return f"too few collectives to compare in {verdict.window_s:.1f} s ({verdict.compared}): no verdict"
     if not verdict.stragglers:
-        return f"no straggler: no rank is late to the {verdict.op}s"
+        return no_straggler_line(verdict)
     return "\n".join(straggler_line(each, verdict.op) for each in verdict.stragglers)
+
+
+def no_straggler_line(verdict: Verdict) -> str:
+    """Why no rank was named: the bar, and the rank that came nearest to it."""
+    bar = f"{LATE_MAJORITY:.0%} of the {verdict.op}s by {verdict.floor_s * 1e3:.1f} ms or more"
+    line = f"no straggler: no rank is late to {bar}"
+    if not verdict.ranks:
+        return line
+    nearest = max(verdict.ranks, key=lambda timing: (timing.delay_s, timing.late_share))
+    return line + (
+        f"; the latest, rank {nearest.rank}, is late to {nearest.late_share:.0%} of them by "
+        f"{nearest.delay_s * 1e3:.1f} ms median"
+    )
 
 
 def straggler_line(straggler: Straggler, op: str, no_phase: str = "its stacks could not be sampled") -> str:
