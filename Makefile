@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/pip install -q --disable-pip-version-check "setuptools>=64" wheel
 	# Pinned first: an unpinned torch would pull the newest CUDA build (gigabytes).
 	$(BIN)/pip install -q --disable-pip-version-check "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q --disable-pip-version-check ".[test,dev,torch,pyrasite]"
+	$(BIN)/pip install -q --disable-pip-version-check ".[test,dev,torch,pyrasite,mcp]"
 	touch $(STAMP)
 
-install: $(STAMP) ## Create .venv with probing and its test, dev, torch and pyrasite extras
+install: $(STAMP) ## Create .venv with probing and its test, dev, torch, pyrasite and mcp extras
 	@# Refresh probing itself from the working tree (fast: no dependency resolution). The
 	@# in-tree build/ goes first: a module deleted from probing/ must not live on in it.
 	rm -rf build probing.egg-info

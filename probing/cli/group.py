@@ -22,6 +22,7 @@ from .hang import hang
 from .inject import inject_command
 from .invocation import Invocation
 from .list_processes import list_command
+from .mcp import mcp_command
 from .listen import listen_command
 from .memory import memory_command
 from .options import apply, pass_invocation
@@ -42,7 +43,7 @@ from .tables import tables
 # Global options followed by their value: that word is no TARGET.
 VALUED_OPTIONS = tuple(option.name for option in (*GLOBAL_OPTIONS, ENDPOINTS) if not option.flag)
 # Commands that do not act on a target process.
-TARGETLESS = ("list", "run", "core", "records")
+TARGETLESS = ("list", "run", "core", "records", "mcp")
 # Where parse_args keeps the command line as given, for a refusal to be read as a habit.
 _GIVEN_ARGS = "probing.given_args"
 
@@ -136,6 +137,7 @@ def cli(
       probing FILE backtrace       a record is a target: backtrace, query, tables, memory, hang, export
       probing run -- CMD ...       start CMD with the agent in it
       probing CORE backtrace       a core file is a target too: backtrace, query, tables
+      probing mcp                  these tools served to a coding assistant (Model Context Protocol)
 
     A process without an agent is attached to first (unless --no-attach): one of its
     threads is borrowed for about a millisecond to load the agent; see `probing PID inject`.
@@ -185,6 +187,7 @@ cli.add_command(core_command)
 cli.add_command(report)
 cli.add_command(flamegraph)
 cli.add_command(stragglers)
+cli.add_command(mcp_command)
 
 
 def _values_not_options(args: List[str]) -> List[str]:

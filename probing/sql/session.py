@@ -197,6 +197,7 @@ class SqlSession:
 
         self._duckdb = duckdb
         self._connection = duckdb.connect(":memory:")
+        self._sealed = False
         self._unbuilt: List[str] = []  # tables whose parts came since their view was made
         self._views: Set[str] = set()  # tables made a view of their parts
         self.added = [(column.name, column.type) for column in added]
@@ -322,8 +323,17 @@ class SqlSession:
         )
 
     def run(self, sql: str) -> QueryResult:
+        """The user's SQL, over the tables alone: before the first, DuckDB's access to files,
+        extensions and settings is closed for good (no COPY TO, read_csv, ATTACH, INSTALL, SET:
+        a query reads what the job showed and writes nothing; `export` writes through
+        `connection` itself)."""
+        connection = self.connection
+        if not self._sealed:
+            connection.execute("SET enable_external_access = false")
+            connection.execute("SET lock_configuration = true")
+            self._sealed = True
         try:
-            cursor = self.connection.execute(sql)
+            cursor = connection.execute(sql)
             if cursor is None:  # DuckDB's answer to a query of blanks and comments
                 raise BadSQL("SQL: there is no statement in the query (only blanks or comments)")
             description = cursor.description or []
