@@ -22,8 +22,8 @@ from .hang import hang
 from .inject import inject_command
 from .invocation import Invocation
 from .list_processes import list_command
-from .mcp import mcp_command
 from .listen import listen_command
+from .mcp import mcp_command
 from .memory import memory_command
 from .options import apply, pass_invocation
 from .query import query

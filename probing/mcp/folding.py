@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from ..analysis.mismatches import ranks_text
+from ..analysis.mismatches import rank_runs
 
 # Threads named in the one-line summary; the structured answer has every one.
 SUMMARY_THREADS = 6
@@ -30,14 +30,14 @@ def fold_stacks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             (name, is_main, ordered),
             {"name": name, "is_main": is_main, "ranks": [], "pids": [], "frames": list(ordered)},
         )
-        rank, pid, _ = key
-        if rank is not None and rank not in thread["ranks"]:
-            thread["ranks"].append(rank)
-        if pid not in thread["pids"]:
-            thread["pids"].append(pid)
-    threads = sorted(folded.values(), key=lambda t: (not t["is_main"], t["name"], sorted(t["ranks"])))
-    for thread in threads:
-        thread["ranks"] = sorted(thread["ranks"]) or None
+        thread["pids"].append((key[0], key[1]))
+    for thread in folded.values():
+        members = sorted(
+            set(thread["pids"]), key=lambda member: (member[0] is None, member[0] or 0, member[1])
+        )
+        thread["ranks"] = [rank for rank, _ in members if rank is not None] or None
+        thread["pids"] = list(dict.fromkeys(pid for _, pid in members))
+    threads = sorted(folded.values(), key=lambda t: (not t["is_main"], t["name"], t["ranks"] or []))
     return threads
 
 
@@ -45,7 +45,11 @@ def backtrace_summary(threads: List[Dict[str, Any]]) -> str:
     """One line per folded thread, at most SUMMARY_THREADS: who, and its innermost frame."""
     lines = []
     for thread in threads[:SUMMARY_THREADS]:
-        who = thread["name"] if thread["ranks"] is None else f"{thread['name']} of ranks {ranks_text(thread['ranks'])}"
+        who = (
+            thread["name"]
+            if thread["ranks"] is None
+            else f"{thread['name']} of ranks {rank_runs(thread['ranks'], 3)}"
+        )
         lines.append(f"{who}: {thread['frames'][-1] if thread['frames'] else '(no Python frame)'}")
     if len(threads) > SUMMARY_THREADS:
         lines.append(f"... and {len(threads) - SUMMARY_THREADS} more stacks (in the structured result)")

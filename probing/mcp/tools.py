@@ -32,7 +32,9 @@ def target_arguments(target: str, command: List[str]) -> List[str]:
     """TARGET as `--target=…`: a value beginning with `-` stays a value, never an option."""
     target = str(target).strip()
     if not target:
-        raise ValueError("target is empty: give a PID, a socket path, tcp://HOST:PORT, a record or a core file")
+        raise ValueError(
+            "target is empty: give a PID, a socket path, tcp://HOST:PORT, a record or a core file"
+        )
     return [f"--target={target}", *command]
 
 
@@ -76,8 +78,11 @@ async def ranks(target: str, timeout: float = 5.0) -> Dict[str, Any]:
     agent answers, its main thread's state and where it is."""
     command = target_arguments(target, ["ranks", "--format", "json", f"--timeout={timeout}"])
     answer = await run_cli(command, timeout + DEADLINE_MARGIN_S)
-    rows = answer.value if isinstance(answer.value, list) else []
-    return answered(answer, f"{len(rows)} ranks", {"ranks": rows} if answer.value is not None else None)
+    value = answer.value if isinstance(answer.value, dict) else {}
+    rows = value.get("ranks") or []
+    job = value.get("job") or {}
+    where = f" of job {job.get('run_id')}" if isinstance(job, dict) and job.get("run_id") else ""
+    return answered(answer, f"{len(rows)} ranks{where}")
 
 
 async def backtrace(
@@ -85,7 +90,13 @@ async def backtrace(
 ) -> Dict[str, Any]:
     """Where every thread is right now (most recent call last). With ranks ("all" or "0,3-5"),
     every rank of the job, identical stacks folded into one with the ranks that share it."""
-    command = ["backtrace", "--format", "json", *(["--locals"] if locals else []), *(["--native"] if native else [])]
+    command = [
+        "backtrace",
+        "--format",
+        "json",
+        *(["--locals"] if locals else []),
+        *(["--native"] if native else []),
+    ]
     answer = await run_cli(target_arguments(target, with_ranks(command, ranks)), DEADLINE_MARGIN_S)
     if not isinstance(answer.value, list):
         return answered(answer, "")
@@ -93,7 +104,9 @@ async def backtrace(
     return answered(answer, backtrace_summary(threads), {"threads": threads})
 
 
-async def query(target: str, sql: str, ranks: Optional[str] = None, max_rows: int = QUERY_ROWS) -> Dict[str, Any]:
+async def query(
+    target: str, sql: str, ranks: Optional[str] = None, max_rows: int = QUERY_ROWS
+) -> Dict[str, Any]:
     """Read-only DuckDB SQL over the job's tables (python.backtrace, python.threads,
     python.torch_trace, python.collectives, process.memory, ...; `SELECT * FROM tables` lists them).
     With ranks, every rank's rows with rank, local_rank and node columns. Files are out of reach
@@ -102,7 +115,9 @@ async def query(target: str, sql: str, ranks: Optional[str] = None, max_rows: in
     answer = await run_cli(target_arguments(target, [*command, "--", sql]), DEADLINE_MARGIN_S)
     rows = answer.value if isinstance(answer.value, list) else []
     kept = rows[: max(0, max_rows)]
-    summary = f"{len(rows)} rows" + (f" (the first {len(kept)} given: max_rows)" if len(kept) < len(rows) else "")
+    summary = f"{len(rows)} rows" + (
+        f" (the first {len(kept)} given: max_rows)" if len(kept) < len(rows) else ""
+    )
     value = {"rows": kept, "row_count": len(rows), "rows_left_out": len(rows) - len(kept)}
     return answered(answer, summary, value if answer.value is not None else None)
 
@@ -113,7 +128,9 @@ async def hang(target: str, ranks: Optional[str] = None, duration: float = 10.0)
     command = with_ranks(["hang", "--format", "json", f"--duration={duration}"], ranks)
     answer = await run_cli(target_arguments(target, command), duration + DEADLINE_MARGIN_S)
     value = answer.value if isinstance(answer.value, dict) else {}
-    summary = str(value.get("summary") or value.get("verdict") or ("hung" if value.get("hung") else "not hung"))
+    summary = str(
+        value.get("summary") or value.get("verdict") or ("hung" if value.get("hung") else "not hung")
+    )
     return answered(answer, summary)
 
 
@@ -158,19 +175,27 @@ async def report(target: str, ranks: Optional[str] = None, output: Optional[str]
     return answered(answer, f"wrote {output}", value)
 
 
-async def eval_code(target: str, code: str, ranks: Optional[str] = None, timeout: float = 10.0) -> Dict[str, Any]:
+async def eval_code(
+    target: str, code: str, ranks: Optional[str] = None, timeout: float = 10.0
+) -> Dict[str, Any]:
     """Run Python CODE in the job's __main__ namespace and return what it printed and its value
     (changes the job: off unless the server was started with --allow-changes)."""
     command = with_ranks(["eval", f"--timeout={timeout}"], ranks)
-    answer = await run_cli(target_arguments(target, [*command, "--", code]), timeout + DEADLINE_MARGIN_S, False)
+    answer = await run_cli(
+        target_arguments(target, [*command, "--", code]), timeout + DEADLINE_MARGIN_S, False
+    )
     value = {"output": answer.stdout} if answer.exit_code == 0 else None
     return answered(answer, answer.stdout.strip()[-2000:] or "(no output)", value)
 
 
-async def trace(target: str, action: Literal["on", "off", "status"], ranks: Optional[str] = None) -> Dict[str, Any]:
+async def trace(
+    target: str, action: Literal["on", "off", "status"], ranks: Optional[str] = None
+) -> Dict[str, Any]:
     """Time the job's modules and optimizer steps into python.torch_trace: on, off or status
     (on and off change the job: off unless the server was started with --allow-changes)."""
-    answer = await run_cli(target_arguments(target, with_ranks(["trace", action, "--format", "json"], ranks)), 70.0)
+    answer = await run_cli(
+        target_arguments(target, with_ranks(["trace", action, "--format", "json"], ranks)), 70.0
+    )
     return answered(answer, f"trace {action}")
 
 
