@@ -43,11 +43,11 @@ $(SPEEDSCOPE)/index.html:
 	cd $(SPEEDSCOPE) && npm pack --silent speedscope@1.25.0 > /dev/null \
 		&& tar xzf speedscope-1.25.0.tgz --strip-components=3 package/dist/release && rm speedscope-1.25.0.tgz
 
-browser: $(SPEEDSCOPE)/index.html ## Install Debian's chromium, which the tests of the HTML pages drive (as root), and speedscope
-	@command -v chromium > /dev/null || { \
+browser: $(SPEEDSCOPE)/index.html ## Install Debian's chromium and tmux, which the tests of the HTML pages and of `top`'s screen drive (as root), and speedscope
+	@{ command -v chromium && command -v tmux; } > /dev/null || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
-		else echo "make browser: install Debian's chromium package (as root: apt-get install chromium)" >&2; exit 1; fi; }
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium tmux; \
+		else echo "make browser: install Debian's chromium and tmux packages (as root: apt-get install chromium tmux)" >&2; exit 1; fi; }
 
 # CPython 3.14 and 3.15 for the tests' targets, from Debian's archive with their own glibc (they
 # need a newer one than this Debian has): tools/pythons.sh says how. Kept in .pythons/, or in
@@ -95,6 +95,7 @@ bench: install ## Print the measurements of the closing notes (ratios against ba
 	$(BIN)/python benchmarks/bench_ranks.py
 	$(BIN)/python benchmarks/bench_collectives.py
 	$(BIN)/python benchmarks/bench_stragglers.py
+	$(BIN)/python benchmarks/bench_top.py
 	$(BIN)/python benchmarks/bench_nodes.py
 	$(BIN)/python benchmarks/bench_records.py
 	$(BIN)/python benchmarks/bench_record_query.py

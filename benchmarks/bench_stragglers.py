@@ -28,10 +28,14 @@ BIN = os.path.dirname(sys.executable)
 JOB = os.path.join(ROOT, "tests", "targets", "straggler_job.py")
 
 
-def start_job(step_log: str) -> Tuple[subprocess.Popen, int]:  # type: ignore[type-arg]
+SLOW_RANK_1 = ("--slow-data", "1:20")
+
+
+def start_job(step_log: str, slowness: Tuple[str, ...] = SLOW_RANK_1) -> Tuple[subprocess.Popen, int]:  # type: ignore[type-arg]
+    """The 4-rank job, rank 1 made slow by `slowness` (straggler_job.py's options); rank 0's PID."""
     environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     job = subprocess.Popen(
-        [os.path.join(BIN, "torchrun"), "--standalone", "--nproc-per-node=4", JOB, "--slow-data", "1:20",
+        [os.path.join(BIN, "torchrun"), "--standalone", "--nproc-per-node=4", JOB, *slowness,
          "--step-log", step_log],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment, start_new_session=True,
     )  # fmt: skip

@@ -239,6 +239,16 @@ def memory_and_threads() -> Tuple[Optional[int], Optional[int], Optional[int]]:
     return int(fields[21]) * _PAGE_SIZE, int(fields[20]), int(fields[17])
 
 
+def cpu_and_resident(pid: Pid) -> Tuple[Optional[float], Optional[int]]:
+    """(CPU seconds, user plus system, of all its threads so far; resident bytes) of a process,
+    from one read of its stat(5)."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if len(fields) < 22:
+        return None, None
+    # Fields 14 (utime), 15 (stime) and 24 (rss, pages) of stat(5).
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, int(fields[21]) * _PAGE_SIZE
+
+
 def memory_bytes() -> Tuple[Optional[int], Optional[int]]:
     """(resident, virtual) bytes of this process."""
     resident, virtual, _ = memory_and_threads()
@@ -272,6 +282,12 @@ def thread_cpu_ticks(pid: Pid, tid: object) -> Optional[int]:
         return None
     # Fields 14 and 15 of stat(5); fields[0] here is field 3.
     return int(fields[11]) + int(fields[12])
+
+
+def thread_cpu_seconds_of(pid: Pid, tid: object) -> Optional[float]:
+    """User plus system CPU seconds of one thread of any process."""
+    ticks = thread_cpu_ticks(pid, tid)
+    return None if ticks is None else ticks / _CLOCK_TICKS
 
 
 def thread_cpu_seconds(native_id: Optional[int]) -> Tuple[Optional[float], Optional[float]]:

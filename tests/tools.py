@@ -57,6 +57,7 @@ TOOLS: Dict[str, Tool] = {
     "pystack": Tool(_module("pystack"), "the tests' Python", "pip install pystack (`make install`)"),
     "gdb": Tool(_on_path("gdb"), "PATH", "apt-get install gdb"),
     "chromium": Tool(_chromium, "PATH", "`make browser` (as root: apt-get install chromium)"),
+    "tmux": Tool(_on_path("tmux"), "PATH", "`make browser` (as root: apt-get install tmux)"),
     "speedscope": Tool(lambda: (SPEEDSCOPE / "index.html").is_file(), str(SPEEDSCOPE), "`make browser`"),
     "unshare": Tool(_on_path("unshare"), "PATH", "util-linux's unshare (apt-get install util-linux)"),
 }

@@ -39,6 +39,7 @@ from .spellings import Commands, foreign_spelling
 from .stragglers import stragglers
 from .switch import nan, trace
 from .tables import tables
+from .top import top
 
 # Global options followed by their value: that word is no TARGET.
 VALUED_OPTIONS = tuple(option.name for option in (*GLOBAL_OPTIONS, ENDPOINTS) if not option.flag)
@@ -131,6 +132,7 @@ def cli(
       probing PID trace export -o F.json the traced steps as a timeline for ui.perfetto.dev
       probing PID hang --ranks all which rank of the job is stuck, and where (--ranks: most commands)
       probing PID stragglers       which rank the job waits for, in which phase, by how much
+      probing PID top              a live view: each thread (--ranks: each rank), refreshed until q
       probing tcp://HOST:PORT ...  an agent on another node, over TCP (PROBING_LISTEN, PROBING_TOKEN)
       probing list                 Python processes by job, and which have an agent
       probing records              the records jobs left on this machine when they ended
@@ -188,6 +190,7 @@ cli.add_command(report)
 cli.add_command(flamegraph)
 cli.add_command(stragglers)
 cli.add_command(mcp_command)
+cli.add_command(top)
 
 
 def _values_not_options(args: List[str]) -> List[str]:

@@ -99,6 +99,10 @@ class Kind:
         """`ranks`: each rank of the job at a glance (a job's alone)."""
         raise self.not_for()
 
+    def top(self, timeout: float) -> Any:
+        """`top`: a watch whose `refresh()` gives one view (engine/top.py), again and again."""
+        raise self.not_for()
+
     def refuse_live_stacks(self, native: bool, children: bool) -> None:
         """For a snapshot (a record, a core file): native frames and descendants are read from a
         live process only."""

@@ -157,6 +157,11 @@ class Job(Kind):
         answer = glance_at_job(self.job, self.chosen, self.rank_target, timeout)
         return Ranks(self.job, None, answer, answer.exit_code)
 
+    def top(self, timeout: float) -> Any:
+        from ..top import JobWatch
+
+        return JobWatch(self.job, self.chosen, self.rank_target, timeout, self.attach_timeout)
+
     def timeline(self, steps: Any, timeout: float) -> Ranks:
         from ..timeline import job_timeline
 

@@ -31,6 +31,11 @@ class Process(Kind):
     def process(self) -> Target:
         return self.target
 
+    def top(self, timeout: float) -> Any:
+        from ..top import ProcessWatch
+
+        return ProcessWatch(self.target, timeout)
+
     def stacks(
         self, locals: bool, thread: Optional[str], timeout: float, native: bool, children: bool,
         attach_children: bool,
