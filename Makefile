@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser pythons unit test fuzz check-install lint format bench bench-scale soak demo docs screenshots clean
+.PHONY: help install browser pythons old-glibc-root wheel unit test fuzz check-install lint format bench bench-scale soak demo docs screenshots clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-14s %s\n", $$1, $$2}'
@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/pip install -q --disable-pip-version-check "setuptools>=64" wheel
 	# Pinned first: an unpinned torch would pull the newest CUDA build (gigabytes).
 	$(BIN)/pip install -q --disable-pip-version-check "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q --disable-pip-version-check ".[test,dev,torch,pyrasite,mcp]"
+	$(BIN)/pip install -q --disable-pip-version-check ".[test,dev,torch,pyrasite,mcp,core,wheel]"
 	touch $(STAMP)
 
-install: $(STAMP) ## Create .venv with probing and its test, dev, torch, pyrasite and mcp extras
+install: $(STAMP) ## Create .venv with probing and its extras (test, dev, torch, pyrasite, mcp, core, wheel)
 	@# Refresh probing itself from the working tree (fast: no dependency resolution). The
 	@# in-tree build/ goes first: a module deleted from probing/ must not live on in it.
 	rm -rf build probing.egg-info
@@ -81,8 +81,19 @@ fuzz: install ## The fuzz layer alone (tests/fuzz), FUZZ_SCALE times its example
 	PROBING_FUZZ_SCALE=$(or $(FUZZ_SCALE),1) $(if $(FUZZ_SEED),PROBING_FUZZ_SEED=$(FUZZ_SEED)) \
 		$(BIN)/pytest tests/fuzz -p no:cacheprovider
 
-check-install: install pythons ## Build the wheel; pip install it, wheels only, on every CPython 3.8-3.15 (a few minutes)
-	$(BIN)/pytest -m install tests/integration/test_build.py
+check-install: install pythons old-glibc-root ## Build the wheel; pip install it, wheels only, on every CPython 3.8-3.15, and on glibc 2.31 (a few minutes)
+	$(BIN)/pytest -m install tests/integration/test_build.py tests/integration/test_wheel_old_glibc.py
+
+# Debian bullseye (glibc 2.31) for the test of the manylinux wheel: tools/old_glibc_root.sh says
+# how. Kept in .old-glibc-root/, or in $$PROBING_OLD_GLIBC_ROOT (CI keeps it outside its clone).
+old-glibc-root: ## Make the Debian bullseye root (glibc 2.31) the manylinux wheel's test installs into (root)
+	@tools/old_glibc_root.sh
+
+wheel: install ## A manylinux_2_28 wheel in dist/: its native parts checked and the wheel tagged by auditwheel
+	rm -rf build/wheel && mkdir -p dist
+	$(BIN)/pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w build/wheel .
+	PATH="$(BIN):$$PATH" $(BIN)/auditwheel repair --plat manylinux_2_28_x86_64 -w dist build/wheel/probing-*.whl
+	rm -rf build/wheel
 
 bench: install ## Print the measurements of the closing notes (ratios against baselines)
 	$(BIN)/python benchmarks/bench_core.py

@@ -16,9 +16,16 @@
    library that finds the interpreter's symbols with dlsym at run time, not extension modules
    built against one Python's headers. One wheel per platform serves every supported CPython,
    and installing it compiles nothing.
+5. Built against glibc on x86-64, the native parts run on any glibc since 2.28 (`make wheel`
+   tags the wheel manylinux_2_28 with auditwheel): the two programs are linked statically, and
+   the helper library, which must load into the job's own glibc, binds the few symbols glibc has
+   versioned since 2.28 to their old versions (native/glibc_compat.h). Where static linking is
+   not possible (no libc.a: Fedora without glibc-static), the programs are linked dynamically,
+   for this machine's glibc, and the build says so.
 """
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -47,6 +54,26 @@ NATIVE = [
 ]
 
 
+# x86-64 glibc: the helper's symbols bound to glibc 2.28's versions, the programs static.
+PORTABLE = platform.libc_ver()[0] == "glibc" and platform.machine() == "x86_64"
+LIBRARY_FLAGS = ["-include", os.path.join("native", "glibc_compat.h")] if PORTABLE else []
+
+
+def compile_native(command: list, program: bool, what: str, announce: object) -> None:
+    """Run the compiler; a program statically linked where the platform allows, else as the
+    machine links it (said on stderr)."""
+    attempts = [[*command, "-static"], command] if program and PORTABLE else [command]
+    for attempt in attempts:
+        announce(" ".join(attempt), level=2)  # type: ignore[operator]
+        result = subprocess.run(attempt, capture_output=True, text=True)
+        if result.returncode == 0:
+            if attempt is not attempts[0]:
+                said = f"probing: {what} linked for this machine's glibc only (no static libc)"
+                print(said, file=sys.stderr)
+            return
+    raise SystemExit(f"probing: compiling {what} failed:\n{result.stderr}")
+
+
 def compiler() -> str:
     for candidate in (os.environ.get("CC"), sysconfig.get_config_var("CC"), "cc", "gcc", "clang"):
         if candidate and shutil.which(candidate.split()[0]):
@@ -66,11 +93,10 @@ class BuildPy(build_py):
         os.makedirs(target, exist_ok=True)
         cc = compiler()
         for output, sources, flags in NATIVE:
-            command = [cc, "-O2", "-Wall", "-o", os.path.join(target, output), *sources, *flags]
-            self.announce(" ".join(command), level=2)
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise SystemExit(f"probing: compiling {' '.join(sources)} failed:\n{result.stderr}")
+            library = output.endswith(".so")
+            extra = LIBRARY_FLAGS if library else []
+            command = [cc, "-O2", "-Wall", *extra, "-o", os.path.join(target, output), *sources, *flags]
+            compile_native(command, not library, " ".join(sources), self.announce)
 
     def get_outputs(self, include_bytecode: bool = True) -> list:  # type: ignore[override]
         native = [os.path.join(self.build_lib, "probing", "_native", output) for output, _, _ in NATIVE]
@@ -101,10 +127,7 @@ class BuildScripts(build_scripts):
             raise SystemExit(f"probing: generating {header} failed:\n{result.stderr}")
         output = os.path.join(self.build_dir, "probing")
         command = [compiler(), "-O2", "-Wall", "-Wextra", "-I", generated, "-o", output, *FRONT_SOURCES]
-        self.announce(" ".join(command), level=2)
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SystemExit(f"probing: compiling native/front failed:\n{result.stderr}")
+        compile_native(command, True, "native/front", self.announce)
 
     def get_outputs(self) -> list:  # type: ignore[override]
         return [*super().get_outputs(), os.path.join(self.build_dir, "probing")]

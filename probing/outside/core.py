@@ -133,7 +133,9 @@ def _what_went_wrong(status: int, stderr: bytes) -> str:
 
 def _failure(core: str, kind: str, message: str) -> ProbingError:
     if kind == "no_pystack":
-        return ProbingError(f"pystack is needed to read core files: {message}", hint="pip install pystack")
+        return ProbingError(
+            f"pystack is needed to read core files: {message}", hint="pip install 'probing[core]' (pystack)"
+        )
     if kind == "no_executable":
         return BadRecord(f"{core}: {message}", hint=_PASS_EXE)
     if kind == "wrong_executable":
