@@ -12,7 +12,6 @@ from typing import Any, Callable, Iterator, Optional
 
 import click
 
-from ..errors import ExitCode
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .spec import RANKS, timeout
@@ -42,7 +41,7 @@ def top(invocation: Invocation, interval: float, count: int, timeout: float, ran
     """
     watch = invocation.kind(ranks, what="`top`").top(timeout)
     from ..engine.top import JobWatch
-    from .render.top import job_screen, process_screen
+    from .render.top import job_screen, on_terminal, process_screen, show_frames, show_live
 
     def screen(interactive: bool) -> Any:
         view = watch.refresh()
@@ -50,49 +49,9 @@ def top(invocation: Invocation, interval: float, count: int, timeout: float, ran
             return job_screen(view, interval, interactive)
         return process_screen(view, interval, interactive)
 
-    if sys.stdout.isatty() and sys.stdin.isatty():
-        return _live(screen, interval, count)
-    return _frames(screen, interval, count)
-
-
-def _frames(screen: Callable[[bool], Any], interval: float, count: int) -> int:
-    """Refreshes printed one after another, a blank line between them."""
-    from .render.top import plain
-
-    shown = 0
-    while True:
-        started = time.monotonic()
-        text = plain(screen(False))
-        sys.stdout.write(("\n" if shown else "") + text + "\n")
-        sys.stdout.flush()
-        shown += 1
-        if count and shown >= count:
-            return ExitCode.OK
-        time.sleep(max(0.0, started + interval - time.monotonic()))
-
-
-def _live(screen: Callable[[bool], Any], interval: float, count: int) -> int:
-    """The screen redrawn in place (the terminal's alternate screen, as top's), until q."""
-    from rich.console import Console
-    from rich.live import Live
-
-    from .render.top import drawn
-
-    console = Console()
-    first = drawn(
-        screen(True), console.width
-    )  # a target that cannot be looked at fails before the screen opens
-    shown = 1
-    with _keys() as quit_within, Live(first, console=console, screen=True, auto_refresh=False) as live:
-        try:
-            while not (count and shown >= count):
-                if quit_within(interval):
-                    break
-                live.update(drawn(screen(True), console.width), refresh=True)
-                shown += 1
-        except KeyboardInterrupt:
-            pass
-    return ExitCode.OK
+    if on_terminal():
+        return show_live(screen, interval, count, _keys)
+    return show_frames(screen, interval, count)
 
 
 @contextlib.contextmanager

@@ -3,8 +3,9 @@ after another) for a pipe or a file."""
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, Callable, ContextManager, List, NamedTuple, Optional
 
 from ...analysis.mismatches import rank_runs
 from ...engine.top import PROGRESS_EVERY, JobView, ProcessView
@@ -134,3 +135,50 @@ def drawn(screen: Screen, width: int) -> Any:
         )
         text.append(line + "\n", style=style)
     return text
+
+
+# --- the loops that show them ----------------------------------------------------------------
+
+Refresh = Callable[[bool], Screen]  # a new screen, for a terminal (True) or not
+
+
+def on_terminal() -> bool:
+    """Whether the screen is drawn in place: stdout and stdin (for the keys) are a terminal."""
+    return sys.stdout.isatty() and sys.stdin.isatty()
+
+
+def show_frames(refresh: Refresh, interval: float, count: int) -> int:
+    """Refreshes printed one after another, a blank line between them; 0 after `count`."""
+    shown = 0
+    while True:
+        started = time.monotonic()
+        text = plain(refresh(False))
+        sys.stdout.write(("\n" if shown else "") + text + "\n")
+        sys.stdout.flush()
+        shown += 1
+        if count and shown >= count:
+            return 0
+        time.sleep(max(0.0, started + interval - time.monotonic()))
+
+
+def show_live(refresh: Refresh, interval: float, count: int, keys: Callable[[], ContextManager[Any]]) -> int:
+    """The screen redrawn in place (the terminal's alternate screen, as top's) until `keys()`'s
+    `quit_within(seconds)` says q was pressed, Ctrl-C, or `count` refreshes; 0."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    first = drawn(
+        refresh(True), console.width
+    )  # a target that cannot be looked at fails here, before the screen
+    shown = 1
+    with keys() as quit_within, Live(first, console=console, screen=True, auto_refresh=False) as live:
+        try:
+            while not (count and shown >= count):
+                if quit_within(interval):
+                    break
+                live.update(drawn(refresh(True), console.width), refresh=True)
+                shown += 1
+        except KeyboardInterrupt:
+            pass
+    return 0
