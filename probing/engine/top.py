@@ -19,13 +19,13 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import procfs
 from ..analysis.glance import glance, job_frame, where
-from ..errors import ProbingError
+from ..errors import ProbingError, ProcessNotFound
 from ..schema.tables import PROCESS_GROUPS
 from .backtrace import read_stacks, stacks_deadline
 from .jobs.fanout import gather
 from .jobs.job import Job, Rank
 from .sources import SourceLines
-from .target import Target
+from .target import Fallback, Target
 
 # Refreshes between reads of each rank's python.process_groups (the first refresh reads it).
 PROGRESS_EVERY = 5
@@ -154,7 +154,12 @@ class JobWatch:
             target = self.target_of(rank)
             stacks = read_stacks(target, False, None, self.timeout)
             state = glance(stacks.rows, SourceLines(stacks.pid).frame_line, stacks.info.get("outside"))
-            return state, (_progress(target, self.timeout) if with_progress else None)
+            if not with_progress:
+                return state, None
+            try:
+                return state, _progress(target, self.timeout)
+            except (ProbingError, Fallback):  # stacks read from outside: no agent to ask, this time
+                return state, None
 
         deadline = stacks_deadline(self.timeout, self.attach_timeout) + (self.timeout + 2.0) * with_progress
         gathered = gather(self.chosen, look, deadline + 1.0)
@@ -167,6 +172,10 @@ class JobWatch:
                 self._keep(rank.rank, progress)
             lines.append(self._line(rank, state, failed.get(rank.rank)))
         lines.sort(key=_behind_first)
+        here = [rank for rank in self.chosen if not rank.remote and rank.pid > 0]
+        if not gathered.answers and here and not any(procfs.process_alive(rank.pid) for rank in here):
+            hint = "`probing records` lists what they left"
+            raise ProcessNotFound("every rank of the job has ended", hint=hint)
         return JobView(self.job, lines, gathered.exit_code())
 
     def _keep(self, rank: int, progress: Tuple[Optional[int], Optional[int]]) -> None:

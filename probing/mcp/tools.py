@@ -10,6 +10,8 @@ the job; the tools that do (`eval`, `trace`, `nan`) refuse unless the server was
 from __future__ import annotations
 
 import os
+import re
+import stat
 import sys
 import tempfile
 import time
@@ -22,6 +24,34 @@ Call = Callable[..., Awaitable[Any]]
 # The exit codes that are an answer, not a failure: a verdict (hung, straggler) or a partial one.
 ANSWERS = (0, 11, 14, 20)
 QUERY_ROWS = 200
+
+
+# A report's file name: no folder of its own, so that no call writes outside the reports folder.
+REPORT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,120}\.html")
+# The longest watch a call may ask for (hang, stragglers) and the longest wait (eval, ranks).
+MAX_SECONDS = 600.0
+
+
+def reports_folder() -> str:
+    """This user's folder for the reports the server writes: made private, and refused when
+    someone else made it first (a folder of the same name in /tmp, or a link)."""
+    folder = os.path.join(tempfile.gettempdir(), f"probing-reports-{os.getuid()}")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(folder)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise ValueError(
+            f"{folder} is not a private folder of this user's: remove it, and probing makes it anew"
+        )
+    return folder
+
+
+def bounded(seconds: float, what: str) -> float:
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ValueError(f"{what} must be more than 0 and at most {MAX_SECONDS:.0f} seconds, not {seconds:g}")
+    return seconds
 
 
 class Refused(Exception):
@@ -76,7 +106,9 @@ async def list_processes() -> Dict[str, Any]:
 async def ranks(target: str, timeout: float = 5.0) -> Dict[str, Any]:
     """Every rank of the torchrun job TARGET belongs to: rank, local rank, node, PID, whether its
     agent answers, its main thread's state and where it is."""
-    command = target_arguments(target, ["ranks", "--format", "json", f"--timeout={timeout}"])
+    command = target_arguments(
+        target, ["ranks", "--format", "json", f"--timeout={bounded(timeout, 'timeout')}"]
+    )
     answer = await run_cli(command, timeout + DEADLINE_MARGIN_S)
     value = answer.value if isinstance(answer.value, dict) else {}
     rows = value.get("ranks") or []
@@ -125,7 +157,7 @@ async def query(
 async def hang(target: str, ranks: Optional[str] = None, duration: float = 10.0) -> Dict[str, Any]:
     """Watch every thread (with ranks, every rank) for DURATION seconds: is the job hung, which
     rank and thread stopped, and where; the collective the others wait in."""
-    command = with_ranks(["hang", "--format", "json", f"--duration={duration}"], ranks)
+    command = with_ranks(["hang", "--format", "json", f"--duration={bounded(duration, 'duration')}"], ranks)
     answer = await run_cli(target_arguments(target, command), duration + DEADLINE_MARGIN_S)
     value = answer.value if isinstance(answer.value, dict) else {}
     summary = str(
@@ -137,7 +169,7 @@ async def hang(target: str, ranks: Optional[str] = None, duration: float = 10.0)
 async def stragglers(target: str, duration: float = 10.0) -> Dict[str, Any]:
     """Which rank the whole job waits for (a job that is slow, not stuck): each rank's arrivals
     at the collectives over DURATION seconds, by how much it is late and in which phase."""
-    command = ["stragglers", "--format", "json", f"--duration={duration}"]
+    command = ["stragglers", "--format", "json", f"--duration={bounded(duration, 'duration')}"]
     answer = await run_cli(target_arguments(target, command), duration + DEADLINE_MARGIN_S)
     value = answer.value if isinstance(answer.value, dict) else {}
     return answered(answer, str(value.get("summary") or ""))
@@ -160,14 +192,19 @@ async def records() -> Dict[str, Any]:
     return answered(answer, f"{len(rows)} records", {"records": rows} if answer.value is not None else None)
 
 
-async def report(target: str, ranks: Optional[str] = None, output: Optional[str] = None) -> Dict[str, Any]:
+async def report(target: str, ranks: Optional[str] = None, name: Optional[str] = None) -> Dict[str, Any]:
     """Write one HTML page of the job (stacks, hang verdict, stragglers, step times, memory
-    charts) and return its path, for the person to open in a browser."""
-    if not output:
-        folder = os.path.join(tempfile.gettempdir(), f"probing-reports-{os.getuid()}")
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        name = "".join(c if c.isalnum() else "-" for c in str(target))[-40:]
-        output = os.path.join(folder, f"report-{name}-{time.strftime('%Y%m%d-%H%M%S')}.html")
+    charts) into this server's reports folder and return its path, for the person to open in a
+    browser. NAME: the file's name (letters, digits, `.`, `-`, `_`; ending .html), else one made
+    of the target and the time."""
+    if name is None:
+        stem = "".join(c if c.isalnum() else "-" for c in str(target))[-40:]
+        name = f"report-{stem}-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    if not REPORT_NAME.fullmatch(name):
+        raise ValueError(
+            f"name must be a file name ending .html (letters, digits, '.', '-', '_'), not {name!r:.80}"
+        )
+    output = os.path.join(reports_folder(), name)
     command = target_arguments(target, with_ranks(["report", f"--output={output}"], ranks))
     answer = await run_cli(command, 120.0 + DEADLINE_MARGIN_S, parse_json=False)
     written = answer.exit_code in ANSWERS and os.path.isfile(output)
@@ -180,7 +217,7 @@ async def eval_code(
 ) -> Dict[str, Any]:
     """Run Python CODE in the job's __main__ namespace and return what it printed and its value
     (changes the job: off unless the server was started with --allow-changes)."""
-    command = with_ranks(["eval", f"--timeout={timeout}"], ranks)
+    command = with_ranks(["eval", f"--timeout={bounded(timeout, 'timeout')}"], ranks)
     answer = await run_cli(
         target_arguments(target, [*command, "--", code]), timeout + DEADLINE_MARGIN_S, False
     )

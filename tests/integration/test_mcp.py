@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Tuple
 
@@ -61,7 +62,8 @@ async def call(client: ClientSession, tool: str, **arguments: Any) -> Tuple[bool
     return bool(answer.is_error), text, answer.structured_content or {}
 
 
-def test_an_assistant_reads_a_live_process_through_every_reading_tool(tmp_path: Path) -> None:
+def test_an_assistant_reads_a_live_process_through_every_reading_tool() -> None:
+    page = f"page-{uuid.uuid4().hex[:8]}.html"
     with Target("sleeper.py") as target:
 
         async def work(client: ClientSession) -> Dict[str, Any]:
@@ -81,9 +83,7 @@ def test_an_assistant_reads_a_live_process_through_every_reading_tool(tmp_path: 
                 ),
                 "memory": await call(client, "memory", target=str(target.pid)),
                 "records": await call(client, "records"),
-                "report": await call(
-                    client, "report", target=str(target.pid), output=str(tmp_path / "page.html")
-                ),
+                "report": await call(client, "report", target=str(target.pid), name=page),
             }
             return seen
 
@@ -123,8 +123,10 @@ def test_an_assistant_reads_a_live_process_through_every_reading_tool(tmp_path: 
     error, text, data = seen["records"]
     assert not error and isinstance(data["result"]["records"], list)
     error, text, data = seen["report"]
-    assert not error and data["result"]["path"] == str(tmp_path / "page.html"), text
-    assert (tmp_path / "page.html").read_text().lstrip().lower().startswith("<!doctype html")
+    written = Path(tempfile.gettempdir()) / f"probing-reports-{os.getuid()}" / page
+    assert not error and data["result"]["path"] == str(written), text
+    assert written.read_text().lstrip().lower().startswith("<!doctype html")
+    written.unlink()
 
 
 def test_changing_tools_refuse_without_the_flag_and_are_logged_with_it() -> None:
@@ -168,6 +170,8 @@ def test_sql_reads_the_tables_and_nothing_else_and_bad_targets_get_the_clis_word
                 await call(client, "backtrace", target="--help"),
                 await call(client, "backtrace", target=""),
                 await call(client, "backtrace", target="999999999"),
+                await call(client, "report", target=pid, name="../../etc/cron.d/x.html"),
+                await call(client, "hang", target=pid, duration=1e9),
             ]
 
         answers, _ = serve(work)
@@ -180,6 +184,8 @@ def test_sql_reads_the_tables_and_nothing_else_and_bad_targets_get_the_clis_word
     assert answers[4][0] and "target is empty" in answers[4][1]
     error, text, data = answers[5]
     assert error and data["exit_code"] == 3 and "no process with PID 999999999" in text
+    assert answers[6][0] and answers[6][1].startswith("name must be a file name ending .html")
+    assert answers[7][0] and "duration must be more than 0 and at most 600 seconds" in answers[7][1]
 
 
 def test_a_target_that_dies_in_the_middle_of_a_call_gets_an_answer_and_the_server_goes_on() -> None:

@@ -144,3 +144,15 @@ def test_a_process_that_ends_ends_top_with_the_clis_error_and_a_record_is_no_liv
     assert f"no process with PID {target.pid}" in err
     gone = probing(str(target.pid), "top", "--count", "1")
     assert gone.returncode == ExitCode.NO_SUCH_PROCESS
+
+
+def test_top_of_a_job_ends_with_the_job() -> None:
+    with TorchrunJob(script="straggler_job.py", ranks=2) as job:
+        command = [PROBING, str(job.pids[0]), "top", "--ranks", "all", "--interval", "0.5"]
+        watching = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert watching.stdout is not None
+        assert watching.stdout.readline().startswith("job ")
+        job.kill()
+        _, err = watching.communicate(timeout=60)
+    assert watching.returncode == ExitCode.NO_SUCH_PROCESS, (watching.returncode, err)
+    assert "every rank of the job has ended" in err
