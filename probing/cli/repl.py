@@ -21,7 +21,7 @@ import click
 from ..client.connection import Client
 from ..client.console import RemoteConsole, StoppedWaiting
 from ..engine.target import Target
-from ..errors import ExitCode, NoAgent, ProcessNotFound, SessionGone
+from ..errors import AgentUnreachable, ExitCode, NoAgent, ProcessNotFound, SessionGone
 from ..procfs import process_alive
 from .invocation import Invocation
 from .options import apply, pass_invocation
@@ -122,12 +122,15 @@ def reconnect_to(target: Target, timeout: float) -> Callable[[], Client]:
     def reconnect() -> Client:
         try:
             return target.connect_existing(timeout)
-        except (ProcessNotFound, NoAgent):
+        except (ProcessNotFound, NoAgent, AgentUnreachable) as error:
             if target.pid is None:
                 raise
             pid = target.pid
+            # A process killed a moment ago may still be there, unreaped, its socket refusing.
             if _exits(pid):
                 raise ProcessNotFound(f"PID {pid} exited; the repl session ended with it") from None
+            if isinstance(error, AgentUnreachable):
+                raise
             raise NoAgent(
                 f"the agent in PID {pid} was stopped (detach); the repl session ended with it",
                 hint=f"`probing {pid} repl` attaches again, in a new session",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
 
 from ..client.discovery import agent_listens, python_version_of, socket_candidates
 from ..errors import ProbingError
+from ..procfs import process_alive
 from .jobs.job import rank_of
 
 if TYPE_CHECKING:
@@ -116,8 +117,8 @@ def python_processes() -> List[PythonProcess]:
     for process in psutil.process_iter(["pid", "username", "cmdline", "name"]):
         info = process.info
         pid = info["pid"]
-        if pid == os.getpid():
-            continue
+        if pid == os.getpid() or not process_alive(pid):
+            continue  # a process that has exited (a zombie not yet reaped) has nothing to debug
         try:
             version = python_version_of(pid)
         except ProbingError:

@@ -9,7 +9,7 @@ import time
 
 from probing.errors import ExitCode
 
-from support import PROBING, VENV_PYTHON, Target, probing
+from support import PROBING, VENV_PYTHON, Target, probing, wait_until
 
 
 def test_no_such_process() -> None:
@@ -90,16 +90,21 @@ def test_list_shows_python_processes_and_their_agents() -> None:
 
     with Target("sleeper.py") as job:
         plain = subprocess.Popen([VENV_PYTHON, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        # A Python process that has exited, its parent (this test) not having reaped it yet.
+        ended = subprocess.Popen([VENV_PYTHON, "-c", "pass"])
+        assert wait_until(lambda: open(f"/proc/{ended.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z")
         try:
             listed = {row["pid"]: row for row in json.loads(probing("list", "--format", "json").stdout)}
             assert listed[job.pid]["agent"] is True and listed[job.pid]["command"].endswith("sleeper.py")
             assert listed[job.pid]["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
             assert listed[plain.pid]["agent"] is False
+            assert ended.pid not in listed  # nothing to debug in a zombie
             table = probing("list").stdout.splitlines()
             assert table[0].split() == "pid user python agent job rank local_rank command".split()
         finally:
             plain.kill()
             plain.wait()
+            ended.wait()
 
 
 def test_a_reader_that_stops_early_is_not_an_error(sleeper: Target) -> None:

@@ -34,6 +34,9 @@ READING = {
 }
 CHANGING = {"eval", "trace", "nan"}
 Session = Callable[[ClientSession], Awaitable[Any]]
+CALL_S = 100.0
+# Each test makes several calls, each a CLI start and an answer: seconds apiece on a loaded machine.
+pytestmark = pytest.mark.timeout(360)
 
 
 def serve(work: Session, *flags: str) -> Tuple[Any, str]:
@@ -46,7 +49,7 @@ def serve(work: Session, *flags: str) -> Tuple[Any, str]:
         async with stdio_client(parameters, errlog=log) as (read, write):
             async with ClientSession(read, write) as client:
                 await client.initialize()
-                with anyio.fail_after(150):
+                with anyio.fail_after(330):
                     return await work(client)
 
     with tempfile.TemporaryFile("w+") as log:
@@ -56,8 +59,14 @@ def serve(work: Session, *flags: str) -> Tuple[Any, str]:
 
 
 async def call(client: ClientSession, tool: str, **arguments: Any) -> Tuple[bool, str, Dict[str, Any]]:
-    """A tool's answer: whether it is an error, its text, its structured content."""
-    answer = await client.call_tool(tool, arguments)
+    """A tool's answer: whether it is an error, its text, its structured content. A call that
+    has not answered within CALL_S fails the test naming the tool (each tool's own deadline is
+    its CLI's timeouts plus a minute: under a loaded machine's test run, a call takes seconds)."""
+    try:
+        with anyio.fail_after(CALL_S):
+            answer = await client.call_tool(tool, arguments)
+    except TimeoutError:
+        raise AssertionError(f"the {tool} call did not answer within {CALL_S:.0f} s") from None
     text = "".join(getattr(block, "text", "") for block in answer.content)
     return bool(answer.is_error), text, answer.structured_content or {}
 

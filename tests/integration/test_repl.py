@@ -498,9 +498,11 @@ def test_the_process_exiting_ends_the_repl(tmp_path: Path) -> None:
         target.kill()
         client.stdin.write("1 + 2\n")
         client.stdin.close()
-        assert client.wait(15) == ExitCode.NO_SUCH_PROCESS
+        code = client.wait(15)
         assert client.stderr is not None
-        assert f"PID {target.pid} exited; the repl session ended with it" in client.stderr.read()
+        said = client.stderr.read()
+        assert code == ExitCode.NO_SUCH_PROCESS, (code, said)
+        assert f"PID {target.pid} exited; the repl session ended with it" in said
 
 
 def test_a_detached_agent_ends_the_repl() -> None:

@@ -99,5 +99,9 @@ def test_tasks_are_read_without_calling_the_jobs_code(loop_thread: threading.Thr
     chain = [row["func"] for row in sorted(tasks["plain"], key=lambda row: -row["depth"])]
     assert chain == ["consumer", "ticks", "sleep"], chain
     assert {row["thread_id"] for each in tasks.values() for row in each} == {loop_thread.ident}
-    main = tasks["Task-1"][0]
+    # The main task's name is Task-N, N counted over the whole process (another test's loop may
+    # have made tasks before): it is found by its coroutine.
+    (main,) = [
+        rows[0] for name, rows in tasks.items() if name.startswith("Task-") and rows[0]["coroutine"] == "main"
+    ]
     assert main["coroutine"] == "main" and main["awaits"] == "Future" and main["state"] == "waiting"
