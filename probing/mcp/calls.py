@@ -75,6 +75,10 @@ async def run_cli(arguments: List[str], deadline_s: float, parse_json: bool = Tr
         await process.aclose()
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace")
+    if len(out) >= MAX_OUTPUT_BYTES:
+        # Cut JSON is no JSON: the call fails, saying so, rather than answer a part as the whole.
+        exit_code = exit_code if exit_code else ExitCode.ERROR
+        stderr += f"\nprobing: error: the answer was larger than {MAX_OUTPUT_BYTES >> 20} MiB: ask for less"
     if exit_code < 0:
         stderr += f"\nprobing: stopped after {deadline_s:.0f} s (the server's deadline for this call)"
     value = _json_of(stdout) if parse_json else None

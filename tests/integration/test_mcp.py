@@ -266,3 +266,16 @@ def test_a_call_past_its_deadline_is_stopped_with_everything_it_started() -> Non
     assert answer.meaning == "the call ran past its deadline and was stopped"
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if "--duration=30" in (p.info["cmdline"] or [])]
     assert left == []
+
+
+def test_an_answer_larger_than_the_bound_fails_saying_so_rather_than_answer_a_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from probing.mcp import calls
+    from probing.mcp.tools import answered
+
+    monkeypatch.setattr(calls, "MAX_OUTPUT_BYTES", 4)
+    answer = anyio.run(calls.run_cli, ["--version"], 60.0)
+    assert answer.exit_code == 1 and len(answer.stdout) == 4
+    result = answered(answer, "never said")
+    assert result["is_error"] and "the answer was larger than 0 MiB: ask for less" in result["text"]
