@@ -41,10 +41,13 @@ pytestmark = pytest.mark.timeout(360)
 
 def serve(work: Session, *flags: str) -> Tuple[Any, str]:
     """`work` done against a fresh `probing mcp FLAGS` through the SDK's stdio client; its result
-    and what the server wrote on stderr."""
+    and what the server wrote on stderr. Its records are those of a folder of its own (the
+    machine's, as root every user's, are the other tests' to write and prune meanwhile)."""
+    records = tempfile.mkdtemp(prefix="probing-mcp-records-")
 
     async def session() -> Any:
         environment = {key: value for key, value in os.environ.items() if key != "PROBING"}
+        environment["PROBING_RECORD_DIR"] = records
         parameters = StdioServerParameters(command=PROBING, args=["mcp", *flags], env=environment)
         async with stdio_client(parameters, errlog=log) as (read, write):
             async with ClientSession(read, write) as client:
@@ -52,10 +55,13 @@ def serve(work: Session, *flags: str) -> Tuple[Any, str]:
                 with anyio.fail_after(330):
                     return await work(client)
 
-    with tempfile.TemporaryFile("w+") as log:
-        result = anyio.run(session)
-        log.seek(0)
-        return result, log.read()
+    try:
+        with tempfile.TemporaryFile("w+") as log:
+            result = anyio.run(session)
+            log.seek(0)
+            return result, log.read()
+    finally:
+        os.rmdir(records)
 
 
 async def call(client: ClientSession, tool: str, **arguments: Any) -> Tuple[bool, str, Dict[str, Any]]:
@@ -130,7 +136,7 @@ def test_an_assistant_reads_a_live_process_through_every_reading_tool() -> None:
     error, text, data = seen["memory"]
     assert not error and text.startswith("RSS ") and data["result"]["pid"] == target.pid
     error, text, data = seen["records"]
-    assert not error and isinstance(data["result"]["records"], list)
+    assert not error and text == "0 records" and data["result"]["records"] == [], (text, data)
     error, text, data = seen["report"]
     written = Path(tempfile.gettempdir()) / f"probing-reports-{os.getuid()}" / page
     assert not error and data["result"]["path"] == str(written), text

@@ -187,13 +187,13 @@ def _stragglers(report: JobReport) -> str:
     verdict = report.stragglers
     if verdict is None or verdict.step_s is None:
         return ""
-    from ..render.stragglers import no_straggler_line, straggler_line
+    from ..render.stragglers import no_straggler_line, straggler_line, verdict_line
 
     named = {each.rank for each in verdict.stragglers}
     where = "`probing PID stragglers` says where its time goes"
     lines = [straggler_line(each, verdict.op, where) for each in verdict.stragglers]
     if not lines:
-        said = no_straggler_line(verdict)
+        said = verdict_line(verdict) if verdict.stuck is not None else no_straggler_line(verdict)
         lines = [f"{said[0].upper()}{said[1:]}."]
     rows = [[number(t.rank), text(seconds(t.step_s)), text(seconds(t.computing_s)),
              text(seconds(t.waiting_s)), text(f"{t.last_share:.0%}"), text(seconds(t.delay_s)),

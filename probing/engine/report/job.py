@@ -304,13 +304,19 @@ def _stragglers(verdict: Optional[JobVerdict]) -> Optional[StragglersVerdict]:
     STRAGGLERS_WINDOW_S (no stack samples: the phase is `stragglers`' to say)."""
     if verdict is None or verdict.hung:
         return None
+    # The collectives that completed: whether the job is stuck is the hang section's to say (a
+    # collective pending when read is no arrival to judge, the report's own look may delay one).
     watched = [
-        RankWatched(view.rank, view.node, arrivals_of(cast("List[Dict[str, Any]]", view.collectives)), None)
+        RankWatched(view.rank, view.node, _completed(cast("List[Dict[str, Any]]", view.collectives)), None)
         for view in verdict.ranks
         if view.collectives is not None
     ]
     now = time.time()
     return judge_stragglers(watched, (now - STRAGGLERS_WINDOW_S, now)) if len(watched) > 1 else None
+
+
+def _completed(rows: List[Dict[str, Any]]) -> List[Any]:
+    return [arrival for arrival in arrivals_of(rows) if not arrival.pending]
 
 
 def _first_per_rank(missing: List[Missing]) -> List[Missing]:
