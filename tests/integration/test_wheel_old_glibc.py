@@ -2,7 +2,7 @@
 manylinux_2_28 wheel, installed into a Debian bullseye root (glibc 2.31, Python 3.9: older than
 this machine's 2.36), attaches to a job there and reads it.
 
-The root is tools/old_glibc_root.sh's (`make check-install` makes it). The job, the CLI and the
+The root is tools/old_glibc_root.sh's (`make test` makes it, as root). The job, the CLI and the
 wheel's native parts all run inside it (a chroot, in a mount namespace of the test's own, with
 its own /proc): the helper library is loaded into bullseye's python3.9 under glibc 2.31, and the
 front end and the injector run there too. pip inside the root installs offline, from wheels this
@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 from test_build import ROOT, build_wheel, pip_environment, pip_or_skip, source_copy
-
-pytestmark = pytest.mark.install
 
 BIN = Path(sys.executable).parent
 OLD_ROOT = Path(os.environ.get("PROBING_OLD_GLIBC_ROOT") or ROOT / ".old-glibc-root")
