@@ -249,8 +249,9 @@ def test_growth_leaves_the_jobs_own_tracemalloc_running() -> None:
         report = json.loads(result.stdout)
         assert report["overhead"]["tracemalloc_started"] is False and report["overhead"]["frames"] == 3
         assert evaluate(job.pid, "import tracemalloc; tracemalloc.is_tracing()") == "True"
-        text = probing(str(job.pid), "memory", "--growth", "0.5").stdout
-        assert "tracemalloc was already running in the job and is left running" in text
+        again = probing(str(job.pid), "memory", "--growth", "0.5")
+        assert again.returncode == 0, again.stderr
+        assert "tracemalloc was already running in the job and is left running" in again.stdout
 
 
 @pytest.mark.parametrize("python", interpreter_params())
