@@ -16,23 +16,14 @@ deadline_s="${PROBING_OLD_GLIBC_TIMEOUT:-600}"
 stamp="$root/.installed"
 want_stamp="$(sha256sum "$0" | cut -c1-16)"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ]; then
+# shellcheck source=tools/common.sh
+. "$checkout/tools/common.sh"
+if stamp_current "$stamp" "$want_stamp"; then
     exit 0
 fi
-fail() {
-    echo "tools/old_glibc_root.sh: $*" >&2
-    exit 1
-}
 [ "$(id -u)" = 0 ] || fail "needs root (debootstrap)"
-if ! command -v debootstrap > /dev/null; then
-    echo "tools/old_glibc_root.sh: installing debootstrap" >&2
-    timeout "$deadline_s" apt-get install -y -q debootstrap > /dev/null \
-        || { timeout "$deadline_s" apt-get update -q > /dev/null \
-             && timeout "$deadline_s" apt-get install -y -q debootstrap > /dev/null; } \
-        || fail "could not install debootstrap"
-fi
-rm -rf "$root"
-mkdir -p "$root"
+install_tool debootstrap "$deadline_s"
+fresh_folder "$root" .probing-old-glibc-root PROBING_OLD_GLIBC_ROOT
 timeout "$deadline_s" debootstrap --variant=minbase --include=python3,python3-venv \
     bullseye "$root" "$mirror" > "$root.log" 2>&1 \
     || fail "debootstrap of bullseye from $mirror failed (its log: $root.log)"

