@@ -54,3 +54,11 @@ def test_cpu_is_known_from_the_second_reading_on() -> None:
     time.sleep(0.05)
     used = clock.percent("t", 1.025)
     assert used is not None and 20 < used < 60
+
+
+def test_what_the_job_named_cannot_act_on_the_terminal() -> None:
+    hostile = ThreadLine("\x1b]0;owned\x07\x1b[2J", 1, True, 1.0, "running Python", "f (\x1b[31mx.py:1)")
+    view = ProcessView(7, "python \x1b[2Jtrain.py", 1.0, 2**20, "agent", [hostile], ["a note \x1b[H"])
+    text = plain(process_screen(view, 1.0, interactive=True))
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[2J" in text and "f (\\x1b[31mx.py:1)" in text

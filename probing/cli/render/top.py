@@ -9,6 +9,7 @@ from typing import Any, Callable, ContextManager, List, NamedTuple, Optional
 
 from ...analysis.mismatches import rank_runs
 from ...engine.top import PROGRESS_EVERY, JobView, ProcessView
+from . import inert
 
 
 class Screen(NamedTuple):
@@ -100,7 +101,12 @@ def _widths(screen: Screen) -> List[int]:
 
 
 def plain(screen: Screen, width: Optional[int] = None) -> str:
-    """The screen as text: columns padded to their widest cell, each line cut to `width`."""
+    """The screen as text: columns padded to their widest cell, each line cut to `width`. What
+    the job named (threads, files, its command line) is made inert: no escape acts on a terminal."""
+    screen = Screen(
+        [inert(line) for line in screen.heading], screen.columns, screen.numeric,
+        [[inert(cell) for cell in row] for row in screen.rows], [inert(line) for line in screen.footer],
+    )  # fmt: skip
     table = [screen.columns, *screen.rows]
     widths = _widths(screen)
     lines = list(screen.heading) + [""]
