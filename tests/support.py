@@ -143,8 +143,11 @@ class Target:
             os.kill(self.pid, 0)
         except ProcessLookupError:
             return False
-        with open(f"/proc/{self.pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        try:
+            with open(f"/proc/{self.pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:  # reaped since
+            return False
 
     def finish(self, timeout: float = 20.0) -> int:
         """Close the target's stdin (its signal to exit) and wait for it."""

@@ -35,16 +35,20 @@ def test_sampling_a_busy_job_leaves_its_step_time_alone(tmp_path: Path) -> None:
         result = probing(str(job.pid), "flamegraph", "--duration", "3", "-o", str(tmp_path / "cpu.folded"))
         ended = time.monotonic()
         assert result.returncode == 0, result.stderr
-        assert wait_until(lambda: steps(job)[-1][0] > ended + 0.5, 10)
+        assert wait_until(lambda: steps(job)[-1][0] > ended + 1.5, 15)
         timed = steps(job)
         before = [took for at, took in timed if at < started]
         during = [took for at, took in timed if started + 0.5 < at and at + took < ended - 0.5]
         after = [took for at, took in timed if at > ended]
         assert during and after
         # A loose bound: on this shared 2-core machine the median step of the same job, sampled by
-        # nobody, moved by up to 45% between 3-second windows. benchmarks/bench_flamegraph.py
-        # measures the real cost, interleaved; this only catches a sampler that stalls the job.
-        assert statistics.median(during) < 1.5 * statistics.median(before + after), (before, during)
+        # nobody, moved by up to 45% between 3-second windows, and in CI the whole machine once
+        # slowed from before the window to after it (24 ms steps, then 39 ms sampled, 40 ms after).
+        # So the window is held against the slower of its neighbours: a sampler that stalls the
+        # job makes it slower than both. benchmarks/bench_flamegraph.py measures the real cost,
+        # interleaved; the GIL share below is the precise figure.
+        neighbour = max(statistics.median(before), statistics.median(after))
+        assert statistics.median(during) < 1.5 * neighbour, (before, during, after)
         assert "work (timed_stepper.py:" in (tmp_path / "cpu.folded").read_text()
         # The precise figure: the agent's own count of the time it held the GIL, the answer's
         # building included, within the 0.5 % it promises.

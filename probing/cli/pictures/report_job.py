@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 from ..render.job import collective_text, compact_text, gil_text, group_text, pid_text, reached_text
 from ..render.memory import size
-from ..render.per_rank import heading, ranks_text
+from ..render.per_rank import heading, rank_ranges
 from .page import data_script, document, library_script, text
 from .report_assets import CHART_PRELUDE, STYLE
 from .report_parts import number, seconds, section, table, utc
@@ -88,7 +88,7 @@ def _header(report: JobReport) -> str:
     gathered = f"; gathered in {seconds(took)}" if took is not None else ""
     asked = len(job["asked"])
     what = (
-        f"world size {job['world_size']}; {'rank' if len(shown) == 1 else 'ranks'} {ranks_text(shown)} shown"
+        f"world size {job['world_size']}; {'rank' if len(shown) == 1 else 'ranks'} {rank_ranges(shown)} shown"
     )
     what += f" ({asked} {'rank' if asked == 1 else 'ranks'} asked)"
     return (
@@ -156,7 +156,7 @@ def _verdict(report: JobReport) -> str:
                      + table(["rank", "pid", "where", "state", "activity", "last collective"], rows,
                              [True, True, False, False, False, False]))  # fmt: skip
     if verdict.waiting:
-        rows = [[text(ranks_text(waiting.ranks)), text(collective_text(waiting)),
+        rows = [[text(rank_ranges(waiting.ranks)), text(collective_text(waiting)),
                  text("?" if waiting.waited_s is None else f"{waiting.waited_s:.1f} s")]
                 for waiting in verdict.waiting]  # fmt: skip
         parts.append(
@@ -164,7 +164,7 @@ def _verdict(report: JobReport) -> str:
         )
     if verdict.mismatches:
         rows = [[text(group_text(mismatch.pg_id, mismatch.pg_desc)), number(mismatch.seq),
-                 text(mismatch.kind), text(ranks_text(call.ranks)), text(call.op),
+                 text(mismatch.kind), text(rank_ranges(call.ranks)), text(call.op),
                  text(compact_text(call.input_sizes)), text(compact_text(call.input_dtypes))]
                 for mismatch in verdict.mismatches for call in mismatch.calls]  # fmt: skip
         parts.append(

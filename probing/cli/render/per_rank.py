@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ...engine.jobs.job import Job, Rank
 
 
-def ranks_text(ranks: Sequence[int]) -> str:
+def rank_ranges(ranks: Sequence[int]) -> str:
     """0,1,3 or 0-3: runs of three or more as ranges."""
     return rank_runs(ranks, 3)
 
@@ -57,9 +57,9 @@ def heading(ranks: Sequence[Rank]) -> str:
     word = "rank" if len(numbers) == 1 else "ranks"
     if len(ranks) > HEADING_PIDS:
         nodes = len({rank.node for rank in ranks})
-        return f"{word} {ranks_text(numbers)} ({len(ranks)} ranks on {nodes} node{'s' if nodes > 1 else ''})"
+        return f"{word} {rank_ranges(numbers)} ({len(ranks)} ranks on {nodes} node{'s' if nodes > 1 else ''})"
     pids = ", ".join(_pid_text(rank) for rank in sorted(ranks))
-    return f"{word} {ranks_text(numbers)} (PID{'s' if len(ranks) > 1 else ''} {pids})"
+    return f"{word} {rank_ranges(numbers)} (PID{'s' if len(ranks) > 1 else ''} {pids})"
 
 
 def rank_fields(rank: Rank) -> Dict[str, Any]:

@@ -3,11 +3,12 @@ then each rank's step, computing and waiting, and how often it came last; or the
 
 from __future__ import annotations
 
+import statistics
 import sys
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ...analysis.mismatches import ranks_text
-from ...analysis.stragglers import LATE_MAJORITY, MIN_COMPARED, Straggler, Verdict
+from ...analysis.mismatches import rank_runs, ranks_text
+from ...analysis.stragglers import LATE_MAJORITY, MIN_COMPARED, RankTiming, Straggler, Verdict
 from . import inert
 from .json_writer import write_json
 from .rows import write_table
@@ -35,16 +36,62 @@ def write_stragglers(verdict: Verdict, format: str, out: Optional[IO[str]] = Non
     )
     if verdict.ranks and verdict.step_s:
         out.write("\n")
+        shown, rest = _rows_shown(verdict)
         rows = [
             (t.rank, _text(t.node), _ms(t.step_s), _ms(t.computing_s), _ms(t.waiting_s),
              f"{t.last_share:.0%}", _ms(t.delay_s), f"{t.late_share:.0%}")
-            for t in verdict.ranks
+            for t in shown
         ]  # fmt: skip
         columns = ["rank", "node", "step", "computing", "waiting", "last to arrive", "late by", "late to"]
         write_table(columns, ["VARCHAR"] * len(columns), rows, out)
+        if rest:
+            out.write(f"{rest_line(rest)}\n")
     if verdict.missing:
         out.write("\nNot watched:\n")
-        write_table(["rank", "why"], ["VARCHAR", "VARCHAR"], list(verdict.missing), out)
+        write_table(["rank", "why"], ["VARCHAR", "VARCHAR"], _missing_rows(verdict.missing), out)
+
+
+# Past this many ranks the table has a row for the stragglers and for the ranks late to the most
+# collectives (SHOWN_RANKS in all; among equals the lowest numbers), and one line for the rest:
+# 1 024 rows would bury the verdict.
+TABLE_RANKS = 32
+SHOWN_RANKS = 16
+
+
+def _rows_shown(verdict: Verdict) -> Tuple[List[RankTiming], List[RankTiming]]:
+    """The ranks that get a row (in rank order), and those summed up in one line."""
+    if len(verdict.ranks) <= TABLE_RANKS:
+        return list(verdict.ranks), []
+    named = {straggler.rank for straggler in verdict.stragglers}
+    latest = sorted(verdict.ranks, key=lambda t: (t.rank not in named, -t.late_share, t.rank))
+    count = max(SHOWN_RANKS, len(named))
+    return sorted(latest[:count], key=lambda t: t.rank), sorted(latest[count:], key=lambda t: t.rank)
+
+
+def rest_line(rest: List[RankTiming]) -> str:
+    """The ranks without a row, in one line: their median step and wait, the latest of them."""
+    steps = [t.step_s for t in rest if t.step_s is not None]
+    waits = [t.waiting_s for t in rest if t.waiting_s is not None]
+    medians = "".join(
+        f", {name} {_ms(statistics.median(values))} median"
+        for name, values in (("step", steps), ("waiting", waits))
+        if values
+    )
+    last = max(t.last_share for t in rest)
+    return (
+        f"... and {len(rest)} more ({ranks_text([t.rank for t in rest])}){medians}, last to arrive at "
+        f"{last:.0%} at most; `--format json` has every rank"
+    )
+
+
+def _missing_rows(missing: List[Tuple[int, str]]) -> List[Tuple[str, str]]:
+    """A row per rank not watched, or past TABLE_RANKS a row per reason with its ranks."""
+    if len(missing) <= TABLE_RANKS:
+        return [(str(rank), why) for rank, why in missing]
+    said: Dict[str, List[int]] = {}
+    for rank, why in missing:
+        said.setdefault(why, []).append(rank)
+    return [(rank_runs(ranks, 2), why) for why, ranks in said.items()]
 
 
 def _ms(value: Optional[float]) -> str:
