@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -65,6 +65,30 @@ def interpreter_params() -> List[object]:
     return params
 
 
+def process_handle(pid: int) -> Any:
+    """psutil's handle of the process that has `pid` now: it remembers its start time, so a
+    later look knows whether the PID has passed to another process. None where it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def live_tree(handle: Any) -> List[Any]:
+    """The process of `handle` and all its descendants, while it is still the process the handle
+    was taken of; else nothing (psutil's is_running compares start times)."""
+    import psutil
+
+    try:
+        if handle is None or not handle.is_running():
+            return []
+        return [*handle.children(recursive=True), handle]
+    except psutil.Error:
+        return []
+
+
 class Target:
     """A target process. `via`: 'run' (probing run -- PYTHON script), 'env' (PROBING=1) or
     'plain' (no agent: for attaching to)."""
@@ -94,6 +118,7 @@ class Target:
             env=environment,
         )
         self.pid = self.process.pid  # until the child's PID is known (probing run)
+        self._started = process_handle(self.pid)
         self.stdout_lines: List[str] = []
         self.stderr_lines: List[str] = []
         self._ready = threading.Event()
@@ -113,6 +138,7 @@ class Target:
             need_what_a_target_missed("\n".join(self.stderr_lines))
             raise RuntimeError(f"target {script} never said ready: {self.output()}")
         self.pid = self._target_pid(via)
+        self._started = process_handle(self.pid)
 
     def _read(self, stream: object, lines: List[str], watch: bool) -> None:
         for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
@@ -163,23 +189,18 @@ class Target:
 
     def kill(self) -> None:
         """Kill the target and its descendants: a DataLoader worker stuck in __getitem__ never
-        looks at whether its parent is alive, and would outlive the test."""
+        looks at whether its parent is alive, and would outlive the test. Only the process that
+        said ready, by its start time: this machine's PIDs wrap at 32 768, and a PID that exited
+        minutes ago may be another test's job (a stale PID here once took a torchrun launcher's
+        ranks with it)."""
         import psutil
 
-        try:
-            descendants = psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        for process in descendants:
+        for process in live_tree(self._started):
             try:
                 process.kill()
             except psutil.Error:
                 pass
         if self.process.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.process.kill()
             self.process.wait(10)
 
@@ -231,6 +252,7 @@ class TorchrunJob:
         self.stderr_lines: List[str] = []
         self._ready = threading.Event()
         self._expected = ranks
+        self._rank_handles: Dict[int, Any] = {}  # psutil.Process of each rank that said ready
         self._readers = [
             threading.Thread(target=self._read, args=(self.process.stdout, self.stdout_lines), daemon=True),
             threading.Thread(target=self._read, args=(self.process.stderr, self.stderr_lines), daemon=True),
@@ -245,6 +267,9 @@ class TorchrunJob:
         read_ready_lines(stream, lines, self.pids, self._count_ready)
 
     def _count_ready(self) -> None:
+        for rank, pid in list(self.pids.items()):
+            if rank not in self._rank_handles:
+                self._rank_handles[rank] = process_handle(pid)
         if len(self.pids) == self._expected:
             self._ready.set()
 
@@ -252,31 +277,24 @@ class TorchrunJob:
         return "\n".join(self.stdout_lines) + "\n--- stderr ---\n" + "\n".join(self.stderr_lines[-40:])
 
     def kill(self) -> None:
-        """torchrun starts each rank in a session of its own: they are killed one by one."""
+        """torchrun starts each rank in a session of its own: they are killed one by one, each
+        only while it is the process that said ready (live_tree)."""
         import psutil
 
-        try:
-            agent = psutil.Process(self.agent_pid)
-            processes = [agent, *agent.children(recursive=True)]
-        except psutil.Error:
-            processes = []
+        processes = live_tree(process_handle(self.agent_pid)) if self.process.poll() is None else []
         # A rank whose torchrun died first is no child of it any more.
-        for pid in self.pids.values():
-            try:
-                rank = psutil.Process(pid)
-                if self.script in " ".join(rank.cmdline()):
-                    processes.append(rank)
-            except psutil.Error:
-                pass
+        for handle in list(self._rank_handles.values()):
+            processes += live_tree(handle)
         for process in processes:
             try:
                 process.kill()
             except psutil.Error:
                 pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if self.process.poll() is None:  # its session, while its PID is still its own
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.process.wait(30)
 
     def __enter__(self) -> TorchrunJob:
@@ -448,6 +466,8 @@ class Node:
         """The PID, as seen from outside, of the node's init (torchrun): what nsenter needs."""
         import psutil
 
+        if self.process.poll() is not None:  # gone and reaped: its PID may be anyone's now
+            return None
         try:
             children = psutil.Process(self.process.pid).children()
         except psutil.Error:
