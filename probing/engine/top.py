@@ -30,6 +30,9 @@ from .target import Fallback, Target
 # Refreshes between reads of each rank's python.process_groups (the first refresh reads it).
 PROGRESS_EVERY = 5
 TABLE_PARAMS = {"scan_budget_s": 0.5, "step_wait_s": 0.0}
+# The first refresh's CPU is measured from the moment the watch began, over this long at least:
+# /proc counts CPU in ticks of 10 ms, so a shorter span would say 0% or 200%.
+FIRST_SPAN_S = 0.25
 
 
 class ThreadLine(NamedTuple):
@@ -71,10 +74,25 @@ class JobView(NamedTuple):
 
 
 class CpuClock:
-    """CPU use between refreshes, from /proc: each key's seconds and when they were read."""
+    """CPU use between refreshes, from /proc: each key's seconds and when they were read; primed
+    when the watch begins, so that the first refresh has figures too."""
 
     def __init__(self) -> None:
         self._last: Dict[Any, Tuple[float, float]] = {}
+        self._primed_at: Optional[float] = None
+
+    def prime(self, readings: List[Tuple[Any, Optional[float]]]) -> None:
+        now = time.monotonic()
+        for key, seconds in readings:
+            if seconds is not None:
+                self._last[key] = (seconds, now)
+        self._primed_at = now
+
+    def settle(self) -> None:
+        """Before the first figures after `prime`: what is left of FIRST_SPAN_S is waited out."""
+        if self._primed_at is not None:
+            time.sleep(max(0.0, self._primed_at + FIRST_SPAN_S - time.monotonic()))
+            self._primed_at = None
 
     def percent(self, key: Any, seconds: Optional[float]) -> Optional[float]:
         if seconds is None:
@@ -87,12 +105,24 @@ class CpuClock:
         return max(0.0, 100.0 * (seconds - last[0]) / (now - last[1]))
 
 
+def cpu_readings(pid: int) -> List[Tuple[Any, Optional[float]]]:
+    """A process's CPU seconds and each of its threads' ((pid, native id)), as the refreshes key them."""
+    readings: List[Tuple[Any, Optional[float]]] = [(pid, procfs.cpu_and_resident(pid)[0])]
+    try:
+        threads = [int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit()]
+    except OSError:
+        return readings
+    return readings + [((pid, native), procfs.thread_cpu_seconds_of(pid, native)) for native in threads]
+
+
 class ProcessWatch:
     """A process refreshed again and again."""
 
     def __init__(self, target: Target, timeout: float) -> None:
         self.target, self.timeout = target, timeout
         self.clock = CpuClock()
+        if target.pid and not target.remote:
+            self.clock.prime(cpu_readings(target.pid))
 
     def refresh(self) -> ProcessView:
         return process_view(self.target, self.timeout, self.clock)
@@ -101,6 +131,7 @@ class ProcessWatch:
 def process_view(target: Target, timeout: float, clock: CpuClock) -> ProcessView:
     """One refresh of a process: a look at its stacks, and each thread's CPU since the last."""
     stacks = read_stacks(target, False, None, timeout)
+    clock.settle()
     pid = stacks.pid
     seconds, resident = procfs.cpu_and_resident(pid) if pid and not target.remote else (None, None)
     lines = []
@@ -140,6 +171,8 @@ class JobWatch:
         self.job, self.chosen, self.target_of = job, chosen, target_of
         self.timeout, self.attach_timeout = timeout, attach_timeout
         self.clock = CpuClock()
+        here = [rank for rank in chosen if _local(rank)]
+        self.clock.prime([(rank.rank, procfs.cpu_and_resident(rank.pid)[0]) for rank in here])
         self.refreshes = 0
         self.progress: Dict[int, Tuple[Optional[int], Optional[int]]] = {}
         self.rates: Dict[int, float] = {}
@@ -165,6 +198,7 @@ class JobWatch:
         gathered = gather(self.chosen, look, deadline + 1.0)
         looked = {rank.rank: answer for rank, answer in gathered.answers}
         failed = {missing.rank.rank: missing.error for missing in gathered.missing}
+        self.clock.settle()
         lines = []
         for rank in self.chosen:
             state, progress = looked.get(rank.rank, (None, None))
@@ -189,14 +223,18 @@ class JobWatch:
         self._read_at[rank] = (now, enqueued)
 
     def _line(self, rank: Rank, state: Optional[str], error: Optional[ProbingError]) -> RankLine:
-        local = not rank.remote and rank.pid > 0 and os.path.isdir(f"/proc/{rank.pid}")
-        seconds, resident = procfs.cpu_and_resident(rank.pid) if local else (None, None)
+        seconds, resident = procfs.cpu_and_resident(rank.pid) if _local(rank) else (None, None)
         enqueued, completed = self.progress.get(rank.rank, (None, None))
         return RankLine(
             rank.rank, rank.node, rank.pid, self.clock.percent(rank.rank, seconds), resident,
             enqueued, completed, self.rates.get(rank.rank), state,
             error.message if error is not None else None,
         )  # fmt: skip
+
+
+def _local(rank: Rank) -> bool:
+    """A rank whose CPU and memory this machine's /proc has."""
+    return not rank.remote and rank.pid > 0 and os.path.isdir(f"/proc/{rank.pid}")
 
 
 def _progress(target: Target, timeout: float) -> Tuple[Optional[int], Optional[int]]:

@@ -6,7 +6,15 @@ import time
 
 from probing.cli.render.top import job_screen, plain, process_screen
 from probing.engine.jobs.job import Job
-from probing.engine.top import CpuClock, JobView, ProcessView, RankLine, ThreadLine, _behind_first
+from probing.engine.top import (
+    FIRST_SPAN_S,
+    CpuClock,
+    JobView,
+    ProcessView,
+    RankLine,
+    ThreadLine,
+    _behind_first,
+)
 
 
 def _rank(rank: int, enqueued: object = None, error: object = None, rate: object = None) -> RankLine:
@@ -54,6 +62,20 @@ def test_cpu_is_known_from_the_second_reading_on() -> None:
     time.sleep(0.05)
     used = clock.percent("t", 1.025)
     assert used is not None and 20 < used < 60
+
+
+def test_a_primed_clock_has_figures_at_the_first_refresh_after_a_quarter_second() -> None:
+    clock = CpuClock()
+    clock.prime([("t", 1.0), ("gone", None)])
+    started = time.monotonic()
+    clock.settle()
+    assert time.monotonic() - started >= FIRST_SPAN_S - 0.01
+    used = clock.percent("t", 1.1)
+    assert used is not None and 10 < used < 45, used
+    assert clock.percent("gone", 3.0) is None  # nothing read when primed: known from the next on
+    started = time.monotonic()
+    clock.settle()  # once only
+    assert time.monotonic() - started < 0.05
 
 
 def test_what_the_job_named_cannot_act_on_the_terminal() -> None:
