@@ -1,8 +1,8 @@
 """The job must not be able to tell it was looked at: the agent's threads are not threading's
 (a job that waits for `threading.active_count()` to fall to 1 still exits), and a job that
 replaces the modules the agent runs on (sockets, clocks, JSON, locks; gevent's patch_all) after
-the attach neither breaks the agent nor hears from it: no exception of an agent thread reaches
-the job's hooks, its stderr or its exit status."""
+the attach neither breaks the agent (eval, backtrace, query, top) nor hears from it: no
+exception of an agent thread reaches the job's hooks, its stderr or its exit status."""
 
 from __future__ import annotations
 
@@ -119,6 +119,8 @@ def test_a_job_that_patches_the_agents_modules_after_the_attach_is_neither_broke
             assert time.monotonic() - started < 8, "an eval took as long as a timeout"
         backtrace = probing(pid, "backtrace", "--timeout", "10")
         assert backtrace.returncode == 0 and "MainThread" in backtrace.stdout, backtrace.stderr
+        watched = probing(pid, "top", "--count", "2", "--interval", "0.3", "--timeout", "10")
+        assert watched.returncode == 0 and watched.stdout.count("MainThread") == 2, watched.stderr
         query = probing(pid, "query", "--format", "json", "SELECT count(*) AS n FROM process.memory")
         assert query.returncode == 0 and json.loads(query.stdout)[0]["n"] >= 1, query.stderr
         # An eval that times out: waits, interrupts and their events run on the agent's own locks.
