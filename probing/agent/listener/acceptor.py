@@ -344,6 +344,12 @@ class TcpListener:
             self._lose_descriptors()
         self._stopping = True
         self.publisher.stop()
+        if ours:
+            # The port refuses from now on, whenever the thread gets to close it: shutdown() of a
+            # listening socket stops it listening (Linux) and keeps its descriptor number ours. A
+            # client whose connection the detach then ends finds the port closed, even where a
+            # loaded machine does not run the thread within the join below.
+            release(self.sock, self.identity, socket.SHUT_RDWR)
         thread = self._thread
         if not ours:  # no waker: it ends at its next wake-up; the numbers are forgotten now
             self._close_everything()

@@ -47,10 +47,10 @@ def held_still(job: Target) -> float:
     return float(answer[1])
 
 
-def while_held(job: Target, *command: str) -> Tuple[float, str, str]:
-    """(the shortest the job was held still in TRIES runs of `command`, its stdout, its stderr)."""
+def while_held(job: Target, *command: str, tries: int = TRIES) -> Tuple[float, str, str]:
+    """(the shortest the job was held still in `tries` runs of `command`, its stdout, its stderr)."""
     stalls = []
-    for _ in range(TRIES):
+    for _ in range(tries):
         held_still(job)
         result = probing(str(job.pid), *command, timeout=180)
         stalls.append(held_still(job))
@@ -102,15 +102,18 @@ def test_python_collectives_add_nothing_that_holds_the_job_to_torchs_own_dump(en
     with Target(
         "heavy_heartbeat.py", via="env", args=["--collectives", str(entries)], env=env, ready_timeout=240
     ) as job:
-        dumps = []
+        sql = "SELECT count(*) AS n, max(seq) AS last FROM python.collectives"
+        # Each query against a dump timed just before it: torch's dump alone moved from 305 to
+        # 405 ms over three tries in one CI run, more than the bound.
+        tries = []
         for _ in range(TRIES):
             timed = probing(str(job.pid), "eval", TIME_THE_DUMP, "--timeout", "60", timeout=120)
             assert timed.returncode == 0, timed.stderr
-            dumps.append(float(timed.stdout))
-        sql = "SELECT count(*) AS n, max(seq) AS last FROM python.collectives"
-        stall, out, err = while_held(job, "query", sql, "--format", "json")
-        assert stall < min(dumps) + HELD_STILL_BOUND_S, (
-            f"held still {stall * 1e3:.0f} ms; torch's dump alone {min(dumps) * 1e3:.0f} ms"
+            stall, out, err = while_held(job, "query", sql, "--format", "json", tries=1)
+            tries.append((stall - float(timed.stdout), stall, float(timed.stdout)))
+        extra, stall, dump = min(tries)
+        assert extra < HELD_STILL_BOUND_S, (
+            f"held still {stall * 1e3:.0f} ms; torch's dump alone {dump * 1e3:.0f} ms (tries: {tries})"
         )
         # The whole ring was read: the table keeps the newest MAX_ROWS, and says so.
         assert json.loads(out) == [{"n": min(entries, MAX_ROWS), "last": entries}], out
