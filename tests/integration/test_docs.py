@@ -261,9 +261,11 @@ def run_steps(example: Example, pids: Dict[str, int], cwd: Path) -> None:
 OUTCOMES: Dict[str, Optional[str]] = {}
 
 
-def job_state(job: Target) -> str:
+def job_state(job: Optional[Target]) -> str:
     """Whether a block's job still runs, and its last words: a job that died under a command
     (its ranks' tracebacks and exit codes go to torchrun's stderr) says why."""
+    if job is None:
+        return "--- its job never started"
     state = "alive" if job.alive() else "dead"
     return f"--- its job, PID {job.pid}, is {state}; its last output:\n" + "\n".join(
         (job.stdout_lines + ["--- stderr ---"] + job.stderr_lines)[-40:]
@@ -280,7 +282,7 @@ def run_in_order(example: Example, jobs: Jobs, cwd: Path) -> None:
                 run_steps(block, {"PID": jobs.get(example.target).pid}, cwd)
                 OUTCOMES[block.where] = None
             except (AssertionError, subprocess.TimeoutExpired, RuntimeError) as failure:
-                OUTCOMES[block.where] = f"{failure}\n{job_state(jobs.get(example.target))}"
+                OUTCOMES[block.where] = f"{failure}\n{job_state(jobs.started.get(example.target))}"
     if all(block.where in OUTCOMES for block in sharing):
         jobs.release(example.target)
     # This block's own outcome, else the first earlier block on the same job that failed (its
