@@ -81,7 +81,7 @@ def _sites(
         if stat.size_diff <= 0:
             continue
         frames = list(stat.traceback)  # oldest first
-        if not frames:
+        if not frames or _agents_own(frames):
             continue
         site = frames[-1]
         job = next((frame for frame in reversed(frames) if not is_library(frame.filename, roots)), None)
@@ -96,6 +96,20 @@ def _sites(
         for (file, line, job_file, job_line), (size, count, stack) in ranked[:top]
     ]  # fmt: skip
     return sites, len(ranked)
+
+
+def _agents_own(frames: List[Any]) -> bool:
+    """Whether the traces of a traceback are the agent's own allocations while it watched: made
+    in tracemalloc's module, or with a frame of the agent's. Judged once per traceback, not per
+    trace with Snapshot.filter_traces: where the job runs tracemalloc itself (PYTHONTRACEMALLOC),
+    a pass over its tens of thousands of traces, every allocation of it traced, took 2 s each."""
+    if frames[-1].filename.rstrip("co") == _TRACEMALLOC_FILE:
+        return True
+    return any(frame.filename.startswith(AGENT_PREFIX) for frame in frames)
+
+
+_TRACEMALLOC_FILE = tracemalloc.__file__.rstrip("co")  # tracemalloc.py, whether .pyc was named
+AGENT_PREFIX = os.path.join(AGENT_DIR, "")
 
 
 def _type_changes(before: Census, after: Census, top: int) -> List[Dict[str, Any]]:
@@ -208,11 +222,6 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
     cpu_started = thread_time()
     rss_before, _ = memory_bytes()
     cuda_before = _cuda_counters()
-    # Whatever the agent allocates while it watches is not the job's growth.
-    exclude = [
-        tracemalloc.Filter(False, tracemalloc.__file__),
-        tracemalloc.Filter(False, os.path.join(AGENT_DIR, "*"), all_frames=True),
-    ]
     lookup = traceback_lookup()
     started_here = not tracemalloc.is_tracing()
     # Timed before the census, so that tracing starts right after it: a tensor made between the
@@ -230,7 +239,8 @@ def _watch(seconds: float, budget_s: float, top: int, client_gone: Any) -> Dict[
             ErrorKind.CANCELLED, "the window was ended early: the client left or the agent stopped"
         )
     made_by = origins(window.made, pacer)
-    sites, site_count = _sites(after.filter_traces(exclude), before.filter_traces(exclude), top)
+    # Whatever the agent allocates while it watches is not the job's growth (_agents_own).
+    sites, site_count = _sites(after, before, top)
     del before, after
     census_after = take_census(budget_s)
     tensors, tensor_notes = tensor_growth(census_before, census_after, made_by, budget_s, top, pacer)
