@@ -203,7 +203,13 @@ class Client:
     def receive(self, method: str, timeout: Optional[float] = None) -> Tuple[Any, bytearray]:
         wait = self.timeout if timeout is None else timeout
         if self._greeting:
-            self.info, _ = self._receive("hello", wait, self._next_id - 1)
+            try:
+                self.info, _ = self._receive("hello", wait, self._next_id - 1)
+            except AgentTimeout as error:
+                # The hello's reply leaves with the first request's, in one send (agent/server.py):
+                # what was not answered in time is the request.
+                late = f"the agent did not answer {method!r} within {wait:g} s"
+                raise AgentTimeout(late, hint=error.hint) from None
             self._greeting = False
             self.log(
                 f"connected in {(time.perf_counter() - self._started) * 1000:.1f} ms: "

@@ -287,3 +287,20 @@ def test_large_frames_go_out_whole_through_sendmsg() -> None:
     ours.close()
     theirs.close()
     assert frame is not None and bytes(frame.payload) == b"".join(chunks)
+
+
+def test_a_first_request_slower_than_its_wait_is_named_not_the_hello(tmp_path: Any) -> None:
+    """The agent sends the hello's reply with the first request's, in one send: a client that
+    waits out the request names the request, not the hello (a 12.5 s `memory --growth` was once
+    reported as an agent that did not answer its hello)."""
+    from probing.client.connection import Client
+    from probing.errors import AgentTimeout
+
+    server = AgentServer.bind(str(tmp_path))
+    server.start()
+    try:
+        with Client(server.path, 5.0) as client, pytest.raises(AgentTimeout) as late:
+            client.call("watch", {"duration": 1.5, "samples": 2}, timeout=0.3)
+        assert late.value.message == "the agent did not answer 'watch' within 0.3 s"
+    finally:
+        server.stop()
