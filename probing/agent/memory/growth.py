@@ -98,6 +98,10 @@ def _sites(
     return sites, len(ranked)
 
 
+_TRACEMALLOC_FILE = tracemalloc.__file__.rstrip("co")  # tracemalloc.py, whether .pyc was named
+_AGENT_PREFIX = os.path.join(AGENT_DIR, "")
+
+
 def _agents_own(frames: List[Any]) -> bool:
     """Whether the traces of a traceback are the agent's own allocations while it watched: made
     in tracemalloc's module, or with a frame of the agent's. Judged once per traceback, not per
@@ -105,11 +109,7 @@ def _agents_own(frames: List[Any]) -> bool:
     a pass over its tens of thousands of traces, every allocation of it traced, took 2 s each."""
     if frames[-1].filename.rstrip("co") == _TRACEMALLOC_FILE:
         return True
-    return any(frame.filename.startswith(AGENT_PREFIX) for frame in frames)
-
-
-_TRACEMALLOC_FILE = tracemalloc.__file__.rstrip("co")  # tracemalloc.py, whether .pyc was named
-AGENT_PREFIX = os.path.join(AGENT_DIR, "")
+    return any(frame.filename.startswith(_AGENT_PREFIX) for frame in frames)
 
 
 def _type_changes(before: Census, after: Census, top: int) -> List[Dict[str, Any]]:
