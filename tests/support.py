@@ -164,6 +164,13 @@ class Target:
     def output(self) -> str:
         return "\n".join(self.stdout_lines) + "\n--- stderr ---\n" + "\n".join(self.stderr_lines)
 
+    def state(self) -> str:
+        """Whether it still runs, and its last 40 lines of output: for a test's failure message,
+        when a job may have ended under a command (torchrun prints its ranks' tracebacks)."""
+        lines = (self.stdout_lines + ["--- stderr ---"] + self.stderr_lines)[-40:]
+        running = "alive" if self.alive() else "dead"
+        return f"--- the job, PID {self.pid}, is {running}; its last output:\n" + "\n".join(lines)
+
     def alive(self) -> bool:
         try:
             os.kill(self.pid, 0)

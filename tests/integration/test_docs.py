@@ -262,14 +262,7 @@ OUTCOMES: Dict[str, Optional[str]] = {}
 
 
 def job_state(job: Optional[Target]) -> str:
-    """Whether a block's job still runs, and its last words: a job that died under a command
-    (its ranks' tracebacks and exit codes go to torchrun's stderr) says why."""
-    if job is None:
-        return "--- its job never started"
-    state = "alive" if job.alive() else "dead"
-    return f"--- its job, PID {job.pid}, is {state}; its last output:\n" + "\n".join(
-        (job.stdout_lines + ["--- stderr ---"] + job.stderr_lines)[-40:]
-    )
+    return "--- its job never started" if job is None else job.state()
 
 
 def run_in_order(example: Example, jobs: Jobs, cwd: Path) -> None:

@@ -76,9 +76,7 @@ def run_block(job: Target, code: str) -> subprocess.CompletedProcess[str]:
 def ok(job: Target, heading: str) -> subprocess.CompletedProcess[str]:
     result = run_block(job, block(heading))
     assert result.returncode == 0, (
-        f"{heading}: exit {result.returncode}\n{result.stdout}\n{result.stderr}\n"
-        f"--- the job is {'alive' if job.alive() else 'dead'}; its last output:\n"
-        + "\n".join((job.stdout_lines + ["--- stderr ---"] + job.stderr_lines)[-40:])
+        f"{heading}: exit {result.returncode}\n{result.stdout}\n{result.stderr}\n{job.state()}"
     )
     return result
 
