@@ -135,6 +135,7 @@ def main() -> None:
     lines.append(f"#define MAX_SOURCE_BYTES {sources.MAX_SOURCE_BYTES}u\n")
     lines.append(f"#define OUTSIDE_FLOOR_MS {round(pyspy.OUTSIDE_FLOOR_S * 1000)}\n")
     lines.append(f"#define HELPER_SCRIPT {c_string(pyspy.HELPER_SCRIPT)}\n")
+    lines.append(f"#define AGENT_THREAD_SCRIPT {c_string(pyspy.AGENT_THREAD_SCRIPT)}\n")
     # attach.c: the helper's thread names, the hand-over to the Python CLI, the note's words.
     lines.append(f"#define WAITING_NAME {c_string(attach.WAITING_NAME)}\n")
     lines.append(f"#define LOADING_NAME {c_string(attach.LOADING_NAME)}\n")

@@ -35,16 +35,20 @@ static int is_dummy(str_t name)
     return 1;
 }
 
-/* pyspy.is_agent_thread, without --native: its outermost frame is the attach helper's script,
- * or its threading name (but Dummy-N), else its OS name, is probing-*. */
+static int ends_with(const jval *text, const char *suffix)
+{
+    size_t length = strlen(suffix);
+    return is_text(text) && text->str.n >= length && memcmp(text->str.p + text->str.n - length, suffix, length) == 0;
+}
+
+/* pyspy.is_agent_thread, without --native: its outermost frame is the attach helper's script or
+ * agent/threads.py, or its threading name (but Dummy-N), else its OS name, is probing-*. */
 int agent_thread(const jval *thread)
 {
     const jval *frames = json_get(thread, "frames");
     if (frames && frames->type == J_ARR && frames->count > 0) {
         const jval *file = json_get(&frames->items[frames->count - 1], "filename");
-        size_t suffix = strlen(HELPER_SCRIPT);
-        if (is_text(file) && file->str.n >= suffix &&
-            memcmp(file->str.p + file->str.n - suffix, HELPER_SCRIPT, suffix) == 0)
+        if (ends_with(file, HELPER_SCRIPT) || ends_with(file, AGENT_THREAD_SCRIPT))
             return 1;
     }
     const jval *name = json_get(thread, "thread_name"), *tid = json_get(thread, "os_thread_id");

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .mismatches import Mismatch, call_text, decoded, mismatches, ranks_text, sequence_number
+from .mismatches import Mismatch, call_text, decoded, mismatches, sequence_number
 from .progress import HangReport, ThreadReport
+from .rank_ranges import ranks_text
 
 if TYPE_CHECKING:
     from ..schema.rows import CollectivesRow, ProcessGroupsRow

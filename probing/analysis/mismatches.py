@@ -39,7 +39,9 @@ import importlib
 import io
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
+
+from .rank_ranges import ranks_text
 
 if TYPE_CHECKING:
     from ..schema.rows import CollectivesRow
@@ -194,40 +196,6 @@ def compared(by_rank: Dict[int, Rows]) -> List[Mismatch]:
         desc = str(next(iter(rows_at.values())).get("pg_desc") or "")
         found.append(Mismatch(pg_id, desc, seq, kind, calls, f"{kind} differ: {described}", "probing"))
     return found
-
-
-# Up to this many ranks are listed one by one ("ranks 0, 1, 2"); more as runs ("ranks 0-126,
-# 128-1023"): a verdict over 1 024 ranks is one line, not a page of numbers.
-LISTED_RANKS = 8
-
-
-def rank_runs(ranks: Sequence[int], shortest: int) -> str:
-    """`ranks` in order, each run of at least `shortest` consecutive ones as a range: 0-3,5."""
-    ordered = sorted(set(ranks))
-    parts: List[str] = []
-    start = 0
-    while start < len(ordered):
-        end = start
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        if end - start + 1 >= shortest:
-            parts.append(f"{ordered[start]}-{ordered[end]}")
-        else:
-            parts.extend(str(rank) for rank in ordered[start : end + 1])
-        start = end + 1
-    return ",".join(parts)
-
-
-def rank_numbers(ranks: Sequence[int]) -> str:
-    """The numbers of `ranks`: each of a few, or runs of consecutive ones as ranges."""
-    ordered = sorted(set(ranks))
-    if len(ordered) <= LISTED_RANKS:
-        return ", ".join(str(rank) for rank in ordered)
-    return rank_runs(ordered, 2)
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank{'s' if len(set(ranks)) > 1 else ''} {rank_numbers(ranks)}"
 
 
 def call_text(call: Call, kind: str) -> str:

@@ -4,6 +4,7 @@ the exit codes, and every command's module registered. Each command lives in its
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, List, Optional
 
 import click
@@ -13,34 +14,40 @@ from ..engine.kinds import names_a_file_kind
 from ..engine.target import parse_address
 from ..errors import ExitCode, ProbingError, UsageError
 from .backtrace import backtrace as show_backtrace
-from .core import core_command
-from .detach import detach_command
-from .eval import eval_command
-from .export import export
-from .flamegraph import flamegraph
-from .hang import hang
-from .inject import inject_command
 from .invocation import Invocation
-from .list_processes import list_command
-from .listen import listen_command
-from .mcp import mcp_command
-from .memory import memory_command
 from .options import apply, pass_invocation
-from .query import query
-from .ranks import ranks
-from .record import record
-from .records import records
 from .render import report_error, stdout_is_closed
-from .repl import repl
-from .report import report
-from .run import run
 from .spec import BACKTRACE_OPTIONS, ENDPOINTS, GLOBAL_OPTIONS, TARGET, names_target
 from .spellings import Commands, foreign_spelling
-from .stragglers import stragglers
-from .switch import nan, trace
-from .tables import tables
-from .top import top
 
+# Every command but `backtrace` (below): its name -> "module:command", the module under
+# probing/cli and the click command in it. A module is imported when its command runs, or when
+# --help lists them all: `probing PID eval` loads eval's module and what it needs, no other.
+COMMANDS = {
+    "core": "core:core_command",
+    "detach": "detach:detach_command",
+    "eval": "eval:eval_command",
+    "export": "export:export",
+    "flamegraph": "flamegraph:flamegraph",
+    "hang": "hang:hang",
+    "inject": "inject:inject_command",
+    "list": "list_processes:list_command",
+    "listen": "listen:listen_command",
+    "mcp": "mcp:mcp_command",
+    "memory": "memory:memory_command",
+    "nan": "switch:nan",
+    "query": "query:query",
+    "ranks": "ranks:ranks",
+    "record": "record:record",
+    "records": "records:records",
+    "repl": "repl:repl",
+    "report": "report:report",
+    "run": "run:run",
+    "stragglers": "stragglers:stragglers",
+    "tables": "tables:tables",
+    "top": "top:top",
+    "trace": "switch:trace",
+}
 # Global options followed by their value: that word is no TARGET.
 VALUED_OPTIONS = tuple(option.name for option in (*GLOBAL_OPTIONS, ENDPOINTS) if not option.flag)
 # Commands that do not act on a target process.
@@ -70,7 +77,7 @@ class ProbingGroup(click.Group):
         index = 0
         while index < len(args):
             arg = args[index]
-            if arg == "--" or arg in self.commands:
+            if arg == "--" or arg in self.commands or arg in COMMANDS:
                 break
             if names_target(arg):
                 # Given as an option: a positional word after it is a (mistyped) command.
@@ -86,6 +93,15 @@ class ProbingGroup(click.Group):
             rewritten.append(arg)
             index += 1
         return super().parse_args(ctx, rewritten + args[index:])
+
+    def list_commands(self, ctx: click.Context) -> List[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
+        if name not in self.commands and name in COMMANDS:
+            module, attribute = COMMANDS[name].split(":")
+            self.add_command(getattr(importlib.import_module(f"{__package__}.{module}"), attribute), name)
+        return self.commands.get(name)
 
     def collect_usage_pieces(self, ctx: click.Context) -> List[str]:
         return ["[OPTIONS]", "TARGET", "COMMAND", "[ARGS]..."]
@@ -181,18 +197,6 @@ def backtrace(
     )  # fmt: skip
 
 
-for _command in (hang, eval_command, repl, query, trace, nan, memory_command, tables, inject_command,
-                 detach_command, listen_command, list_command, run, records, record, export):  # fmt: skip
-    cli.add_command(_command)
-cli.add_command(ranks)
-cli.add_command(core_command)
-cli.add_command(report)
-cli.add_command(flamegraph)
-cli.add_command(stragglers)
-cli.add_command(mcp_command)
-cli.add_command(top)
-
-
 def _values_not_options(args: List[str]) -> List[str]:
     """Words that begin with `--` and then a blank name no option: they are values the shell
     passed whole, such as SQL that opens with a comment (`query "-- Find slowest operations
@@ -204,8 +208,10 @@ def _values_not_options(args: List[str]) -> List[str]:
 def known_commands() -> Commands:
     """probing's commands that act on a TARGET, each with its options that take a value."""
     on_target = {}
-    for name, command in cli.commands.items():
-        if name not in TARGETLESS:
+    context = click.Context(cli)
+    for name in cli.list_commands(context):
+        command = cli.get_command(context, name)
+        if command is not None and name not in TARGETLESS:
             valued = [
                 option.opts + option.secondary_opts
                 for option in command.params

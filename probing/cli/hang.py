@@ -11,6 +11,7 @@ from ..engine.kinds.record import FromRecord
 from .invocation import Invocation
 from .options import apply, carrier_threads, pass_invocation
 from .render import notes
+from .render.job import write_job_hang
 from .render.record import write_record_hang
 from .render.reports import write_hang
 from .spec import RANKS, TEXT_OR_JSON, timeout
@@ -54,9 +55,6 @@ def hang(
     answer = invocation.kind(ranks).hang(duration, samples, timeout, carriers)
     notes(answer.notes)
     if isinstance(answer, Ranks):
-        # Not at the top: cli/group.py loads every command's module, and this writer serves --ranks.
-        from .render.job import write_job_hang
-
         write_job_hang(answer.value, format)
     elif isinstance(answer.value, FromRecord):
         write_record_hang(answer.value.value, format)

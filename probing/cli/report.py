@@ -11,6 +11,7 @@ import click
 from ..engine.kinds import Ranks
 from .invocation import Invocation
 from .options import apply, pass_invocation
+from .pictures.report_job import job_report_page
 from .render import notes
 from .render.files import check_output, counted, write_output, wrote
 from .render.per_rank import write_missing
@@ -84,9 +85,6 @@ def report(
 
 def _write_job_page(output: str, gathered: JobReport) -> None:
     """The job's page (--ranks), then the ranks that gave no answer on stderr."""
-    # The pages' code loads to write one: cli/group.py loads every command's module.
-    from .pictures.report_job import job_report_page
-
     written = write_output(output, [job_report_page(gathered)])
     shown = f"{counted(len(gathered.ranks), 'rank')}, {counted(gathered.thread_count, 'thread')}"
     took = gathered.timings.get("total_s", 0.0)

@@ -9,6 +9,7 @@ import click
 from .invocation import Invocation
 from .options import apply, pass_invocation
 from .render import notes
+from .render.stragglers import write_stragglers
 from .spec import RANKS, TEXT_OR_JSON, timeout
 
 
@@ -35,8 +36,5 @@ def stragglers(
     """
     answer = invocation.kind(ranks or "all").stragglers(duration, timeout)
     notes(answer.notes)
-    # Not at the top: cli/group.py loads every command's module.
-    from .render.stragglers import write_stragglers
-
     write_stragglers(answer.value, format)
     return answer.exit_code

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import __version__
+from ..analysis.rank_ranges import rank_numbers
 from ..errors import AgentTimeout, AgentUnreachable, AttachFailed, AttachTimeout, UsageError
 from ..outside.pyspy import outside_budget
 from ..protocol.tables import DecodedTable
@@ -242,6 +243,4 @@ def _ranks_named(ranks: List[int], chosen: int) -> str:
         return f"rank {ranks[0]}"
     if len(ranks) == chosen:
         return "every rank"
-    from ..analysis.mismatches import rank_numbers
-
     return "ranks " + rank_numbers(ranks)

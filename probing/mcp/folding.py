@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from ..analysis.mismatches import rank_runs
+from ..analysis.rank_ranges import rank_runs
 
 # Threads named in the one-line summary; the structured answer has every one.
 SUMMARY_THREADS = 6

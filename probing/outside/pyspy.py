@@ -247,10 +247,15 @@ def _is_dummy(name: str) -> bool:
 # directory): a thread whose outermost frame is its code is that thread, even when it has ended,
 # and so has no OS name left to tell, by the time its py-spy dump is read.
 HELPER_SCRIPT = "/probing/bootstrap/attach.py"
+# Likewise every agent thread's outermost frame is AgentThread._bootstrap (agent/threads.py): a
+# connection's thread, read by py-spy as its client gave up and gone before its OS name was read,
+# showed in a job's backtrace as the job's (3.15, the suite under load).
+AGENT_THREAD_SCRIPT = "/probing/agent/threads.py"
 
 
 def is_agent_thread(thread: Dict[str, Any]) -> bool:
     """The agent's threads, and the attach helper's thread (native frames only, in our library).
+    Either is told first by its outermost frame, which is there even when the thread has ended.
 
     Agent threads are not threading's (agent/threads.py), so py-spy has no name for them: their
     OS name tells them (each names itself probing-..., the helper's thread probing-attach, then
@@ -261,7 +266,9 @@ def is_agent_thread(thread: Dict[str, Any]) -> bool:
     py-spy showed such a thread holding the GIL while the agent answered, taken for the job's."""
     frames = thread.get("frames") or []
     outermost = frames[-1] if frames else None
-    if isinstance(outermost, dict) and str(outermost.get("filename") or "").endswith(HELPER_SCRIPT):
+    if isinstance(outermost, dict) and str(outermost.get("filename") or "").endswith(
+        (HELPER_SCRIPT, AGENT_THREAD_SCRIPT)
+    ):
         return True
     name = thread.get("thread_name")
     if name and not _is_dummy(str(name)):

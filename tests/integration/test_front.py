@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import stat
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -187,6 +188,39 @@ def test_gil_held_job_answered_natively(front_alone: str) -> None:
         python = python_cli(target.pid)
         assert native.returncode == 0, native.stderr
         assert (native.stdout, native.stderr) == (python.stdout, python.stderr)
+
+
+# A py-spy that adds to the real one's dump a thread gone by the time its OS name is read (no
+# such task), whose outermost frame is an agent thread's bootstrap: a connection's thread that
+# ended as its client gave up on it.
+GONE_AGENT_THREAD = """import json, subprocess, sys
+threads = json.loads(subprocess.run([sys.argv[1], *sys.argv[2:]], capture_output=True, check=True).stdout)
+def frame(name, path):
+    return {"name": name, "filename": path, "short_filename": path.rsplit("/", 1)[1], "line": 1,
+            "locals": None, "module": None}
+threads.append({"pid": threads[0]["pid"], "thread_id": 1, "os_thread_id": 1 << 30, "thread_name": None,
+    "active": False, "owns_gil": False, "frames": [frame("_recv_counted", "/x/probing/protocol/frames.py"),
+                                                   frame("_bootstrap", "/x/probing/agent/threads.py")]})
+print(json.dumps(threads))
+"""
+
+
+def test_an_agent_thread_gone_before_its_name_is_read_is_left_out(front_alone: str) -> None:
+    """Both front ends tell an agent thread by its outermost frame (pyspy.is_agent_thread)."""
+    folder = Path(front_alone).parent
+    (folder / "gone.py").write_text(GONE_AGENT_THREAD)
+    wrapper = f'#!/bin/sh\nexec {sys.executable} {folder / "gone.py"} {BIN / "py-spy"} "$@"\n'
+    (folder / "py-spy").write_text(wrapper)
+    (folder / "py-spy").chmod(0o755)
+    path = {"PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with Target("gil_holder.py") as target:
+        socket = Path(os.environ["PROBING_SOCKET_DIR"]) / f"{target.pid}.sock"
+        assert wait_until(socket.exists)
+        native = run_bytes([front_alone, str(target.pid), "backtrace"], env=path)
+        python = run_bytes([PROBING, str(target.pid), "backtrace"], env={**path, "PROBING_NATIVE_FRONT": "0"})
+        assert native.returncode == python.returncode == 0, (native.stderr, python.stderr)
+        assert b"holds the GIL" in native.stderr and native.stdout == python.stdout
+        assert b"_recv_counted" not in native.stdout + python.stdout
 
 
 def test_a_py_spy_that_cannot_start_is_given_up(front_alone: str) -> None:

@@ -5,8 +5,12 @@ The agent is replaced by a fake client here; tests/integration/ runs the real th
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 from typing import Any, Dict, List, Optional
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -328,3 +332,24 @@ def test_a_value_that_begins_with_a_comment_is_no_option() -> None:
         "--format=json",
         "--x",
     ]
+
+
+def test_every_registered_command_loads_under_its_own_name() -> None:
+    context = click.Context(group.cli)
+    names = group.cli.list_commands(context)
+    assert set(group.COMMANDS) < set(names) and "backtrace" in names
+    for name in names:
+        command = group.cli.get_command(context, name)
+        assert command is not None and command.name == name, name
+
+
+def test_a_command_loads_its_own_module_and_no_other_commands() -> None:
+    code = (
+        "import sys; from probing.cli import main; main(['999999999', 'eval', '1']); "
+        "print(sorted(m for m in sys.modules if m.startswith('probing.cli.') and m.count('.') == 2))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    modules = set(ast.literal_eval(loaded.stdout.splitlines()[-1]))
+    assert "probing.cli.eval" in modules
+    others = {f"probing.cli.{at.split(':')[0]}" for name, at in group.COMMANDS.items() if name != "eval"}
+    assert not modules & others, modules & others

@@ -120,3 +120,20 @@ def test_the_attach_helpers_thread_is_told_by_its_script_when_it_is_gone() -> No
     job = thread(1 << 62, None)  # a job's thread that ran the script's code lower down is the job's
     job["frames"] = [dict(helper["frames"][1], name="_attach"), dict(helper["frames"][0], name="main")]
     assert not is_agent_thread(job)
+
+
+def test_an_agent_thread_is_told_by_its_bootstrap_when_it_is_gone() -> None:
+    """A connection's thread, read by py-spy as its client gave up on it and ended before the CLI
+    looked for its OS name, showed in a 3.15 job's backtrace (the suite under load). Every agent
+    thread's outermost frame is AgentThread._bootstrap in agent/threads.py."""
+    reader = thread(1 << 62, None)
+    reader["frames"] = [
+        dict(reader["frames"][0], name="_recv_counted", filename="/venv/lib/probing/protocol/frames.py"),
+        dict(reader["frames"][0], name="_serve_connection", filename="/venv/lib/probing/agent/server.py"),
+        dict(reader["frames"][0], name="_bootstrap", filename="/venv/lib/probing/agent/threads.py"),
+    ]
+    assert is_agent_thread(reader)
+    job = thread(1 << 62, None)  # a job's thread in threading's bootstrap is the job's
+    threading_bootstrap = dict(reader["frames"][0], name="_bootstrap", filename="/py/threading.py")
+    job["frames"] = reader["frames"][:2] + [threading_bootstrap]
+    assert not is_agent_thread(job)

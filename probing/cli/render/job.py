@@ -8,6 +8,7 @@ import json
 import sys
 from typing import IO, Any, List, Optional, Sequence
 
+from ...analysis.rank_ranges import rank_numbers
 from . import inert, notes
 from .json_writer import write_json
 from .rows import write_table
@@ -79,8 +80,6 @@ def _count(count: int, word: str) -> str:
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    from ...analysis.mismatches import rank_numbers
-
     return rank_numbers(ranks)
 
 

@@ -15,7 +15,7 @@ import io
 import sys
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
 
-from ...analysis.mismatches import rank_runs
+from ...analysis.rank_ranges import rank_runs
 from ...errors import RemoteError
 from ...schema.rows import backtrace_values_of
 from ...schema.tables import BACKTRACE, RANK_COLUMNS

@@ -138,7 +138,7 @@ def write_hung_job(job: Any, report_path: Optional[str]) -> None:
     if unwritten is not None:
         err.write(f"probing: no report: {inert(unwritten)}\n")
     if job.job is not None:
-        from .job import write_job_hang  # loaded by every command (cli/group.py): only a job's needs it
+        from .job import write_job_hang  # most commands load reports.py: only a job's needs it
 
         err.write(
             f"probing: a rank of the job made no progress for {job.stalled_s:.0f} s; the job's verdict, "

@@ -53,7 +53,7 @@ def write_rows(
             write_json(list(objects), out)
         return
     if fmt == "csv":
-        import csv  # rows.py is loaded by every command (cli/group.py); csv by --format csv alone
+        import csv  # most commands load rows.py; csv is for --format csv alone
 
         # Exact values, but for lone surrogates, which have no bytes to write (render.writable).
         writer = csv.writer(out, lineterminator="\n")

@@ -7,7 +7,7 @@ import statistics
 import sys
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ...analysis.mismatches import rank_runs, ranks_text
+from ...analysis.rank_ranges import rank_runs, ranks_text
 from ...analysis.stragglers import LATE_MAJORITY, MIN_COMPARED, RankTiming, Straggler, Verdict
 from . import inert
 from .json_writer import write_json

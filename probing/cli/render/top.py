@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any, Callable, ContextManager, List, NamedTuple, Optional
 
-from ...analysis.mismatches import rank_runs
+from ...analysis.rank_ranges import rank_runs
 from ...engine.top import PROGRESS_EVERY, JobView, ProcessView
 from . import inert
 

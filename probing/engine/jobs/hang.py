@@ -4,6 +4,7 @@ through its agent or from outside), then each rank's collectives from its Flight
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Sequence, cast
@@ -143,8 +144,6 @@ class _AnalyzerLoader:
     import of torch (about 1 s) then costs no wait. Only where torch is installed here."""
 
     def __init__(self) -> None:
-        import importlib.util  # not at the top: every command loads this module (cli/group.py)
-
         self.build_db: Optional[Any] = None
         self.thread: Optional[threading.Thread] = None
         if importlib.util.find_spec("torch") is not None:

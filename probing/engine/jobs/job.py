@@ -14,6 +14,7 @@ inherits its rank's environment; it is taken for its rank.
 
 from __future__ import annotations
 
+from ...analysis.rank_ranges import rank_numbers
 from ...errors import ProbingError, UsageError
 from ...procfs import environ_values, parent_pid, parents, process_alive, start_time
 
@@ -355,8 +356,6 @@ def choose(job: Job, text: str) -> List[Rank]:
     here = {rank.rank: rank for rank in job.ranks + job.absent + job.remote}
     absent = sorted(wanted - set(here))
     if absent:
-        from ...analysis.mismatches import rank_numbers
-
         listed = rank_numbers(list(here)) or "none"
         raise UsageError(
             f"--ranks {text}: no rank {', '.join(map(str, absent[:8]))} in {job.name()} "

@@ -16,7 +16,7 @@ import math
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from ...analysis.mismatches import ranks_text
+from ...analysis.rank_ranges import ranks_text
 from ...analysis.stragglers import Arrival, RankWatched, Verdict, judge
 from ...errors import AgentTimeout, ProbingError
 from ...schema.tables import COLLECTIVES, PROCESS_GROUPS
