@@ -34,7 +34,7 @@ analyzer first.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .mismatches import Mismatch, call_text, decoded, mismatches, sequence_number
 from .progress import HangReport, ThreadReport
@@ -230,15 +230,15 @@ def _place(behind: BehindRank) -> str:
 
 
 def job_verdict(
-    ranks: Sequence[RankView], window_start: Optional[float], build_db: Optional[Any]
+    ranks: Sequence[RankView], window_start: Optional[float], load_analyzer: Callable[[], Optional[Any]]
 ) -> JobVerdict:
     """The job's verdict from every rank's view (the module docstring gives the rules).
 
     `window_start`: epoch seconds (time.time()) when the ranks began to be watched; the exception
     for collectives completed during the window needs it (None: any hung rank makes the job hung;
     one rank of a healthy job was seen "hung" by its own 2 s verdict, so pass it).
-    `build_db`: torch's Flight Recorder analyzer, from mismatches.flight_recorder_analyzer()
-    (None: collectives are compared by ours)."""
+    `load_analyzer`: mismatches.flight_recorder_analyzer, called only where there is a mismatch
+    to decide (mismatches.mismatches); one that gives None leaves the comparison to ours."""
     views = sorted(ranks, key=lambda view: view.rank)
     sampled = [view for view in views if view.report is not None]
     missing = [
@@ -248,7 +248,7 @@ def job_verdict(
     ]
     duration = max((view.report.duration_s for view in sampled if view.report), default=0.0)
     with_rows = {view.rank: view.collectives for view in views if view.collectives}
-    found, check = mismatches({rank: rows for rank, rows in with_rows.items() if rows}, build_db)
+    found, check = mismatches({rank: rows for rank, rows in with_rows.items() if rows}, load_analyzer)
     informed = [view for view in views if view.collectives or view.process_groups]
     basis = "collectives" if informed else "stacks"
     hung_ranks = [view.rank for view in sampled if view.report and view.report.hung]

@@ -39,7 +39,7 @@ import importlib
 import io
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .rank_ranges import ranks_text
 
@@ -61,6 +61,8 @@ _SAME_TENSORS = {
     "allreduce_coalesced", "barrier",
 }  # fmt: skip
 # The analyzer's kinds of mismatch, as ours names them; others (state, undecided) are not faults.
+# mismatch_check where every rank made the same calls, each compared whole by ours.
+SAME_CALLS = "compared by probing: every rank made the same call (op, sizes, dtypes) at each sequence number"
 _KINDS = {
     "COLLECTIVE_TYPE_MISMATCH": "op",
     "SIZE_OR_SYNTAX_MISMATCH": "sizes",
@@ -251,9 +253,10 @@ def _details(by_rank: Dict[int, Rows]) -> Dict[str, Dict[str, Any]]:
 
 
 def flight_recorder_analyzer() -> Optional[Any]:
-    """torch's build_db when torch is importable here (1-1.5 s: torch itself; the analyzer adds
-    ~3 ms), else None. Its import-time warning (no `tabulate`) goes to its own logger, silenced; the
-    process's streams are left alone, so that the import may run in a thread while ranks are sampled."""
+    """torch's build_db when torch is importable here (torch's import: 2.5 s of CPU on the 2-core
+    machine of docs/scale.md, 1-1.5 s on others; the analyzer adds ~3 ms), else None. Its
+    import-time warning (no `tabulate`) goes to its own logger, silenced; the process's streams are
+    left alone."""
     recorder = logging.getLogger("Flight Recorder")
     disabled, recorder.disabled = recorder.disabled, True
     try:
@@ -299,21 +302,38 @@ def by_flight_recorder(by_rank: Dict[int, Rows], build_db: Any) -> List[Mismatch
     return [found[key] for key in sorted(found, key=str)]
 
 
-def mismatches(by_rank: Dict[int, Rows], build_db: Optional[Any]) -> Tuple[List[Mismatch], str]:
+def _compared_whole(by_rank: Dict[int, Rows]) -> bool:
+    """Whether ours compares every call of `by_rank` on all that torch's analyzer would (op,
+    sizes, dtypes): each is an op whose tensors agree on every rank."""
+    return all(str(row.get("op")) in _SAME_TENSORS for rows in _comparable(by_rank).values() for row in rows)
+
+
+def mismatches(
+    by_rank: Dict[int, Rows], load_analyzer: Callable[[], Optional[Any]]
+) -> Tuple[List[Mismatch], str]:
     """Mismatched collectives among `by_rank` (each rank's python.collectives rows), and which
-    check found them: torch's analyzer (`build_db`, from flight_recorder_analyzer()) when given
-    and it copes, else ours; the second value says which ran, and why ours did."""
+    check found them, with why ours did where it did.
+
+    torch's analyzer (the `build_db` that `load_analyzer`, flight_recorder_analyzer, gives) decides
+    wherever there is something to decide: where ours found a difference, or compared the op alone
+    (gather, scatter, all_to_all). Where ours found every rank's calls the same, all of ops whose
+    tensors must agree, the analyzer would compare the same fields and find them the same: it is not
+    loaded (torch's import, 2.5 s of CPU on a 2-core machine, beside the job it looks at)."""
     collectives = {rank: _collective_rows(rows) for rank, rows in by_rank.items()}
     collectives = {rank: rows for rank, rows in collectives.items() if rows}
     if len(collectives) < 2:
         return [], "no two ranks gave collectives to compare"
-    if build_db is None:
-        return compared(collectives), "compared by probing (torch is not importable in this process)"
     if not all(_in_order(rows) for rows in _comparable(collectives).values()):
         # Seen: the analyzer looping for minutes over such input, taking gigabytes.
         return compared(collectives), "compared by probing (sequence numbers repeat or go back)"
+    ours = compared(collectives)
+    if not ours and _compared_whole(collectives):
+        return [], SAME_CALLS
+    build_db = load_analyzer()
+    if build_db is None:
+        return ours, "compared by probing (torch is not importable in this process)"
     try:
         return by_flight_recorder(collectives, build_db), "checked by torch's Flight Recorder analyzer"
     except Exception as error:  # its own assertions on data it does not expect
         why = f"{type(error).__name__}: {error}".strip()
-        return compared(collectives), f"compared by probing (the Flight Recorder analyzer failed: {why})"
+        return ours, f"compared by probing (the Flight Recorder analyzer failed: {why})"

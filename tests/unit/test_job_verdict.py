@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from probing.analysis.collectives import JobVerdict, RankView, job_verdict
-from probing.analysis.mismatches import flight_recorder_analyzer, mismatches
+from probing.analysis.mismatches import SAME_CALLS, flight_recorder_analyzer, mismatches
 from probing.analysis.progress import HangReport, ThreadReport
 from probing.cli.render.job import write_job_hang
 
@@ -53,7 +53,7 @@ def job(scenario: str) -> List[RankView]:
 def verdict_of(
     views: List[RankView], build_db: Any = None, window_start: Optional[float] = None
 ) -> JobVerdict:
-    return job_verdict(views, window_start, build_db)
+    return job_verdict(views, window_start, lambda: build_db)
 
 
 @pytest.mark.parametrize("build_db", CHECKS)
@@ -206,7 +206,7 @@ def test_the_analyzer_failing_on_an_op_it_does_not_know_leaves_the_check_to_ours
     by_rank = {view.rank: copy.deepcopy(view.collectives or []) for view in views}
     for rows in by_rank.values():
         rows[0].update(op="fancy_reduce", profiling_name="gloo:fancy_reduce")
-    found, check = mismatches(by_rank, ANALYZER or _raising)
+    found, check = mismatches(by_rank, lambda: ANALYZER or _raising)
     assert check.startswith("compared by probing (the Flight Recorder analyzer failed: ")
     assert [(mismatch.seq, mismatch.source) for mismatch in found] == [(6, "probing")]
 
@@ -219,7 +219,7 @@ def test_an_analyzer_that_exits_is_contained() -> None:
     def exits(*args: Any) -> Any:
         raise SystemExit(0)
 
-    found, check = mismatches({view.rank: view.collectives or [] for view in job("mismatch")}, exits)
+    found, check = mismatches({view.rank: view.collectives or [] for view in job("mismatch")}, lambda: exits)
     assert "exited" in check and [mismatch.kind for mismatch in found] == ["op"]
 
 
@@ -228,8 +228,36 @@ def test_repeated_sequence_numbers_never_reach_the_analyzer() -> None:
     growing to gigabytes: such input is compared by ours."""
     by_rank = {view.rank: view.collectives or [] for view in job("stall")}
     by_rank[0] = by_rank[0] + [dict(by_rank[0][-1], record_id=by_rank[0][-1]["record_id"] + 1)]
-    found, check = mismatches(by_rank, _raising)
+    found, check = mismatches(by_rank, lambda: _raising)
     assert check == "compared by probing (sequence numbers repeat or go back)" and found == []
+
+
+def _never_loaded() -> Any:
+    raise AssertionError("the analyzer was loaded")
+
+
+@pytest.mark.parametrize("scenario", ["stall", "healthy", "gil"])
+def test_ranks_that_made_the_same_calls_never_load_torchs_analyzer(scenario: str) -> None:
+    """Ours compared every call whole (ops whose tensors agree) and found them the same: torch's
+    analyzer, comparing the same fields, would too; its import (2.5 s of CPU here) is not paid."""
+    found, check = mismatches({view.rank: view.collectives or [] for view in job(scenario)}, _never_loaded)
+    assert (found, check) == ([], SAME_CALLS)
+
+
+def test_a_difference_or_an_op_compared_by_its_name_alone_is_left_to_torchs_analyzer() -> None:
+    loaded: List[str] = []
+
+    def load() -> Any:
+        loaded.append("analyzer")
+        return None
+
+    assert mismatches({view.rank: view.collectives or [] for view in job("mismatch")}, load)[0]
+    by_rank = {view.rank: copy.deepcopy(view.collectives or []) for view in job("stall")}
+    for row in (row for rows in by_rank.values() for row in rows):
+        row.update(op="all_to_all", profiling_name="gloo:all_to_all")
+    found, check = mismatches(by_rank, load)
+    assert loaded == ["analyzer", "analyzer"] and found == []
+    assert check == "compared by probing (torch is not importable in this process)"
 
 
 def test_the_text_says_the_verdict_first_then_behind_waiting_mismatches_and_missing(
@@ -272,6 +300,6 @@ def test_json_has_the_documented_keys_and_goes_through_the_writer(capsys: pytest
 def test_the_analyzer_says_nothing_on_the_cli_streams(capfd: pytest.CaptureFixture[str]) -> None:
     """It logs every mismatch it meets ("Collective sequence number: 6 has errors", the stack...)
     to a handler of its own on stderr: that would land in the middle of our output."""
-    found, _ = mismatches({view.rank: view.collectives or [] for view in job("mismatch")}, ANALYZER)
+    found, _ = mismatches({view.rank: view.collectives or [] for view in job("mismatch")}, lambda: ANALYZER)
     assert [mismatch.source for mismatch in found] == ["flight_recorder"]
     assert capfd.readouterr() == ("", "")

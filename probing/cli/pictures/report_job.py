@@ -174,7 +174,7 @@ def _verdict(report: JobReport) -> str:
                 rows,
                 [False, True, False, False, False, False, False],
             )  # fmt: skip
-            + f'<p class="lead">{text("Checked " + verdict.mismatch_check)}</p>'
+            + f'<p class="lead">{text(verdict.mismatch_check[:1].upper() + verdict.mismatch_check[1:])}</p>'
         )
     lead = (
         f"Judged from {'the ranks’ Flight Recorders' if verdict.basis == 'collectives' else 'their stacks'}."

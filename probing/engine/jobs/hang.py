@@ -4,8 +4,6 @@ through its agent or from outside), then each rank's collectives from its Flight
 
 from __future__ import annotations
 
-import importlib.util
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Sequence, cast
 
@@ -26,8 +24,6 @@ if TYPE_CHECKING:
 COLLECTIVES_SQL = "SELECT * FROM python.collectives, python.process_groups"
 # What one sample may take beyond the window: the agent's silence before a look from outside.
 SAMPLE_SLACK_S = 1.5
-# How long to wait for torch's import (for its analyzer) once the ranks have been watched.
-ANALYZER_IMPORT_S = 10.0
 
 
 class RankCollectives(NamedTuple):
@@ -100,7 +96,6 @@ def watch_job(
     threads that carry each rank (--thread), as for one process."""
     window_start = time.time()
     deadline = attach_timeout + duration + samples * SAMPLE_SLACK_S + 2 * timeout
-    analyzer = _AnalyzerLoader()
     gathered = gather(
         ranks, lambda rank: _watch_rank(target_of(rank), duration, samples, timeout, carriers), deadline
     )
@@ -134,35 +129,11 @@ def watch_job(
                 host=rank.host if rank.remote else None,
             )  # fmt: skip
         )
-    build_db = analyzer.result() if any(view.collectives for view in views) else None
     failure = None if gathered.answers or not gathered.missing else int(gathered.missing[0].error.exit_code)
-    return JobHang(judge(views, window_start, build_db), notes, failure)
+    return JobHang(judge(views, window_start), notes, failure)
 
 
-class _AnalyzerLoader:
-    """torch's Flight Recorder analyzer, imported in a thread while the ranks are watched: the
-    import of torch (about 1 s) then costs no wait. Only where torch is installed here."""
-
-    def __init__(self) -> None:
-        self.build_db: Optional[Any] = None
-        self.thread: Optional[threading.Thread] = None
-        if importlib.util.find_spec("torch") is not None:
-            self.thread = threading.Thread(target=self._load, name="probing-fr-analyzer", daemon=True)
-            self.thread.start()
-
-    def _load(self) -> None:
-        self.build_db = flight_recorder_analyzer()
-
-    def result(self) -> Optional[Any]:
-        if self.thread is not None:
-            self.thread.join(ANALYZER_IMPORT_S)
-        return self.build_db
-
-
-def judge(views: List[RankView], window_start: float, build_db: Optional[Any] = None) -> JobVerdict:
-    """analysis.collectives' verdict, with torch's Flight Recorder analyzer (`build_db`, or
-    imported here) looking for mismatched collectives where torch can be imported. The import
-    costs about 1 s: only when some rank gave collectives to check."""
-    if build_db is None and any(view.collectives for view in views):
-        build_db = flight_recorder_analyzer()
-    return job_verdict(views, window_start, build_db)
+def judge(views: List[RankView], window_start: float) -> JobVerdict:
+    """analysis.collectives' verdict, with torch's Flight Recorder analyzer deciding a mismatch of
+    collectives where torch can be imported (imported only then: analysis/mismatches.py)."""
+    return job_verdict(views, window_start, flight_recorder_analyzer)
