@@ -60,9 +60,9 @@ _SAME_TENSORS = {
     "all_gather_into_tensor", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor",
     "allreduce_coalesced", "barrier",
 }  # fmt: skip
-# The analyzer's kinds of mismatch, as ours names them; others (state, undecided) are not faults.
 # mismatch_check where every rank made the same calls, each compared whole by ours.
 SAME_CALLS = "compared by probing: every rank made the same call (op, sizes, dtypes) at each sequence number"
+# The analyzer's kinds of mismatch, as ours names them; others (state, undecided) are not faults.
 _KINDS = {
     "COLLECTIVE_TYPE_MISMATCH": "op",
     "SIZE_OR_SYNTAX_MISMATCH": "sizes",
