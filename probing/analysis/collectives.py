@@ -286,6 +286,7 @@ def _where_each_is(views: List[RankView], informed: List[RankView]) -> Tuple[Lis
     behind: Dict[int, BehindRank] = {}
     waiting: List[Waiting] = []
     stack_waiters = [view.rank for view in uninformed if _in_collective(view)]
+    waiting_by_stack = set(stack_waiters)
     for pg_id, group in sorted(_groups(informed).items(), key=lambda item: str(item[0])):
         # A collective some rank has completed is not waited in: it completes (or did) everywhere.
         done = max(group.completed.values(), default=0)
@@ -299,13 +300,14 @@ def _where_each_is(views: List[RankView], informed: List[RankView]) -> Tuple[Lis
         for op, rows in sorted(by_op.items(), key=lambda item: -len(item[1])):
             waiting.append(_waiting(op, pg_id, group.desc, seq, rows))
         pending = (pg_id, group.desc, seq, waiting[-len(by_op)].op)
+        members = set(group.members)
         for view in views:
-            if view.rank not in group.members or view.rank in behind or view.report is None:
+            if view.rank not in members or view.rank in behind or view.report is None:
                 continue
             last = group.enqueued.get(view.rank)
             if last is not None and last < seq:
                 behind[view.rank] = _behind(view, pending, last)
-            elif last is None and view.rank not in stack_waiters:
+            elif last is None and view.rank not in waiting_by_stack:
                 behind[view.rank] = _behind(view, pending, None)
     if stack_waiters:
         first = next(main_thread(v.report) for v in uninformed if v.rank == stack_waiters[0] and v.report)
@@ -318,7 +320,7 @@ def _where_each_is(views: List[RankView], informed: List[RankView]) -> Tuple[Lis
                 behind.setdefault(view.rank, _behind(view, None, None))
     elif not informed:
         for view in uninformed:
-            if view.rank not in stack_waiters:
+            if view.rank not in waiting_by_stack:
                 behind.setdefault(view.rank, _behind(view, None, None))
     return [behind[rank] for rank in sorted(behind)], waiting
 

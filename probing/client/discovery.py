@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 
 from ..errors import NoAgent, NotPython, PermissionDenied, ProcessNotFound
-from ..procfs import effective_uid, environ_value, namespace_pid, process_alive, python_version
+from ..procfs import effective_uid, environ_value, namespace_pid, process_alive, python_version, start_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional
+    from typing import Callable, Dict, List, Optional, Tuple
 
     Log = Callable[[str], None]
 
@@ -122,15 +122,34 @@ class View:
         return self.root + inside
 
 
+# What socket_candidates read of each process, by (PID, start time): `hang` connects to each rank
+# of its node once a sample and `top` once a refresh, and these reads were most of a connect's
+# CPU (64 ranks x 10 samples of a 1 024-rank `hang`). A PID reused by a new process is read anew.
+# Each: how the process sees the file system and itself, its own PROBING_SOCKET_DIR, its uid.
+_seen: Dict[Tuple[int, float], Tuple[View, Optional[str], Optional[int]]] = {}
+_MAX_SEEN = 4096
+
+
+def _seen_of(pid: int) -> Tuple[View, Optional[str], Optional[int]]:
+    started = start_time(pid)
+    known = _seen.get((pid, started)) if started is not None else None
+    if known is None:
+        known = (View(pid), environ_value(pid, "PROBING_SOCKET_DIR"), effective_uid(pid))
+        if started is not None:
+            if len(_seen) >= _MAX_SEEN:
+                _seen.clear()
+            _seen[(pid, started)] = known
+    return known
+
+
 def socket_candidates(pid: int) -> List[str]:
     """Where the agent of `pid` would have put its socket, most specific first."""
-    view = View(pid)
+    view, socket_dir, uid = _seen_of(pid)
     # The job's own PROBING_SOCKET_DIR and default directory are paths in its file system;
     # ours applies only when we share one.
-    directories = [view.path(d) for d in (environ_value(pid, "PROBING_SOCKET_DIR"),) if d]
+    directories = [view.path(socket_dir)] if socket_dir else []
     if not view.root and os.environ.get("PROBING_SOCKET_DIR"):
         directories.append(os.environ["PROBING_SOCKET_DIR"])
-    uid = effective_uid(pid)
     directories.append(view.path(f"/tmp/probing-{uid if uid is not None else os.geteuid()}"))
     seen: List[str] = []
     for directory in directories:
