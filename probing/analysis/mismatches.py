@@ -302,10 +302,10 @@ def by_flight_recorder(by_rank: Dict[int, Rows], build_db: Any) -> List[Mismatch
     return [found[key] for key in sorted(found, key=str)]
 
 
-def _compared_whole(by_rank: Dict[int, Rows]) -> bool:
-    """Whether ours compares every call of `by_rank` on all that torch's analyzer would (op,
-    sizes, dtypes): each is an op whose tensors agree on every rank."""
-    return all(str(row.get("op")) in _SAME_TENSORS for rows in _comparable(by_rank).values() for row in rows)
+def _compared_whole(comparable: Dict[int, Rows]) -> bool:
+    """Whether ours compares every call of `comparable` (_comparable's) on all that torch's
+    analyzer would (op, sizes, dtypes): each is an op whose tensors agree on every rank."""
+    return all(str(row.get("op")) in _SAME_TENSORS for rows in comparable.values() for row in rows)
 
 
 def mismatches(
@@ -323,11 +323,12 @@ def mismatches(
     collectives = {rank: rows for rank, rows in collectives.items() if rows}
     if len(collectives) < 2:
         return [], "no two ranks gave collectives to compare"
-    if not all(_in_order(rows) for rows in _comparable(collectives).values()):
+    comparable = _comparable(collectives)
+    if not all(_in_order(rows) for rows in comparable.values()):
         # Seen: the analyzer looping for minutes over such input, taking gigabytes.
         return compared(collectives), "compared by probing (sequence numbers repeat or go back)"
     ours = compared(collectives)
-    if not ours and _compared_whole(collectives):
+    if not ours and _compared_whole(comparable):
         return [], SAME_CALLS
     build_db = load_analyzer()
     if build_db is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..errors import NoAgent, NotPython, PermissionDenied, ProcessNotFound
-from ..procfs import effective_uid, environ_value, namespace_pid, process_alive, python_version, start_time
+from ..procfs import effective_uid, environ_value, namespace_pid, process_alive, python_version, start_ticks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,12 +126,12 @@ class View:
 # of its node once a sample and `top` once a refresh, and these reads were most of a connect's
 # CPU (64 ranks x 10 samples of a 1 024-rank `hang`). A PID reused by a new process is read anew.
 # Each: how the process sees the file system and itself, its own PROBING_SOCKET_DIR, its uid.
-_seen: Dict[Tuple[int, float], Tuple[View, Optional[str], Optional[int]]] = {}
+_seen: Dict[Tuple[int, int], Tuple[View, Optional[str], Optional[int]]] = {}
 _MAX_SEEN = 4096
 
 
 def _seen_of(pid: int) -> Tuple[View, Optional[str], Optional[int]]:
-    started = start_time(pid)
+    started = start_ticks(pid)
     known = _seen.get((pid, started)) if started is not None else None
     if known is None:
         known = (View(pid), environ_value(pid, "PROBING_SOCKET_DIR"), effective_uid(pid))

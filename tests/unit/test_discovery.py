@@ -38,10 +38,10 @@ def test_a_pid_reused_by_a_new_process_or_one_without_a_start_time_is_read_anew(
     reads: List[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pid = os.getpid()
-    started: List[Optional[float]] = [100.0]
-    monkeypatch.setattr(discovery, "start_time", lambda _: started[0])
+    started: List[Optional[int]] = [100]
+    monkeypatch.setattr(discovery, "start_ticks", lambda _: started[0])
     discovery.socket_candidates(pid)
-    started[0] = 200.0  # a new process under the same number
+    started[0] = 200  # a new process under the same number
     discovery.socket_candidates(pid)
     started[0] = None  # gone, or /proc unreadable: nothing is kept
     discovery.socket_candidates(pid)
