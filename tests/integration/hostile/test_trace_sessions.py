@@ -19,6 +19,9 @@ STEPS_EACH_SESSION = 8
 # stalled (CI once saw a 150 ms step of 8 ms ones, as `trace on` searched the heap, against a
 # 50-step gap of 0.41 s).
 UNTRACED_STEPS = 150
+# And at least this long: a loaded CI box once stalled one real step 410 ms, against a gap of
+# 150 steps that lasted 1.2 s. A step taken across the gap is as long as the gap.
+UNTRACED_S = 4.0
 
 
 def traced_step(pid: int) -> int:
@@ -50,6 +53,7 @@ def test_the_report_and_the_module_flame_graph_count_steps_only_while_tracing_wa
         cut = json.loads(switched_off.stdout)["step"]  # under way when tracing stopped: it counts no more
         # Tracing off: the job goes on stepping (it says so on stdout), untraced.
         assert wait_until(lambda: losses(job) >= stepped + UNTRACED_STEPS, 60, 0.05)
+        time.sleep(max(0.0, off_at + UNTRACED_S - time.monotonic()))
         gap = time.monotonic() - off_at
         assert probing(str(job.pid), "trace", "on", "--every", "1").returncode == 0
         resumed = traced_step(job.pid)
