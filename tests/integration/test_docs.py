@@ -13,13 +13,14 @@ Records that jobs write when they end go to a directory of this module's own
 Which job a block runs against:
 
 - By default `$PID` is docs/examples/train.py started with `probing run` and `$PLAIN` the same
-  script started plainly, shared by every unmarked block of every page.
+  script started plainly, shared by every unmarked block of every page. The unmarked blocks run
+  first, in document order, and the two jobs end after the last of them.
 - A marker line right above the block, `<!-- target: [plain] SCRIPT [ARGS...] -->`, gives the
   block a job of its own: SCRIPT (relative to the repository root) started with `probing run`,
   or plainly with `plain` (to show attaching). `$PID` is its PID. One job is started per
   distinct marker and shared by every block with that marker, in every page.
-- Blocks that share a marked job run in document order (pages by name, then top to bottom),
-  because state carries over from one to the next (`trace on`, `nan on`): running a block
+- Blocks that share a marked job run together, in document order (pages by name, then top to
+  bottom), because state carries over from one to the next (`trace on`, `nan on`): running a block
   first runs the earlier blocks of its job that have not run yet, and a block whose
   predecessor failed fails too, naming it.
 - `<!-- retry: WHY -->` above a block (with or without a target marker) runs each of its
@@ -187,15 +188,34 @@ def one_torch_thread() -> Iterator[None]:
         yield
 
 
+class DemoJobs:
+    """$PID: the demo job started with `probing run`; $PLAIN: one started plainly. Started when
+    an unmarked block first needs them, killed once the last one has run."""
+
+    def __init__(self) -> None:
+        self.started: Dict[str, Target] = {}
+
+    def pids(self) -> Dict[str, int]:
+        if not self.started:
+            script = str(ROOT / "docs" / "examples" / "train.py")
+            self.started["PID"] = Target(script, ready_timeout=READY_TIMEOUT_S)
+            self.started["PLAIN"] = Target(script, via="plain", ready_timeout=READY_TIMEOUT_S)
+        return {name: job.pid for name, job in self.started.items()}
+
+    def close(self) -> None:
+        for job in self.started.values():
+            job.kill()
+        self.started.clear()
+
+
 @pytest.fixture(scope="module")
-def demo_jobs() -> Iterator[Dict[str, Target]]:
-    """$PID: the demo job started with `probing run`; $PLAIN: one started plainly."""
+def demo_jobs() -> Iterator[DemoJobs]:
     pytest.importorskip("torch")
-    script = str(ROOT / "docs" / "examples" / "train.py")
-    with Target(script, ready_timeout=READY_TIMEOUT_S) as job, Target(
-        script, via="plain", ready_timeout=READY_TIMEOUT_S
-    ) as plain:
-        yield {"PID": job, "PLAIN": plain}
+    jobs = DemoJobs()
+    try:
+        yield jobs
+    finally:
+        jobs.close()
 
 
 @pytest.fixture(scope="module")
@@ -291,15 +311,35 @@ def run_in_order(example: Example, jobs: Jobs, cwd: Path) -> None:
                         f"{first_line}", pytrace=False)  # fmt: skip
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[example.where for example in EXAMPLES])
+def running_order(examples: List[Example]) -> List[Example]:
+    """The unmarked blocks first, then each marked job's blocks together, each in document
+    order: the demo jobs are gone once the unmarked blocks have run, and one marked job at a
+    time takes the CPU (a job runs until its last block, and the module runs beside others)."""
+    marked: Dict[str, List[Example]] = {}
+    for example in examples:
+        if example.target is not None:
+            marked.setdefault(example.target, []).append(example)
+    unmarked = [example for example in examples if example.target is None]
+    return unmarked + [example for blocks in marked.values() for example in blocks]
+
+
+ORDER = running_order(EXAMPLES)
+LAST_UNMARKED = max((i for i, example in enumerate(ORDER) if example.target is None), default=-1)
+
+
+@pytest.mark.parametrize("example", ORDER, ids=[example.where for example in ORDER])
 def test_documented_commands_print_what_the_docs_say(
     example: Example, request: pytest.FixtureRequest, working_directory: Path
 ) -> None:
-    if example.target is None:
-        demo: Dict[str, Target] = request.getfixturevalue("demo_jobs")
-        run_steps(example, {name: job.pid for name, job in demo.items()}, working_directory)
-    else:
+    if example.target is not None:
         run_in_order(example, request.getfixturevalue("marked_jobs"), working_directory)
+        return
+    demo: DemoJobs = request.getfixturevalue("demo_jobs")
+    try:
+        run_steps(example, demo.pids(), working_directory)
+    finally:
+        if ORDER.index(example) == LAST_UNMARKED:
+            demo.close()
 
 
 def test_every_documented_command_runs_somewhere() -> None:
