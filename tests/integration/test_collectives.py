@@ -36,8 +36,8 @@ def rows(pid: int, sql: str) -> List[Dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def stalled_job() -> Iterator[TorchrunJob]:
-    """4 ranks; rank 2 stalls before the all_reduce of step 5 (seq 6): the others wait in it."""
-    with TorchrunJob("stall") as job:
+    """3 ranks; rank 1 stalls before the all_reduce of step 5 (seq 6): ranks 0 and 2 wait in it."""
+    with TorchrunJob("stall", ranks=3, args=["--rank-at", "1"]) as job:
         yield job
 
 
@@ -57,7 +57,7 @@ def test_a_waiting_rank_shows_the_all_reduce_it_waits_in_from_the_flight_recorde
         0,
         "0",
         "default_pg",
-        "[0, 1, 2, 3]",
+        "[0, 1, 2]",
     )
     assert (row["seq"], row["op"], row["backend"], row["profiling_name"]) == (
         6,
@@ -69,9 +69,9 @@ def test_a_waiting_rank_shows_the_all_reduce_it_waits_in_from_the_flight_recorde
     assert row["state"] == "scheduled" and row["source"] == "flight_recorder"
     assert row["waited"] > 0 and row["time_completed"] is None and row["timeout_s"] == 1800.0
     # The stalled rank has enqueued nothing it has not finished.
-    assert rows(stalled_job.pids[2], WAITING) == []
+    assert rows(stalled_job.pids[1], WAITING) == []
     done = rows(
-        stalled_job.pids[2], "SELECT max(seq) AS seq FROM python.collectives WHERE state = 'completed'"
+        stalled_job.pids[1], "SELECT max(seq) AS seq FROM python.collectives WHERE state = 'completed'"
     )
     assert done == [{"seq": 5}]
 
@@ -80,12 +80,12 @@ def test_process_groups_show_the_waiting_ranks_ahead_of_the_stalled_one(stalled_
     sql = (
         "SELECT rank, pg_id, size, backend, last_enqueued, last_completed, source FROM python.process_groups"
     )
-    waiting = rows(stalled_job.pids[3], sql)
+    waiting = rows(stalled_job.pids[2], sql)
     assert waiting == [
-        {"rank": 3, "pg_id": "0", "size": 4, "backend": "gloo", "last_enqueued": 6, "last_completed": 5,
+        {"rank": 2, "pg_id": "0", "size": 3, "backend": "gloo", "last_enqueued": 6, "last_completed": 5,
          "source": "flight_recorder"}
     ]  # fmt: skip
-    behind = rows(stalled_job.pids[2], sql)
+    behind = rows(stalled_job.pids[1], sql)
     assert (behind[0]["last_enqueued"], behind[0]["last_completed"]) == (5, 5)
 
 

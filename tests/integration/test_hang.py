@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Iterator, List, Tuple
 
 import pytest
 
@@ -40,29 +40,6 @@ def test_a_healthy_training_loop_is_not_hung() -> None:
         result = probing(str(job.pid), "hang", "--duration", "2", "--samples", "8")
         assert result.returncode == ExitCode.OK, result.stdout + result.stderr
         assert "is progressing: thread 'MainThread' moved" in result.stdout
-
-
-def test_hang_points_at_the_dataloader_worker_holding_the_batch() -> None:
-    pytest.importorskip("torch")
-    import psutil
-
-    with Target("dataloader_stuck.py", via="plain") as job:
-        assert wait_until(lambda: len(psutil.Process(job.pid).children()) >= 2, timeout=30)
-        # On a busy machine the main thread may still be taking batches 0-4 when the first
-        # watch starts: it is then rightly "progressing". It blocks for good at batch 5.
-        for _ in range(5):
-            result = probing(str(job.pid), "hang", "--duration", "1.5", "--samples", "3")
-            if result.returncode != ExitCode.OK:
-                break
-        assert result.returncode == ExitCode.HUNG, result.stderr
-        assert "MainThread (main)" in result.stdout and "waiting for a DataLoader worker" in result.stdout
-        assert "The DataLoader is waiting for worker PID " in result.stdout
-        assert "stuck in __getitem__ (dataloader_stuck.py:" in result.stdout and "index 5" in result.stdout
-        assert "in __getitem__\n    threading.Event().wait()" in result.stdout
-        # The worker's header names its Python; locals only where they say something (the
-        # innermost frames, __getitem__'s index), not the DataLoader machinery's.
-        assert "(Python 3." in result.stdout and "(Python None)" not in result.stdout
-        assert "      index = 5" in result.stdout and "possibly_batched_index =" not in result.stdout
 
 
 def test_the_watchdog_ends_a_job_that_deadlocks(tmp_path: Path) -> None:
@@ -195,24 +172,6 @@ def test_a_main_thread_blocked_opening_a_fifo_reads_as_opening_a_file(tmp_path: 
         assert main["state"] == "opening a file (`with open(fifo) as handle:`)", main
 
 
-def test_an_idle_dataloader_worker_waits_for_work() -> None:
-    pytest.importorskip("torch")
-    import psutil
-
-    with Target("dataloader_stuck.py", via="plain") as job:
-        assert wait_until(lambda: len(psutil.Process(job.pid).children()) >= 2, timeout=30)
-        expected = "main thread: DataLoader worker waiting for work (an index from its queue)"
-
-        def one_worker_idle() -> bool:
-            texts = [
-                probing(str(child.pid), "backtrace").stdout for child in psutil.Process(job.pid).children()
-            ]
-            return any(expected in text for text in texts) and any("__getitem__" in text for text in texts)
-
-        # The idle worker finishes the indices it was given first: bounded, it ends up waiting.
-        assert wait_until(one_worker_idle, timeout=30, interval=0.5)
-
-
 # Jobs whose main thread only supervises while a worker thread works (tests/targets/supervisor.py).
 HANG = ("hang", "--duration", "4", "--samples", "5")
 
@@ -324,3 +283,49 @@ def test_thread_on_every_rank_of_a_job() -> None:
         assert len(missing) == 2 and all(
             "--thread 'nope': no such thread" in rank["reason"] for rank in missing
         )
+
+
+@pytest.fixture(scope="module")
+def stuck_loader() -> Iterator[Target]:
+    """One DataLoader whose worker is stuck at index 5, for the tests that only look at it: they
+    come last, as it lives until the file ends."""
+    pytest.importorskip("torch")
+    with Target("dataloader_stuck.py", via="plain") as job:
+        yield job
+
+
+def test_hang_points_at_the_dataloader_worker_holding_the_batch(stuck_loader: Target) -> None:
+    import psutil
+
+    job = stuck_loader
+    assert wait_until(lambda: len(psutil.Process(job.pid).children()) >= 2, timeout=30)
+    # On a busy machine the main thread may still be taking batches 0-4 when the first
+    # watch starts: it is then rightly "progressing". It blocks for good at batch 5.
+    for _ in range(5):
+        result = probing(str(job.pid), "hang", "--duration", "1.5", "--samples", "3")
+        if result.returncode != ExitCode.OK:
+            break
+    assert result.returncode == ExitCode.HUNG, result.stderr
+    assert "MainThread (main)" in result.stdout and "waiting for a DataLoader worker" in result.stdout
+    assert "The DataLoader is waiting for worker PID " in result.stdout
+    assert "stuck in __getitem__ (dataloader_stuck.py:" in result.stdout and "index 5" in result.stdout
+    assert "in __getitem__\n    threading.Event().wait()" in result.stdout
+    # The worker's header names its Python; locals only where they say something (the
+    # innermost frames, __getitem__'s index), not the DataLoader machinery's.
+    assert "(Python 3." in result.stdout and "(Python None)" not in result.stdout
+    assert "      index = 5" in result.stdout and "possibly_batched_index =" not in result.stdout
+
+
+def test_an_idle_dataloader_worker_waits_for_work(stuck_loader: Target) -> None:
+    import psutil
+
+    job = stuck_loader
+    assert wait_until(lambda: len(psutil.Process(job.pid).children()) >= 2, timeout=30)
+    expected = "main thread: DataLoader worker waiting for work (an index from its queue)"
+
+    def one_worker_idle() -> bool:
+        texts = [probing(str(child.pid), "backtrace").stdout for child in psutil.Process(job.pid).children()]
+        return any(expected in text for text in texts) and any("__getitem__" in text for text in texts)
+
+    # The idle worker finishes the indices it was given first: bounded, it ends up waiting.
+    assert wait_until(one_worker_idle, timeout=30, interval=0.5)

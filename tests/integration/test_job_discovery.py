@@ -25,8 +25,8 @@ SETTLE_S = 30.0
 
 @pytest.fixture(scope="module")
 def stalled() -> Iterator[TorchrunJob]:
-    """Rank 2 of 4 waits forever in load_shard(); ranks 0, 1 and 3 wait in all_reduce."""
-    with TorchrunJob("stall") as job:
+    """Rank 1 of 3 waits forever in load_shard(); ranks 0 and 2 wait in all_reduce."""
+    with TorchrunJob("stall", ranks=3, args=["--rank-at", "1"]) as job:
         yield job
 
 
@@ -54,11 +54,11 @@ def test_ranks_from_torchrun_and_from_a_rank_give_the_same_rows(
 ) -> None:
     expected = [[rank, rank, 0, pid] for rank, pid in sorted(stalled.pids.items())]
     from_torchrun = ranks_json(stalled.agent_pid)
-    from_a_rank = ranks_json(stalled.pids[3])
+    from_a_rank = ranks_json(stalled.pids[2])
     assert places(from_torchrun) == places(from_a_rank) == expected
     job = from_torchrun["job"]
     assert job["launcher_pid"] == stalled.agent_pid
-    assert (job["world_size"], job["ranks_here"]) == (4, 4)
+    assert (job["world_size"], job["ranks_here"]) == (3, 3)
     assert job["run_id"] and job["rendezvous"].startswith("localhost:")
     assert all(rank["agent"] is False for rank in from_torchrun["ranks"])  # and none was attached
 
@@ -91,14 +91,14 @@ def test_list_shows_each_job_together_in_rank_order(stalled: TorchrunJob, idle: 
 
 
 def test_the_stalled_rank_stands_out_at_a_glance(stalled: TorchrunJob) -> None:
-    """One look at each rank: rank 2 sleeps in load_shard, the others wait in all_reduce."""
+    """One look at each rank: rank 1 sleeps in load_shard, the others wait in all_reduce."""
     deadline = time.monotonic() + SETTLE_S
     while True:
         answer = ranks_json(stalled.agent_pid)
         states = {rank["rank"]: rank["state"] for rank in answer["ranks"]}
-        settled = states[2].startswith("sleeping in load_shard (ranks_job.py:") and all(
+        settled = states[1].startswith("sleeping in load_shard (ranks_job.py:") and all(
             states[rank].startswith("in torch.distributed.all_reduce from train (ranks_job.py:")
-            for rank in (0, 1, 3)
+            for rank in (0, 2)
         )
         if settled or time.monotonic() > deadline:
             break
@@ -108,31 +108,31 @@ def test_the_stalled_rank_stands_out_at_a_glance(stalled: TorchrunJob) -> None:
     assert text.returncode == ExitCode.OK, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0].startswith(f"Job: run {answer['job']['run_id']}, torchrun PID {stalled.agent_pid}")
-    assert lines[0].endswith("; world size 4, 4 ranks on this machine")
+    assert lines[0].endswith("; world size 3, 3 ranks on this machine")
     assert lines[2].split() == ["rank", "local_rank", "node", "pid", "agent", "source", "state"]
-    assert "sleeping in load_shard" in lines[6] and lines[6].split()[:4] == [
-        "2",
-        "2",
+    assert "sleeping in load_shard" in lines[5] and lines[5].split()[:4] == [
+        "1",
+        "1",
         "0",
-        str(stalled.pids[2]),
+        str(stalled.pids[1]),
     ]
 
 
 def test_ranks_names_only_the_ranks_asked_for(stalled: TorchrunJob) -> None:
-    result = probing(str(stalled.agent_pid), "ranks", "--ranks", "1,3", "--format", "csv")
+    result = probing(str(stalled.agent_pid), "ranks", "--ranks", "0,2", "--format", "csv")
     assert result.returncode == ExitCode.OK, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "rank,local_rank,node,pid,agent,source,state,error,host,endpoint,listen_error"
     assert [line.split(",")[:4] for line in lines[1:]] == [
-        ["1", "1", "0", str(stalled.pids[1])],
-        ["3", "3", "0", str(stalled.pids[3])],
+        ["0", "0", "0", str(stalled.pids[0])],
+        ["2", "2", "0", str(stalled.pids[2])],
     ]
 
 
 def test_a_rank_the_job_has_not_is_a_usage_error(stalled: TorchrunJob) -> None:
     result = probing(str(stalled.pids[0]), "ranks", "--ranks", "9")
     assert result.returncode == ExitCode.USAGE
-    assert "no rank 9" in result.stderr and "ranks here: 0, 1, 2, 3" in result.stderr
+    assert "no rank 9" in result.stderr and "ranks here: 0, 1, 2" in result.stderr
 
 
 def test_a_process_outside_any_job_is_a_clear_error() -> None:

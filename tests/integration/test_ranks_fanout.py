@@ -1,4 +1,4 @@
-"""--ranks on real torchrun jobs (gloo, CPU, 4 ranks): every rank answers in one command, rows
+"""--ranks on real torchrun jobs (gloo, CPU, 3 or 4 ranks): every rank answers in one command, rows
 carry their rank, identical stacks fold, and a rank that cannot answer is named while the
 others' answers stand."""
 
@@ -16,15 +16,16 @@ from support import TorchrunJob, probing, wait_until
 
 @pytest.fixture(scope="module")
 def stalled() -> Iterator[TorchrunJob]:
-    """Rank 2 sleeps in load_shard() before the all_reduce of step 5; ranks 0, 1, 3 wait in it."""
+    """Rank 2 sleeps in load_shard() before the all_reduce of step 5; ranks 0, 1, 3 wait in it
+    (4 ranks: their fold, 0,1,3, has a run of two listed as such and a gap)."""
     with TorchrunJob("stall") as job:
         yield job
 
 
 @pytest.fixture(scope="module")
 def gil_held() -> Iterator[TorchrunJob]:
-    """Rank 2 holds the GIL in a C call; its agent can never answer."""
-    with TorchrunJob("gil") as job:
+    """Rank 1 of 3 holds the GIL in a C call; its agent can never answer."""
+    with TorchrunJob("gil", ranks=3, args=["--rank-at", "1"]) as job:
         yield job
 
 
@@ -85,15 +86,13 @@ def test_a_rank_holding_the_gil_is_read_from_outside(gil_held: TorchrunJob) -> N
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
-    assert [(row["rank"], row["source"]) for row in rows] == [
-        (0, "agent"), (1, "agent"), (2, "py-spy"), (3, "agent"),
-    ]  # fmt: skip
-    assert rows[2]["func"] == "hold_the_gil"
-    assert "rank 2: thread 'MainThread' holds the GIL in hold_the_gil" in result.stderr
+    assert [(row["rank"], row["source"]) for row in rows] == [(0, "agent"), (1, "py-spy"), (2, "agent")]
+    assert rows[1]["func"] == "hold_the_gil"
+    assert "rank 1: thread 'MainThread' holds the GIL in hold_the_gil" in result.stderr
     text = probing(str(gil_held.agent_pid), "backtrace", "--ranks", "all")
     assert text.returncode == 0, text.stderr
     assert (
-        f"── rank 2 (PID {gil_held.pids[2]}) ──\n" + 'Thread "MainThread", main thread: holds the GIL'
+        f"── rank 1 (PID {gil_held.pids[1]}) ──\n" + 'Thread "MainThread", main thread: holds the GIL'
         in text.stdout
     )
 
@@ -104,13 +103,14 @@ def test_a_table_the_gil_holder_cannot_give_is_a_partial_answer(gil_held: Torchr
         "SELECT DISTINCT rank FROM python.threads ORDER BY rank",
     )  # fmt: skip
     assert result.returncode == 14, result.stderr
-    assert [row["rank"] for row in json.loads(result.stdout)] == [0, 1, 3]
-    assert f"rank 2 (PID {gil_held.pids[2]}):" in result.stderr
+    assert [row["rank"] for row in json.loads(result.stdout)] == [0, 2]
+    assert f"rank 1 (PID {gil_held.pids[1]}):" in result.stderr
 
 
 def test_a_killed_rank_is_named_and_the_others_answer() -> None:
     """torchrun is stopped first (it would tear the job down), then rank 3 is killed: the
-    others, idle outside any collective, still answer; rank 3 is named as gone."""
+    others, idle outside any collective, still answer; rank 3 is named as gone. 4 ranks: the
+    three left fold into a range, 0-2."""
     with TorchrunJob("idle") as job:
         os.kill(job.agent_pid, signal.SIGSTOP)
         try:
@@ -133,14 +133,14 @@ def test_a_killed_rank_is_named_and_the_others_answer() -> None:
 
 
 def test_a_rank_that_dies_during_the_request_is_named() -> None:
-    with TorchrunJob("idle") as job:
+    with TorchrunJob("idle", ranks=3) as job:
         os.kill(job.agent_pid, signal.SIGSTOP)
         try:
             code = "import os\nif os.environ['RANK'] == '1':\n    os._exit(3)\nprint('alive')"
             result = probing(str(job.agent_pid), "eval", "--force", "--ranks", "all", code)
             assert result.returncode == 14, result.stderr
             assert f"probing: rank 1 (PID {job.pids[1]}):" in result.stderr
-            assert "── ranks 0,2,3" in result.stdout and "alive" in result.stdout
+            assert f"── ranks 0,2 (PIDs {job.pids[0]}, {job.pids[2]}) ──\nalive\n" in result.stdout
         finally:
             os.kill(job.agent_pid, signal.SIGCONT)
 

@@ -1,6 +1,7 @@
-"""`stragglers` on real 4-rank torchrun jobs (gloo, CPU, DDP) whose ranks are made slow: the
-rank the job waits for is named, with its delay and the phase its extra time goes to; two are
-named in order; python.collective_timings says the same in SQL."""
+"""`stragglers` on real torchrun jobs (gloo, CPU, DDP) whose ranks are made slow: the rank the
+job waits for is named, with its delay and the phase its extra time goes to (3 ranks: one slow
+among two on time); two are named in order (4 ranks: two slow among two on time);
+python.collective_timings says the same in SQL."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ DURATION = 4.0
 STRAGGLERS = ("stragglers", "--ranks", "all", "--duration", str(DURATION), "--format", "json")
 
 
-def _job(*args: str) -> TorchrunJob:
-    return TorchrunJob(script="straggler_job.py", args=list(args))
+def _job(*args: str, ranks: int = 3) -> TorchrunJob:
+    return TorchrunJob(script="straggler_job.py", ranks=ranks, args=list(args))
 
 
 def _attached(job: TorchrunJob) -> None:
@@ -83,7 +84,7 @@ def test_a_rank_slow_in_its_forward_is_named_with_its_phase() -> None:
 
 
 def test_two_stragglers_of_different_size_are_named_in_order() -> None:
-    with _job("--slow-data", "1:15", "--slow-forward", "3:40") as job:
+    with _job("--slow-data", "1:15", "--slow-forward", "3:40", ranks=4) as job:
         _attached(job)
         verdict = _verdict(job, 20)
     assert _named(verdict) == [3, 1], verdict

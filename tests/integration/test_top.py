@@ -50,10 +50,63 @@ def _rows(screen: str) -> List[List[str]]:
     return [line.split() for line in screen.splitlines() if line.strip()[:1].isdigit() and "·" not in line]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stuck_job() -> Iterator[TorchrunJob]:
+    """One job for the tests that only watch it: they come last, as it lives until the file ends."""
     with TorchrunJob(script="straggler_job.py", ranks=3, args=["--stuck", "1", "--step", "5"]) as job:
         yield job
+
+
+def test_a_process_shows_each_thread_with_its_cpu_state_and_where() -> None:
+    with Target("sleeper.py") as target:
+        result = probing(str(target.pid), "top", "--count", "2", "--interval", "0.3")
+        assert target.alive()
+    assert result.returncode == ExitCode.OK, result.stderr
+    first, second = result.stdout.split("\n\nPID ")
+    assert first.startswith(f"PID {target.pid} · ") and "sleeper.py" in first.splitlines()[0]
+    assert re.search(r"CPU \d+\.\d% · RSS ", first) and "stacks from its agent" in first, first
+    rows = {
+        line.split()[0]: line for line in second.splitlines() if line.startswith(("MainThread", "worker"))
+    }
+    assert set(rows) == {"MainThread", "worker"}, second
+    # The columns are as wide as their widest cell, (other threads)' state among them.
+    assert re.search(r"reading standard input +main_loop \(sleeper\.py:", rows["MainThread"]), second
+    assert "waiting on an Event" in rows["worker"] and "from worker_loop (sleeper.py:" in rows["worker"]
+    assert rows["MainThread"].split()[1] == "0.0"
+
+
+def test_a_process_that_ends_ends_top_with_the_clis_error_and_a_record_is_no_live_target() -> None:
+    target = Target("sleeper.py")
+    try:
+        recorded = probing(str(target.pid), "record", "--format", "json")
+        assert recorded.returncode == ExitCode.OK, recorded.stderr
+        record = json.loads(recorded.stdout)["path"]
+        refused = probing(record, "top", "--count", "1")
+        assert refused.returncode == ExitCode.NOT_LIVE and "`top` needs a live process" in refused.stderr
+        command = [PROBING, str(target.pid), "top", "--interval", "0.3"]
+        watching = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert watching.stdout is not None
+        assert watching.stdout.readline().startswith(f"PID {target.pid}")
+        target.kill()
+        _, err = watching.communicate(timeout=30)
+    finally:
+        target.kill()
+    assert watching.returncode == ExitCode.NO_SUCH_PROCESS, (watching.returncode, err)
+    assert f"no process with PID {target.pid}" in err
+    gone = probing(str(target.pid), "top", "--count", "1")
+    assert gone.returncode == ExitCode.NO_SUCH_PROCESS
+
+
+def test_top_of_a_job_ends_with_the_job() -> None:
+    with TorchrunJob(script="straggler_job.py", ranks=2) as job:
+        command = [PROBING, str(job.pids[0]), "top", "--ranks", "all", "--interval", "0.5"]
+        watching = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert watching.stdout is not None
+        assert watching.stdout.readline().startswith("job ")
+        job.kill()
+        _, err = watching.communicate(timeout=60)
+    assert watching.returncode == ExitCode.NO_SUCH_PROCESS, (watching.returncode, err)
+    assert "every rank of the job has ended" in err
 
 
 def test_a_job_with_a_stuck_rank_on_a_real_terminal_shows_it_first_and_q_gives_the_terminal_back(
@@ -107,55 +160,3 @@ def test_a_job_to_a_pipe_is_printed_frame_after_frame_the_stuck_rank_first(stuck
         assert "q quits" not in frame and "\x1b[" not in frame  # no keys, no escapes: a pipe
     for frame in frames:  # CPU%, the first frame's measured since `top` began
         assert all(row[3] != "-" for row in _rows(frame)), frame
-
-
-def test_a_process_shows_each_thread_with_its_cpu_state_and_where() -> None:
-    with Target("sleeper.py") as target:
-        result = probing(str(target.pid), "top", "--count", "2", "--interval", "0.3")
-        assert target.alive()
-    assert result.returncode == ExitCode.OK, result.stderr
-    first, second = result.stdout.split("\n\nPID ")
-    assert first.startswith(f"PID {target.pid} · ") and "sleeper.py" in first.splitlines()[0]
-    assert re.search(r"CPU \d+\.\d% · RSS ", first) and "stacks from its agent" in first, first
-    rows = {
-        line.split()[0]: line for line in second.splitlines() if line.startswith(("MainThread", "worker"))
-    }
-    assert set(rows) == {"MainThread", "worker"}, second
-    # The columns are as wide as their widest cell, (other threads)' state among them.
-    assert re.search(r"reading standard input +main_loop \(sleeper\.py:", rows["MainThread"]), second
-    assert "waiting on an Event" in rows["worker"] and "from worker_loop (sleeper.py:" in rows["worker"]
-    assert rows["MainThread"].split()[1] == "0.0"
-
-
-def test_a_process_that_ends_ends_top_with_the_clis_error_and_a_record_is_no_live_target() -> None:
-    target = Target("sleeper.py")
-    try:
-        recorded = probing(str(target.pid), "record", "--format", "json")
-        assert recorded.returncode == ExitCode.OK, recorded.stderr
-        record = json.loads(recorded.stdout)["path"]
-        refused = probing(record, "top", "--count", "1")
-        assert refused.returncode == ExitCode.NOT_LIVE and "`top` needs a live process" in refused.stderr
-        command = [PROBING, str(target.pid), "top", "--interval", "0.3"]
-        watching = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert watching.stdout is not None
-        assert watching.stdout.readline().startswith(f"PID {target.pid}")
-        target.kill()
-        _, err = watching.communicate(timeout=30)
-    finally:
-        target.kill()
-    assert watching.returncode == ExitCode.NO_SUCH_PROCESS, (watching.returncode, err)
-    assert f"no process with PID {target.pid}" in err
-    gone = probing(str(target.pid), "top", "--count", "1")
-    assert gone.returncode == ExitCode.NO_SUCH_PROCESS
-
-
-def test_top_of_a_job_ends_with_the_job() -> None:
-    with TorchrunJob(script="straggler_job.py", ranks=2) as job:
-        command = [PROBING, str(job.pids[0]), "top", "--ranks", "all", "--interval", "0.5"]
-        watching = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert watching.stdout is not None
-        assert watching.stdout.readline().startswith("job ")
-        job.kill()
-        _, err = watching.communicate(timeout=60)
-    assert watching.returncode == ExitCode.NO_SUCH_PROCESS, (watching.returncode, err)
-    assert "every rank of the job has ended" in err

@@ -55,63 +55,60 @@ def wait_for_step(pid: int, step: int, timeout: float = 60.0) -> None:
     assert wait_until(lambda: status(pid)["step"] >= step, timeout, 0.2), status(pid)
 
 
-@pytest.fixture
-def slow_job() -> Iterator[Target]:
+def wait_for_more_steps(pid: int, steps: int, timeout: float = 60.0) -> None:
+    """`steps` more steps from now: the step count goes on over the tests that share a job."""
+    wait_for_step(pid, status(pid)["step"] + steps, timeout)
+
+
+@pytest.fixture(scope="class")
+def shared_slow_job() -> Iterator[Target]:
     # Started without the agent: the first probing command attaches.
     with Target("torch_job.py", via="plain", args=["--slow"]) as job:
         yield job
 
 
-def test_seed_query_on_an_attached_job_ranks_the_slow_submodule_first(slow_job: Target) -> None:
-    # Every step, as the step numbers below are read whole: left to choose, the tracer measures
-    # this small job's hooks at about 1% of its 25 ms step, and traces one step in 1 or 2.
-    result = probing(str(slow_job.pid), "trace", "on", "--every", "1")
-    assert result.returncode == 0, result.stderr
-    assert "trace on; 14 hooks added" in result.stdout  # 6 modules x 2 + 2 global optimizer hooks
-    assert "models:     loss_fn, model (6 modules hooked" in result.stdout
-    wait_for_step(slow_job.pid, 8)
-    ranked = rows(slow_job.pid, SEED_QUERY)
-    # model contains model.2, so it is slower still; the submodule is the first leaf.
-    assert [row["module"] for row in ranked[:2]] == ["model", "model.2"]
-    assert ranked[1]["stage"] == "forward" and ranked[1]["avg_time"] >= 0.019
-    steps = rows(
-        slow_job.pid, "SELECT step, count(*) AS n FROM python.torch_trace GROUP BY step ORDER BY step"
-    )
-    numbers = [row["step"] for row in steps]
-    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
-    # a full step: 5 module forwards, loss_fn, the optimizer
-    assert {row["n"] for row in steps[2:-1]} == {7}  # the first may be partial
-    table = rows(slow_job.pid, "SELECT * FROM python.torch_trace WHERE module = 'optimizer' LIMIT 1")[0]
-    assert table["module_type"] == "AdamW" and table["stage"] == "optimizer" and table["rank"] == 0
-    assert table["allocated"] is None and table["reserved"] is None  # CPU: no CUDA memory figures
-    assert slow_job.alive()
+@pytest.fixture
+def slow_job(shared_slow_job: Target) -> Iterator[Target]:
+    """Each test gives the shared job back with tracing and NaN checks off: every hook gone
+    (--no-attach: after the test that detaches there is nothing to switch off)."""
+    yield shared_slow_job
+    for feature in ("trace", "nan"):
+        result = probing(str(shared_slow_job.pid), "--no-attach", feature, "off")
+        assert result.returncode in (0, ExitCode.NO_AGENT), result.stderr
 
 
-def test_trace_off_leaves_zero_hooks_and_the_job_runs_on(slow_job: Target) -> None:
-    before = probing(str(slow_job.pid), "eval", HOOKS_LEFT)
-    assert before.stdout == "0 0 0\n", before.stderr
-    assert probing(str(slow_job.pid), "trace", "on", "--backward").returncode == 0
-    assert probing(str(slow_job.pid), "nan", "on").returncode == 0
-    during = probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout.split()
-    assert during[0] != "0" and during[2] == "2"
-    wait_for_step(slow_job.pid, 3)
-    off = probing(str(slow_job.pid), "trace", "off")
-    assert "hooks kept for nan" in off.stdout
-    off = probing(str(slow_job.pid), "nan", "off")
-    assert off.returncode == 0 and "14 hooks removed" in off.stdout
-    assert probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout == "0 0 0\n"
-    # on again, then detach: the agent removes what it added on its way out
-    assert probing(str(slow_job.pid), "trace", "on").returncode == 0
-    assert probing(str(slow_job.pid), "detach").returncode == 0
-    assert probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout == "0 0 0\n"
-    step = int(probing(str(slow_job.pid), "eval", "model[2].calls").stdout)
-    assert wait_until(lambda: int(probing(str(slow_job.pid), "eval", "model[2].calls").stdout) > step, 10)
+class TestOneSlowJob:
+    """One `torch_job.py --slow` for these tests, in this order: the seed query's is the job's
+    first `trace on` (python.torch_trace holds its rows alone); the test that detaches is last."""
 
+    def test_seed_query_on_an_attached_job_ranks_the_slow_submodule_first(self, slow_job: Target) -> None:
+        # Every step, as the step numbers below are read whole: left to choose, the tracer measures
+        # this small job's hooks at about 1% of its 25 ms step, and traces one step in 1 or 2.
+        result = probing(str(slow_job.pid), "trace", "on", "--every", "1")
+        assert result.returncode == 0, result.stderr
+        assert "trace on; 14 hooks added" in result.stdout  # 6 modules x 2 + 2 global optimizer hooks
+        assert "models:     loss_fn, model (6 modules hooked" in result.stdout
+        wait_for_step(slow_job.pid, 8)
+        ranked = rows(slow_job.pid, SEED_QUERY)
+        # model contains model.2, so it is slower still; the submodule is the first leaf.
+        assert [row["module"] for row in ranked[:2]] == ["model", "model.2"]
+        assert ranked[1]["stage"] == "forward" and ranked[1]["avg_time"] >= 0.019
+        steps = rows(
+            slow_job.pid, "SELECT step, count(*) AS n FROM python.torch_trace GROUP BY step ORDER BY step"
+        )
+        numbers = [row["step"] for row in steps]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+        # a full step: 5 module forwards, loss_fn, the optimizer
+        assert {row["n"] for row in steps[2:-1]} == {7}  # the first may be partial
+        table = rows(slow_job.pid, "SELECT * FROM python.torch_trace WHERE module = 'optimizer' LIMIT 1")[0]
+        assert table["module_type"] == "AdamW" and table["stage"] == "optimizer" and table["rank"] == 0
+        assert table["allocated"] is None and table["reserved"] is None  # CPU: no CUDA memory figures
+        assert slow_job.alive()
 
-def test_backward_timing_nests_inside_the_parent() -> None:
-    with Target("torch_job.py", via="plain", args=["--slow"]) as job:
+    def test_backward_timing_nests_inside_the_parent(self, slow_job: Target) -> None:
+        job = slow_job
         assert probing(str(job.pid), "trace", "on", "--backward", "--every", "2").returncode == 0
-        wait_for_step(job.pid, 8)
+        wait_for_more_steps(job.pid, 8)
         found = rows(
             job.pid,
             "SELECT step, module, duration FROM python.torch_trace WHERE stage = 'backward' "
@@ -124,6 +121,26 @@ def test_backward_timing_nests_inside_the_parent() -> None:
         assert set(durations) == {"model", "model.0", "model.1", "model.2", "model.3", "loss_fn"}
         assert all(value > 0 for value in durations.values())
         assert durations["model"] >= max(durations[f"model.{i}"] for i in range(4))
+
+    def test_trace_off_leaves_zero_hooks_and_the_job_runs_on(self, slow_job: Target) -> None:
+        before = probing(str(slow_job.pid), "eval", HOOKS_LEFT)
+        assert before.stdout == "0 0 0\n", before.stderr
+        assert probing(str(slow_job.pid), "trace", "on", "--backward").returncode == 0
+        assert probing(str(slow_job.pid), "nan", "on").returncode == 0
+        during = probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout.split()
+        assert during[0] != "0" and during[2] == "2"
+        wait_for_more_steps(slow_job.pid, 3)
+        off = probing(str(slow_job.pid), "trace", "off")
+        assert "hooks kept for nan" in off.stdout
+        off = probing(str(slow_job.pid), "nan", "off")
+        assert off.returncode == 0 and "14 hooks removed" in off.stdout
+        assert probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout == "0 0 0\n"
+        # on again, then detach: the agent removes what it added on its way out
+        assert probing(str(slow_job.pid), "trace", "on").returncode == 0
+        assert probing(str(slow_job.pid), "detach").returncode == 0
+        assert probing(str(slow_job.pid), "eval", HOOKS_LEFT).stdout == "0 0 0\n"
+        step = int(probing(str(slow_job.pid), "eval", "model[2].calls").stdout)
+        assert wait_until(lambda: int(probing(str(slow_job.pid), "eval", "model[2].calls").stdout) > step, 10)
 
 
 def test_gradient_accumulation_and_two_optimizers_share_a_step() -> None:
@@ -275,16 +292,6 @@ def test_model_tables_match_the_known_model() -> None:
         assert seed[0]["shape"] == "[123, 45]"
 
 
-def test_a_tensor_scan_cut_short_says_so() -> None:
-    with Target("torch_job.py", via="plain") as job:
-        probing(str(job.pid), "eval", "junk = [object() for _ in range(300000)]")
-        result = probing(
-            str(job.pid), "query", "SELECT count(*) FROM python.tensors", "--scan-budget", "0.000001"
-        )
-        assert result.returncode == 0
-        assert "python.tensors: stopped after 1e-06 s" in result.stderr
-
-
 def test_torch_commands_on_a_job_without_torch_and_bad_options() -> None:
     with Target("sleeper.py", via="plain") as job:
         for command in (["trace", "on"], ["nan", "on"], ["trace", "status"]):
@@ -302,11 +309,29 @@ def test_torch_commands_on_a_job_without_torch_and_bad_options() -> None:
         assert job.alive()
 
 
-def test_modules_and_depth_narrow_what_is_hooked() -> None:
+@pytest.fixture(scope="class")
+def plain_job() -> Iterator[Target]:
     with Target("torch_job.py", via="plain") as job:
+        yield job
+
+
+class TestOnePlainJob:
+    """One `torch_job.py` with no options for these tests, in this order."""
+
+    def test_a_tensor_scan_cut_short_says_so(self, plain_job: Target) -> None:
+        job = plain_job
+        probing(str(job.pid), "eval", "junk = [object() for _ in range(300000)]")
+        result = probing(
+            str(job.pid), "query", "SELECT count(*) FROM python.tensors", "--scan-budget", "0.000001"
+        )
+        assert result.returncode == 0
+        assert "python.tensors: stopped after 1e-06 s" in result.stderr
+
+    def test_modules_and_depth_narrow_what_is_hooked(self, plain_job: Target) -> None:
+        job = plain_job  # traced here first: python.torch_trace holds this test's rows alone
         result = probing(str(job.pid), "trace", "on", "--modules", "model.[23]", "--format", "json")
         assert json.loads(result.stdout)["hooked_modules"] == 2
-        wait_for_step(job.pid, 3)
+        wait_for_more_steps(job.pid, 3)
         assert {r["module"] for r in rows(job.pid, "SELECT DISTINCT module FROM python.torch_trace")} == {
             "model.2", "model.3", "optimizer",
         }  # fmt: skip
