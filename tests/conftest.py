@@ -24,6 +24,12 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+# One intra-op thread for every torch job the tests start (as torchrun gives each of its ranks):
+# torch's OpenMP pool otherwise keeps a thread per core spinning between a step's operations,
+# for cores the other workers' jobs need. docs/examples/train.py took 8.0 s of CPU in 12 s with
+# it and 3.8 s without, tests/targets/selfcheck.py --torch 16.6 s and 8.6 s (this 2-core box).
+# No test is about torch's pool: probing shows Python's threads. A value given is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 TREE_AT_START = pytest.StashKey[Optional[Set[str]]]()
 

@@ -177,17 +177,6 @@ def record_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
             os.environ["PROBING_RECORD_DIR"] = before
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """OMP_NUM_THREADS=1 for every job and command of this module, which runs beside other test
-    files: torch's pool of a thread per core spins for cores the others use (`crash_at_step.py
-    --crash-at 60` used 8 s of CPU with it, 3 s without, on a loaded 2-core machine). No
-    documented output depends on it: probing shows Python's threads, not torch's pool."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        yield
-
-
 class DemoJobs:
     """$PID: the demo job started with `probing run`; $PLAIN: one started plainly. Started when
     an unmarked block first needs them, killed once the last one has run."""
