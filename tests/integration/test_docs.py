@@ -185,9 +185,12 @@ class DemoJobs:
         self.started: Dict[str, Target] = {}
 
     def pids(self) -> Dict[str, int]:
-        if not self.started:
-            script = str(ROOT / "docs" / "examples" / "train.py")
+        # Each on its own: a job that did not start is started again by the next block, not left
+        # out of its commands ($PLAIN unreplaced).
+        script = str(ROOT / "docs" / "examples" / "train.py")
+        if "PID" not in self.started:
             self.started["PID"] = Target(script, ready_timeout=READY_TIMEOUT_S)
+        if "PLAIN" not in self.started:
             self.started["PLAIN"] = Target(script, via="plain", ready_timeout=READY_TIMEOUT_S)
         return {name: job.pid for name, job in self.started.items()}
 
