@@ -102,6 +102,7 @@ class Sampling:
         self.names_at = -NAMES_EVERY_S
         self.skipped = 0  # samples left out: they would have cost more than the budget
         self.abandoned = 0  # samples begun and given up: they took longer than the budget left
+        self.misread = 0  # of those, the ones whose walk met something that is no frame
         self.new_frames = 0  # frames of the distinct stacks: what the answer will cost
         self.threads = 0
 
@@ -116,7 +117,15 @@ class Sampling:
         if started - self.names_at >= NAMES_EVERY_S:
             self._refresh_names(started)
         # In a function of its own: no reference to a frame (nor to its locals) outlives it.
-        if self._count_all(started + limit_s):
+        try:
+            counted = self._count_all(started + limit_s)
+        except AttributeError:
+            # A walk met something that is no frame: once in CI, on 3.11, a torch job's frame
+            # chain gave a dict ('dict' object has no attribute 'f_code'), which failed the whole
+            # sampling. Such a sample is given up (nothing of it counted) and the answer says so.
+            counted = False
+            self.misread += 1
+        if counted:
             self.samples += 1
         else:
             self.abandoned += 1
@@ -170,7 +179,7 @@ class Sampling:
         """The code objects of a stack seen for the first time, kept so that their ids stay theirs."""
         codes = self.codes
         for _ in range(MAX_DEPTH):
-            if frame is None:
+            if type(frame) is not FrameType:  # None, or no frame (sample() says why that is)
                 return
             codes.setdefault(id(frame.f_code), frame.f_code)
             frame = frame.f_back
@@ -256,10 +265,15 @@ class Sampling:
             )
         # What a user can do when the budget left few samples: sample from outside, no GIL needed.
         outside = "; `flamegraph --outside` samples with py-spy, which needs no GIL"
-        if self.abandoned:
+        if self.abandoned > self.misread:
             notes.append(
-                f"{_samples(self.abandoned)} given up half-way: they took longer than the "
+                f"{_samples(self.abandoned - self.misread)} given up half-way: they took longer than the "
                 f"{COST_SHARE:.1%} of the time left them ({self.threads} threads){outside}"
+            )
+        if self.misread:
+            notes.append(
+                f"{_samples(self.misread)} given up: a thread's frames read as something that is no "
+                "frame (a stack changing under the walk)"
             )
         if self.skipped:
             notes.append(

@@ -55,6 +55,30 @@ def test_stacks_past_the_cap_are_counted_apart(monkeypatch: pytest.MonkeyPatch) 
     assert any("distinct stacks" in note for note in answer["notes"])
 
 
+def test_a_walk_that_meets_no_frame_gives_up_that_sample_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once in CI a torch job's frames read as a dict on 3.11: that sample is given up, the
+    sampling goes on, and the answer says how many were."""
+    real = stack_sampler.current_frames
+    calls = []
+
+    def frames() -> Any:
+        calls.append(1)
+        found = real()
+        if len(calls) == 2:
+            found[min(found)] = {"no": "frame"}
+        return found
+
+    monkeypatch.setattr(stack_sampler, "current_frames", frames)
+    sampling = Sampling(set())
+    for _ in range(3):
+        sampling.sample()
+    answer = json.loads(sampling.result(time.monotonic() - 1.0, 100.0, "done"))
+    assert answer["samples"] == 2
+    assert any("1 sample was given up: a thread's frames read as something that is no frame" in note
+               for note in answer["notes"]), answer["notes"]  # fmt: skip
+    assert not any("half-way" in note for note in answer["notes"])
+
+
 def test_a_second_sampling_is_refused_while_one_runs() -> None:
     results: List[Any] = []
     first = threading.Thread(

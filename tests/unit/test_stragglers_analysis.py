@@ -4,7 +4,10 @@ stuck job told from a slow one; steps found by the period of the collectives."""
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import pytest
 
 from probing.analysis.stragglers import (
     BACKWARD,
@@ -228,3 +231,36 @@ def test_a_slow_step_is_not_taken_for_stuck() -> None:
     slow[0] = slow[0]._replace(arrivals=[*arrivals(0), waiting])
     verdict = judge(slow, (START - 0.1, START + 21.5))
     assert verdict.stuck is None and [each.rank for each in verdict.stragglers] == [1]
+
+
+def test_a_rank_whose_sampling_failed_has_its_collectives_read_at_the_windows_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read at once, a collective it was in would look waited in for the rest of the window: a CI
+    run called a job stuck when a rank's sampling failed 2 s into a 4 s window."""
+    from contextlib import contextmanager
+
+    from probing.engine.jobs import stragglers as engine
+    from probing.errors import ProbingError
+
+    read_at: List[float] = []
+
+    def failing(*_: object) -> None:
+        raise ProbingError("the agent failed: AttributeError")
+
+    def table(_client: object, table: str, _timeout: float) -> List[Dict[str, object]]:
+        read_at.append(time.monotonic())
+        return []
+
+    class Remote:
+        remote = True
+
+        @contextmanager
+        def connect(self, _timeout: float) -> Iterator[object]:
+            yield object()
+
+    monkeypatch.setattr(engine, "sample_on", failing)
+    monkeypatch.setattr(engine, "_table_rows", table)
+    began = time.monotonic()
+    watched = engine.watch_rank(Remote(), 0.5, 5.0)  # type: ignore[arg-type]
+    assert read_at[-1] - began >= 0.5 and any("could not be sampled" in note for note in watched.notes)

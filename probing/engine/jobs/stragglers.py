@@ -107,13 +107,16 @@ def watch_rank(target: Target, duration: float, timeout: float, rate: float = SA
             _table_rows(client, PROCESS_GROUPS.name, timeout)
         except ProbingError as error:
             notes.append(f"no process groups before the window: {error.message}")
+        began = time.monotonic()
         try:
             # Its notes (samples left out for their cost, stacks cut) are about a picture's detail.
             stacks = list(sample_on(client, target, duration, rate, timeout).stacks)
-        except Fallback as fallback:
-            notes.append(f"its stacks could not be sampled: {fallback.why}")
-        except ProbingError as error:
-            notes.append(f"its stacks could not be sampled: {error.message}")
+        except (Fallback, ProbingError) as error:
+            why = error.why if isinstance(error, Fallback) else error.message
+            notes.append(f"its stacks could not be sampled: {why}")
+            # Its collectives are still read at the window's end: read now, a collective it was
+            # in would look waited in for the rest of the window (a CI run called a job stuck so).
+            time.sleep(max(0.0, began + duration - time.monotonic()))
         rows = _table_rows(client, COLLECTIVES.name, timeout)
     if not any(row.get("source") == "flight_recorder" for row in rows):
         notes.append(
