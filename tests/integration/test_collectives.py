@@ -143,8 +143,9 @@ def test_a_torch_job_that_is_not_distributed_has_empty_tables_and_says_why() -> 
 def test_nccl_collectives_come_from_the_flight_recorder_on_a_gpu() -> None:
     """One rank on one GPU (NCCL refuses two ranks on one device): the NCCL process group's
     Flight Recorder is read like gloo's. Its ring is sized here, not left to each torch's
-    default. On an H200 with torch 2.11 this test read our own record (`source` 'probing')
-    with and without these variables: not explained yet."""
+    default. On an H200 with torch 2.11 this test once read our own record (`source`
+    'probing'): the agent read the first recorder that answered, gloo's, empty, and NCCL's is
+    another (tests/unit/test_flight_recorder_dumps.py)."""
     env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
     with TorchrunJob("healthy", ranks=1, args=["--backend", "nccl"], env=env) as job:
         sql = "SELECT op, backend, state, source FROM python.collectives ORDER BY seq DESC LIMIT 3"

@@ -90,24 +90,53 @@ def compact(entry: Any) -> Optional[Entry]:
     )  # fmt: skip
 
 
+# The recorders a torch may have: a CUDA build keeps NCCL's apart (events of CUDA) from the one
+# of every other backend (gloo), and a job may use both (NCCL for its tensors, gloo for objects
+# and barriers). An H200 run found the NCCL job's entries in the second alone: the first, read
+# alone, gave an empty recorder, and python.collectives fell back to probing's own record.
+DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
+# What two dumps hold per process group, joined where the job has both recorders.
+PER_GROUP_KEYS = ("pg_config", "pg_status")
+
+
 def read(bindings: Any, with_entries: bool) -> Optional[Dict[str, Any]]:
-    """The recorder's dump, its entries as `Entry` tuples, or None where none could be read
-    (no recorder in this torch, an older signature)."""
-    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
-        dump = getattr(bindings, name, None)
-        if dump is None:
+    """The recorders' dump, their entries as `Entry` tuples, or None where none could be read
+    (no recorder in this torch, an older signature). A torch with both recorders gives both's
+    entries and groups; one that dumps the same recorder under both names, it once."""
+    joined: Optional[Dict[str, Any]] = None
+    for name in DUMPS:
+        found = _dump(getattr(bindings, name, None), with_entries)
+        if found is None:
             continue
-        try:  # made by torch in this process; read here, never by the CLI
-            found = decode(dump(includeCollectives=with_entries, includeStackTraces=False, onlyActive=False))
-        except Exception:  # noqa: BLE001 - an older signature, or no recorder built in
-            continue
-        if isinstance(found, dict):
-            pacer = Pacer()
-            whole = found.get("entries") or []
-            found["entries"] = [_paced(compact, entry, pacer) for entry in whole]
-            release(whole, pacer, FREE_ENTRY_S * 8)  # the dicts and lists of every entry
-            return found
-    return None
+        if joined is None:
+            joined = found
+        elif found["entries"] != joined["entries"] or any(
+            found.get(key) != joined.get(key) for key in PER_GROUP_KEYS
+        ):
+            joined["entries"] = joined["entries"] + found["entries"]
+            for key in PER_GROUP_KEYS:
+                groups = found.get(key)
+                if isinstance(groups, dict):
+                    mine = joined.get(key)
+                    joined[key] = dict(mine, **groups) if isinstance(mine, dict) else groups
+    return joined
+
+
+def _dump(dump: Any, with_entries: bool) -> Optional[Dict[str, Any]]:
+    """One recorder's dump, decoded, its entries compacted; None where it cannot be read."""
+    if dump is None:
+        return None
+    try:  # made by torch in this process; read here, never by the CLI
+        found = decode(dump(includeCollectives=with_entries, includeStackTraces=False, onlyActive=False))
+    except Exception:  # noqa: BLE001 - an older signature, or no recorder built in
+        return None
+    if not isinstance(found, dict):
+        return None
+    pacer = Pacer()
+    whole = found.get("entries") or []
+    found["entries"] = [_paced(compact, entry, pacer) for entry in whole]
+    release(whole, pacer, FREE_ENTRY_S * 8)  # the dicts and lists of every entry
+    return found
 
 
 def _paced(make: Callable[[Any], Any], value: Any, pacer: Pacer) -> Any:
