@@ -30,20 +30,13 @@ from ...schema.tables import AGENT_TABLES
 from ..ring import Ring
 
 # Without --every, the tracer picks how many steps apart traced steps are, after each traced
-# step: what tracing it cost stays under this share of the step time. A traced step's cost is
-# what it took over the untraced steps of the session (the median of the last UNTRACED_KEPT),
-# and never less than the time measured inside its hooks (the autograd graph walks and the CUDA
-# events included, the reading of those events, and the attaching and detaching of the module
-# hooks around it). The hooks' own time missed most of it: on an H200, a 15 ms step of a
-# 60-module transformer cost 3.5 ms inside the hooks, and tracing one step in 21 slowed the job
-# 4-6%, not 1.1% (torch's calls into the hooks, their CUDA events, the allocator's counters).
-# Until untraced steps are known (a session's first traced steps, or --every 1 chosen), the
-# share inside the hooks counts HOOKS_SEEN_INVERSE times.
+# step: what tracing it cost (the time measured inside its hooks, the autograd graph walks and
+# the CUDA events included, the reading of those events, and the attaching and detaching of the
+# module hooks around it) stays under this share of the step time. A CPU transformer step of
+# 300 ms with 60 modules costs ~0.1%: every step is traced; a 12 ms step of the same model on an
+# H200 cost ~25% more traced (35-66 us a call), so about one step in 25 is.
 DEFAULT_BUDGET = 0.01
 MAX_AUTO_EVERY = 100
-UNTRACED_KEPT = 15
-UNTRACED_NEEDED = 3
-HOOKS_SEEN_INVERSE = 4
 # Traced steps whose cost does not count towards `every`: those that end while `trace on` is
 # searching the job's heap for models (it holds the GIL, which the hooks, timed on the wall
 # clock, then wait for), and this many after it.
@@ -116,7 +109,6 @@ class StepClock:
         self.call_cost = 0.0  # seconds per traced call in the last traced step (for status)
         self.traced_cost = 0.0  # seconds the last traced step cost: its hooks, events, switches
         self.shares: Deque[float] = deque(maxlen=4)  # cost / the rest of the step, last traced steps
-        self.untraced: Deque[float] = deque(maxlen=UNTRACED_KEPT)  # durations of untraced steps
         self.quiet_steps = 0  # traced steps still to end before one's cost counts (QUIET_STEPS)
         self.step_calls = 0  # traced calls in the current step
         # Seconds spent in the hooks this step, measured in each (on traced steps).
@@ -191,12 +183,10 @@ class StepClock:
             if self.quiet_steps > 0:
                 self.quiet_steps -= 1
             elif self.auto_every:
-                self.shares.append(self.traced_share(cost, now - self.step_start))
-                # The least of the last few: a step the machine's other work held up once (a
+                # The least of the last few: a hook the machine's other work held up once (a
                 # wall-clock measure) does not thin the trace out for the steps after.
+                self.shares.append(cost / max(now - self.step_start - cost, 1e-9))
                 self.every = max(1, min(MAX_AUTO_EVERY, math.ceil(min(self.shares) / DEFAULT_BUDGET)))
-        elif self.trace_on and not self.tracing_now:
-            self.untraced.append(now - self.step_start)
         self.step_calls = 0
         self.step_cost = 0.0
         self.step_pending = False
@@ -209,16 +199,6 @@ class StepClock:
         self.refresh()
         if not self.rank_known:
             self.check_rank()
-
-    def traced_share(self, hooks_s: float, step_s: float) -> float:
-        """What tracing a step cost, as a share of an untraced step: its time over the untraced
-        steps' median (the detaching of the hooks after it, in the next step, added), at least
-        the time inside its hooks; that time alone, counted HOOKS_SEEN_INVERSE times, while
-        fewer than UNTRACED_NEEDED untraced steps are known."""
-        if len(self.untraced) < UNTRACED_NEEDED:
-            return HOOKS_SEEN_INVERSE * hooks_s / max(step_s - hooks_s, 1e-9)
-        typical = sorted(self.untraced)[len(self.untraced) // 2]
-        return max(hooks_s, step_s - typical + self.switch_cost[0]) / max(typical, 1e-9)
 
     def record(
         self, traced: Traced, stage: str, step: int, seq: int, start: float, end: float, events: Any

@@ -107,7 +107,6 @@ class Tracer:
                 self._install()
             finally:
                 clock.shares.clear()
-                clock.untraced.clear()
                 clock.quiet_steps = QUIET_STEPS
 
     def configure_nan(self, on: bool, stop: bool) -> None:
