@@ -252,35 +252,22 @@ class Sampling:
 
     def _notes(self) -> List[str]:
         """What the answer leaves out or cuts, and why."""
-        notes: List[str] = []
-        if self.overflow:
-            notes.append(
-                f"more than {MAX_STACKS} distinct stacks: {sum(self.overflow.values())} thread samples "
-                "past the cap are counted as '<stacks past the cap>'"
-            )
-        if self.deep:
-            notes.append(
-                f"{self.deep} thread samples were deeper than {MAX_DEPTH} frames: their outermost "
-                "frames are shown as '<frames cut>'"
-            )
         # What a user can do when the budget left few samples: sample from outside, no GIL needed.
         outside = "; `flamegraph --outside` samples with py-spy, which needs no GIL"
-        if self.abandoned > self.misread:
-            notes.append(
-                f"{_samples(self.abandoned - self.misread)} given up half-way: they took longer than the "
-                f"{COST_SHARE:.1%} of the time left them ({self.threads} threads){outside}"
-            )
-        if self.misread:
-            notes.append(
-                f"{_samples(self.misread)} given up: a thread's frames read as something that is no "
-                "frame (a stack changing under the walk)"
-            )
-        if self.skipped:
-            notes.append(
-                f"{_samples(self.skipped)} left out: with the answer they would have held the "
-                f"GIL more than {COST_SHARE:.1%} of the time ({self.threads} threads){outside}"
-            )
-        return notes
+        past_cap, half_way = sum(self.overflow.values()), self.abandoned - self.misread
+        said = [
+            (past_cap, f"more than {MAX_STACKS} distinct stacks: {past_cap} thread samples past the "
+             "cap are counted as '<stacks past the cap>'"),
+            (self.deep, f"{self.deep} thread samples were deeper than {MAX_DEPTH} frames: their "
+             "outermost frames are shown as '<frames cut>'"),
+            (half_way, f"{_samples(half_way)} given up half-way: they took longer than the "
+             f"{COST_SHARE:.1%} of the time left them ({self.threads} threads){outside}"),
+            (self.misread, f"{_samples(self.misread)} given up: a thread's frames read as something "
+             "that is no frame (a stack changing under the walk)"),
+            (self.skipped, f"{_samples(self.skipped)} left out: with the answer they would have held "
+             f"the GIL more than {COST_SHARE:.1%} of the time ({self.threads} threads){outside}"),
+        ]  # fmt: skip
+        return [text for count, text in said if count > 0]
 
     def _let_others_run(self, since: float) -> float:
         """Count the time held since `since`, let the job's threads take the GIL; now."""

@@ -4,6 +4,7 @@ torch on CPU, in this process)."""
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any, Dict, List
 
@@ -128,6 +129,22 @@ def test_the_start_check_of_a_large_model_is_cut_into_pieces_of_10_ms() -> None:
     check = WeightsAtStart(torch, 0)
     check.cover("model", model)
     pieces: List[float] = []
+    # A collection of the oldest generation (2000 modules, torch imported) once ran inside a
+    # piece in CI, 266 ms: the job's own cost wherever it lands, and not what is measured here.
+    gc.disable()
+    try:
+        _work_in_pieces(check, pieces)
+    finally:
+        gc.enable()
+    assert len(pieces) >= 2
+    assert max(pieces) < SLICE_S + 0.005, pieces
+    summary = check.summary()
+    assert summary["state"] == "done" and summary["checked"] == 4000
+    assert [(f["name"], f["nan_count"]) for f in summary["nonfinite"]] == [("model.1717.weight", 1)]
+
+
+def _work_in_pieces(check: Any, pieces: List[float]) -> None:
+    """Run the start check to its end, a piece at a time, noting each piece's CPU time."""
     while check.due:
         cpu = time.thread_time()
         checked = check.checked
@@ -141,11 +158,6 @@ def test_the_start_check_of_a_large_model_is_cut_into_pieces_of_10_ms() -> None:
                 assert check.checked == checked
         else:
             time.sleep(0.001)
-    assert len(pieces) >= 2
-    assert max(pieces) < SLICE_S + 0.005, pieces
-    summary = check.summary()
-    assert summary["state"] == "done" and summary["checked"] == 4000
-    assert [(f["name"], f["nan_count"]) for f in summary["nonfinite"]] == [("model.1717.weight", 1)]
 
 
 def checked_at_start(model: Any) -> Any:
