@@ -27,7 +27,7 @@ export PYTHONUNBUFFERED=1
 if [ -n "${WHEELS:-}" ]; then
     others=$(ls "$WHEELS"/*.whl | grep -v '/probing-')
     # shellcheck disable=SC2086
-    "$VENV/bin/pip" install -q --no-index --no-deps $others || exit 1
+    [ -z "$others" ] || "$VENV/bin/pip" install -q --no-index --no-deps $others || exit 1
 else
     "$VENV/bin/pip" install -q duckdb py-spy || exit 1
 fi
