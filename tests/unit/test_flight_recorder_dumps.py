@@ -4,6 +4,7 @@ build keeps NCCL's entries apart from gloo's, and a job may use both."""
 from __future__ import annotations
 
 import pickle
+from types import SimpleNamespace
 from typing import Any, Dict, List
 
 from probing.agent.pytorch.flight_recorder import OP, PG_ID, SEQ, read
@@ -22,11 +23,8 @@ def recorder(entries: List[Dict[str, Any]], groups: Dict[str, Any]) -> Any:
     return dump
 
 
-class Bindings:
-    """torch._C._distributed_c10d's dump functions, as a build has them."""
-
-    def __init__(self, **dumps: Any) -> None:
-        self.__dict__.update(dumps)
+# torch._C._distributed_c10d's dump functions, as a build has them.
+Bindings = SimpleNamespace
 
 
 def test_an_nccl_jobs_entries_are_read_where_the_other_recorder_is_empty() -> None:
